@@ -1,0 +1,297 @@
+package blockhash
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/zeebo/xxh3"
+)
+
+// Algo names a block-hashing scheme, spelled as vLLM's
+// --prefix-caching-hash-algo spells it (plus "sglang").
+type Algo string
+
+// The supported algorithms.
+const (
+	SHA256CBOR   Algo = "sha256_cbor"
+	XXHashCBOR   Algo = "xxhash_cbor"
+	SHA256Pickle Algo = "sha256"
+	XXHashPickle Algo = "xxhash"
+	SGLang       Algo = "sglang"
+)
+
+// Algos lists every supported algorithm, for help texts and validation.
+var Algos = []Algo{SHA256CBOR, XXHashCBOR, SHA256Pickle, XXHashPickle, SGLang}
+
+// DefaultSeed is the NONE_HASH seed vLLM uses for sha256 and sha256_cbor
+// when PYTHONHASHSEED is unset (vLLM PR #51875, August 2026).
+const DefaultSeed = "vllm-none-hash"
+
+// DefaultBlockSize is vLLM's default KV-cache block size in tokens.
+const DefaultBlockSize = 16
+
+// MaxBlockSize bounds the block size a Hasher accepts. Engines use 16 to
+// 256; the bound keeps a hostile configuration from sizing huge buffers.
+const MaxBlockSize = 1 << 16
+
+// ErrUnsupported is returned for inputs whose engine-side serialisation
+// kvindex cannot reproduce (see the package documentation).
+var ErrUnsupported = errors.New("blockhash: input shape cannot be mirrored")
+
+// Config selects the hashing scheme of one engine fleet.
+type Config struct {
+	Algo      Algo   // one of Algos
+	Seed      string // the engines' PYTHONHASHSEED; ignored by SGLang
+	BlockSize int    // tokens per block, >= 1
+}
+
+// Hash is one block hash: the full digest and its 64-bit event form.
+type Hash struct {
+	// Key is the 64-bit form engines put in KV events.
+	Key uint64
+	sum [32]byte
+	n   uint8
+}
+
+// Digest returns the full digest (32 bytes for SHA-256, 16 for XXH3-128).
+// The slice aliases h.
+func (h *Hash) Digest() []byte { return h.sum[:h.n] }
+
+// IsZero reports whether h is the zero Hash (no digest).
+func (h *Hash) IsZero() bool { return h.n == 0 }
+
+// Hex returns the full digest in lower-case hex.
+func (h Hash) Hex() string { return hex.EncodeToString(h.sum[:h.n]) }
+
+// String formats h as "<key> <digest hex>".
+func (h Hash) String() string { return fmt.Sprintf("%d %s", h.Key, h.Hex()) }
+
+// Hasher computes block hashes for one Config. It is immutable and safe
+// for concurrent use.
+type Hasher struct {
+	cfg    Config
+	none   Hash
+	codec  codec
+	digest func(dst *Hash, msg []byte)
+	bufs   sync.Pool // *[]byte scratch for one block's serialisation
+}
+
+// codec serialises one block's hash input (parent, tokens, extra keys).
+type codec interface {
+	appendBlock(buf []byte, parent []byte, tokens []uint64, extra BlockExtra) ([]byte, error)
+	appendSeed(buf []byte, seed string) ([]byte, error)
+}
+
+// New returns a Hasher for cfg.
+func New(cfg Config) (*Hasher, error) {
+	if cfg.BlockSize < 1 || cfg.BlockSize > MaxBlockSize {
+		return nil, fmt.Errorf("blockhash: block size %d out of range [1, %d]", cfg.BlockSize, MaxBlockSize)
+	}
+	h := &Hasher{cfg: cfg}
+	switch cfg.Algo {
+	case SHA256CBOR:
+		h.codec, h.digest = cborCodec{}, digestSHA256
+	case XXHashCBOR:
+		h.codec, h.digest = cborCodec{}, digestXXH3
+	case SHA256Pickle:
+		h.codec, h.digest = pickleCodec{}, digestSHA256
+	case XXHashPickle:
+		h.codec, h.digest = pickleCodec{}, digestXXH3
+	case SGLang:
+		h.codec, h.digest = sglangCodec{}, digestSGLang
+	default:
+		return nil, fmt.Errorf("blockhash: unknown algorithm %q (want one of %v)", cfg.Algo, Algos)
+	}
+	h.bufs.New = func() any { b := make([]byte, 0, 64+9*cfg.BlockSize); return &b }
+	if cfg.Algo != SGLang {
+		buf, err := h.codec.appendSeed(nil, cfg.Seed)
+		if err != nil {
+			return nil, fmt.Errorf("blockhash: seed: %w", err)
+		}
+		h.digest(&h.none, buf)
+	}
+	return h, nil
+}
+
+// MustNew is New for configurations known to be valid; it panics otherwise.
+func MustNew(cfg Config) *Hasher {
+	h, err := New(cfg)
+	if err != nil {
+		panic(err)
+	}
+	return h
+}
+
+// Config returns the Hasher's configuration.
+func (h *Hasher) Config() Config { return h.cfg }
+
+// BlockSize returns the tokens per block.
+func (h *Hasher) BlockSize() int { return h.cfg.BlockSize }
+
+// NoneHash returns NONE_HASH, the parent of block 0 (zero for SGLang, which
+// has none).
+func (h *Hasher) NoneHash() Hash { return h.none }
+
+// HashFromDigest wraps a digest received from an engine (32-byte KV-event
+// hashes) so a chain can continue from it.
+func (h *Hasher) HashFromDigest(d []byte) (Hash, error) {
+	var out Hash
+	if len(d) == 0 || len(d) > len(out.sum) {
+		return out, fmt.Errorf("blockhash: digest length %d out of range [1, 32]", len(d))
+	}
+	out.n = uint8(copy(out.sum[:], d))
+	out.Key = KeyOfDigest(h.cfg.Algo, out.sum[:out.n])
+	return out, nil
+}
+
+// Block hashes one block of tokens (all of them, whatever their count)
+// under parent; a nil or zero parent means the start of a sequence.
+func (h *Hasher) Block(parent *Hash, tokens []uint64, extra BlockExtra) (Hash, error) {
+	var out Hash
+	bp := h.bufs.Get().(*[]byte)
+	defer h.bufs.Put(bp)
+	buf, err := h.codec.appendBlock((*bp)[:0], h.parentDigest(parent), tokens, extra)
+	*bp = buf
+	if err != nil {
+		return out, err
+	}
+	h.digest(&out, buf)
+	return out, nil
+}
+
+// Chain appends to dst the hashes of the full blocks of tokens and returns
+// the extended slice. The blocks are blocks first, first+1, ... of a
+// sequence whose block first-1 hashed to parent (nil or zero: first must be
+// 0 and the chain starts at NONE_HASH). x supplies the extra keys; nil
+// means none. A trailing partial block is ignored, as engines do.
+func (h *Hasher) Chain(dst []Hash, parent *Hash, first int, tokens []uint64, x *Extras) ([]Hash, error) {
+	if first < 0 {
+		return dst, fmt.Errorf("blockhash: negative first block %d", first)
+	}
+	bs := h.cfg.BlockSize
+	n := len(tokens) / bs
+	if n == 0 {
+		return dst, nil
+	}
+	if h.cfg.Algo == SGLang && !x.empty() {
+		return dst, fmt.Errorf("%w: SGLang hashing has no extra keys (LoRA, salt, multimodal)", ErrUnsupported)
+	}
+	bp := h.bufs.Get().(*[]byte)
+	defer h.bufs.Put(bp)
+	var sc scratch
+	prev := h.parentDigest(parent)
+	start := len(dst)
+	dst = growHashes(dst, n)
+	for i := 0; i < n; i++ {
+		blk := first + i
+		toks := tokens[i*bs : (i+1)*bs]
+		extra := x.block(&sc, blk, bs)
+		buf, err := h.codec.appendBlock((*bp)[:0], prev, toks, extra)
+		*bp = buf
+		if err != nil {
+			return dst[:start+i], fmt.Errorf("block %d: %w", blk, err)
+		}
+		out := &dst[start+i]
+		h.digest(out, buf)
+		prev = out.Digest()
+	}
+	return dst, nil
+}
+
+// ChainKeys is Chain with explicit extra keys per block, as KV events carry
+// them: keys[i] belongs to block i of tokens (missing entries mean None).
+func (h *Hasher) ChainKeys(dst []Hash, parent *Hash, tokens []uint64, keys []BlockExtra) ([]Hash, error) {
+	bs := h.cfg.BlockSize
+	n := len(tokens) / bs
+	if n == 0 {
+		return dst, nil
+	}
+	bp := h.bufs.Get().(*[]byte)
+	defer h.bufs.Put(bp)
+	prev := h.parentDigest(parent)
+	start := len(dst)
+	dst = growHashes(dst, n)
+	for i := 0; i < n; i++ {
+		var extra BlockExtra
+		if i < len(keys) {
+			extra = keys[i]
+		}
+		if h.cfg.Algo == SGLang && extra != nil {
+			return dst[:start+i], fmt.Errorf("%w: SGLang hashing has no extra keys", ErrUnsupported)
+		}
+		buf, err := h.codec.appendBlock((*bp)[:0], prev, tokens[i*bs:(i+1)*bs], extra)
+		*bp = buf
+		if err != nil {
+			return dst[:start+i], fmt.Errorf("block %d: %w", i, err)
+		}
+		out := &dst[start+i]
+		h.digest(out, buf)
+		prev = out.Digest()
+	}
+	return dst, nil
+}
+
+// parentDigest returns the digest bytes a block chains from.
+func (h *Hasher) parentDigest(parent *Hash) []byte {
+	if parent == nil || parent.IsZero() {
+		// vLLM falls back to NONE_HASH when the parent is falsy; SGLang's
+		// first page has no prefix at all (h.none is zero-length there).
+		return h.none.Digest()
+	}
+	return parent.Digest()
+}
+
+func growHashes(dst []Hash, n int) []Hash {
+	if cap(dst)-len(dst) < n {
+		grown := make([]Hash, len(dst), len(dst)+n)
+		copy(grown, dst)
+		dst = grown
+	}
+	return dst[:len(dst)+n]
+}
+
+func digestSHA256(dst *Hash, msg []byte) {
+	dst.sum = sha256.Sum256(msg)
+	dst.n = sha256.Size
+	dst.Key = binary.BigEndian.Uint64(dst.sum[24:32])
+}
+
+// digestXXH3 stores XXH3-128 (seed 0) in Python's canonical byte order,
+// high half first, so the event key (last 8 bytes) is the low half.
+func digestXXH3(dst *Hash, msg []byte) {
+	u := xxh3.Hash128(msg)
+	dst.sum = [32]byte{}
+	binary.BigEndian.PutUint64(dst.sum[0:8], u.Hi)
+	binary.BigEndian.PutUint64(dst.sum[8:16], u.Lo)
+	dst.n = 16
+	dst.Key = u.Lo
+}
+
+// digestSGLang is SHA-256 whose event key is the first 8 bytes, read as a
+// signed int64 (kept here as its uint64 bit pattern).
+func digestSGLang(dst *Hash, msg []byte) {
+	dst.sum = sha256.Sum256(msg)
+	dst.n = sha256.Size
+	dst.Key = binary.BigEndian.Uint64(dst.sum[0:8])
+}
+
+// KeyOfDigest returns the 64-bit event key of a digest as the engine would
+// report it: the last 8 bytes big-endian (left-padded when shorter), or
+// for SGLang the first 8. Hybrid-model group hashes, which concatenate
+// several digests, map to the key of their last constituent.
+func KeyOfDigest(algo Algo, d []byte) uint64 {
+	var tail [8]byte
+	if algo == SGLang {
+		copy(tail[:], d)
+		return binary.BigEndian.Uint64(tail[:])
+	}
+	if len(d) >= 8 {
+		return binary.BigEndian.Uint64(d[len(d)-8:])
+	}
+	copy(tail[8-len(d):], d)
+	return binary.BigEndian.Uint64(tail[:])
+}
