@@ -75,15 +75,56 @@ func (h Hash) String() string { return fmt.Sprintf("%d %s", h.Key, h.Hex()) }
 type Hasher struct {
 	cfg    Config
 	none   Hash
-	codec  codec
-	digest func(dst *Hash, msg []byte)
-	bufs   sync.Pool // *[]byte scratch for one block's serialisation
+	codec  codecKind
+	digest digestKind
+	states sync.Pool // *state
 }
 
-// codec serialises one block's hash input (parent, tokens, extra keys).
-type codec interface {
-	appendBlock(buf []byte, parent []byte, tokens []uint64, extra BlockExtra) ([]byte, error)
-	appendSeed(buf []byte, seed string) ([]byte, error)
+// state is the scratch space of one Chain call, pooled so that the hot path
+// does not allocate.
+type state struct {
+	buf []byte // one block's serialised hash input
+	sc  scratch
+}
+
+// codecKind selects the serialisation of a block's hash input; digestKind
+// its digest. Switches rather than interfaces or func values keep the
+// arguments on the stack.
+type codecKind uint8
+
+const (
+	codecCBOR codecKind = iota
+	codecPickle
+	codecSGLang
+)
+
+type digestKind uint8
+
+const (
+	digestSHA256 digestKind = iota
+	digestXXH3
+	digestSHA256First // SGLang: key from the first 8 bytes
+)
+
+func (h *Hasher) appendBlock(b []byte, parent []byte, tokens []uint64, extra BlockExtra) ([]byte, error) {
+	switch h.codec {
+	case codecPickle:
+		return pickleCodec{}.appendBlock(b, parent, tokens, extra)
+	case codecSGLang:
+		return sglangCodec{}.appendBlock(b, parent, tokens, extra)
+	}
+	return cborCodec{}.appendBlock(b, parent, tokens, extra)
+}
+
+func (h *Hasher) sum(dst *Hash, msg []byte) {
+	switch h.digest {
+	case digestXXH3:
+		sumXXH3(dst, msg)
+	case digestSHA256First:
+		sumSGLang(dst, msg)
+	default:
+		sumSHA256(dst, msg)
+	}
 }
 
 // New returns a Hasher for cfg.
@@ -94,26 +135,35 @@ func New(cfg Config) (*Hasher, error) {
 	h := &Hasher{cfg: cfg}
 	switch cfg.Algo {
 	case SHA256CBOR:
-		h.codec, h.digest = cborCodec{}, digestSHA256
+		h.codec, h.digest = codecCBOR, digestSHA256
 	case XXHashCBOR:
-		h.codec, h.digest = cborCodec{}, digestXXH3
+		h.codec, h.digest = codecCBOR, digestXXH3
 	case SHA256Pickle:
-		h.codec, h.digest = pickleCodec{}, digestSHA256
+		h.codec, h.digest = codecPickle, digestSHA256
 	case XXHashPickle:
-		h.codec, h.digest = pickleCodec{}, digestXXH3
+		h.codec, h.digest = codecPickle, digestXXH3
 	case SGLang:
-		h.codec, h.digest = sglangCodec{}, digestSGLang
+		h.codec, h.digest = codecSGLang, digestSHA256First
 	default:
 		return nil, fmt.Errorf("blockhash: unknown algorithm %q (want one of %v)", cfg.Algo, Algos)
 	}
-	h.bufs.New = func() any { b := make([]byte, 0, 64+9*cfg.BlockSize); return &b }
-	if cfg.Algo != SGLang {
-		buf, err := h.codec.appendSeed(nil, cfg.Seed)
-		if err != nil {
-			return nil, fmt.Errorf("blockhash: seed: %w", err)
-		}
-		h.digest(&h.none, buf)
+	h.states.New = func() any { return &state{buf: make([]byte, 0, 64+9*cfg.BlockSize)} }
+	var (
+		seed []byte
+		err  error
+	)
+	switch h.codec {
+	case codecCBOR:
+		seed, err = cborCodec{}.appendSeed(nil, cfg.Seed)
+	case codecPickle:
+		seed, err = pickleCodec{}.appendSeed(nil, cfg.Seed)
+	case codecSGLang:
+		return h, nil // no NONE_HASH: the first page has no prefix
 	}
+	if err != nil {
+		return nil, fmt.Errorf("blockhash: seed: %w", err)
+	}
+	h.sum(&h.none, seed)
 	return h, nil
 }
 
@@ -152,14 +202,14 @@ func (h *Hasher) HashFromDigest(d []byte) (Hash, error) {
 // under parent; a nil or zero parent means the start of a sequence.
 func (h *Hasher) Block(parent *Hash, tokens []uint64, extra BlockExtra) (Hash, error) {
 	var out Hash
-	bp := h.bufs.Get().(*[]byte)
-	defer h.bufs.Put(bp)
-	buf, err := h.codec.appendBlock((*bp)[:0], h.parentDigest(parent), tokens, extra)
-	*bp = buf
+	st := h.states.Get().(*state)
+	defer h.states.Put(st)
+	var err error
+	st.buf, err = h.appendBlock(st.buf[:0], h.parentDigest(parent), tokens, extra)
 	if err != nil {
 		return out, err
 	}
-	h.digest(&out, buf)
+	h.sum(&out, st.buf)
 	return out, nil
 }
 
@@ -180,23 +230,21 @@ func (h *Hasher) Chain(dst []Hash, parent *Hash, first int, tokens []uint64, x *
 	if h.cfg.Algo == SGLang && !x.empty() {
 		return dst, fmt.Errorf("%w: SGLang hashing has no extra keys (LoRA, salt, multimodal)", ErrUnsupported)
 	}
-	bp := h.bufs.Get().(*[]byte)
-	defer h.bufs.Put(bp)
-	var sc scratch
+	st := h.states.Get().(*state)
+	defer h.states.Put(st)
 	prev := h.parentDigest(parent)
 	start := len(dst)
 	dst = growHashes(dst, n)
+	var err error
 	for i := 0; i < n; i++ {
 		blk := first + i
-		toks := tokens[i*bs : (i+1)*bs]
-		extra := x.block(&sc, blk, bs)
-		buf, err := h.codec.appendBlock((*bp)[:0], prev, toks, extra)
-		*bp = buf
+		extra := x.block(&st.sc, blk, bs)
+		st.buf, err = h.appendBlock(st.buf[:0], prev, tokens[i*bs:(i+1)*bs], extra)
 		if err != nil {
 			return dst[:start+i], fmt.Errorf("block %d: %w", blk, err)
 		}
 		out := &dst[start+i]
-		h.digest(out, buf)
+		h.sum(out, st.buf)
 		prev = out.Digest()
 	}
 	return dst, nil
@@ -210,11 +258,12 @@ func (h *Hasher) ChainKeys(dst []Hash, parent *Hash, tokens []uint64, keys []Blo
 	if n == 0 {
 		return dst, nil
 	}
-	bp := h.bufs.Get().(*[]byte)
-	defer h.bufs.Put(bp)
+	st := h.states.Get().(*state)
+	defer h.states.Put(st)
 	prev := h.parentDigest(parent)
 	start := len(dst)
 	dst = growHashes(dst, n)
+	var err error
 	for i := 0; i < n; i++ {
 		var extra BlockExtra
 		if i < len(keys) {
@@ -223,13 +272,12 @@ func (h *Hasher) ChainKeys(dst []Hash, parent *Hash, tokens []uint64, keys []Blo
 		if h.cfg.Algo == SGLang && extra != nil {
 			return dst[:start+i], fmt.Errorf("%w: SGLang hashing has no extra keys", ErrUnsupported)
 		}
-		buf, err := h.codec.appendBlock((*bp)[:0], prev, tokens[i*bs:(i+1)*bs], extra)
-		*bp = buf
+		st.buf, err = h.appendBlock(st.buf[:0], prev, tokens[i*bs:(i+1)*bs], extra)
 		if err != nil {
 			return dst[:start+i], fmt.Errorf("block %d: %w", i, err)
 		}
 		out := &dst[start+i]
-		h.digest(out, buf)
+		h.sum(out, st.buf)
 		prev = out.Digest()
 	}
 	return dst, nil
@@ -254,15 +302,15 @@ func growHashes(dst []Hash, n int) []Hash {
 	return dst[:len(dst)+n]
 }
 
-func digestSHA256(dst *Hash, msg []byte) {
+func sumSHA256(dst *Hash, msg []byte) {
 	dst.sum = sha256.Sum256(msg)
 	dst.n = sha256.Size
 	dst.Key = binary.BigEndian.Uint64(dst.sum[24:32])
 }
 
-// digestXXH3 stores XXH3-128 (seed 0) in Python's canonical byte order,
+// sumXXH3 stores XXH3-128 (seed 0) in Python's canonical byte order,
 // high half first, so the event key (last 8 bytes) is the low half.
-func digestXXH3(dst *Hash, msg []byte) {
+func sumXXH3(dst *Hash, msg []byte) {
 	u := xxh3.Hash128(msg)
 	dst.sum = [32]byte{}
 	binary.BigEndian.PutUint64(dst.sum[0:8], u.Hi)
@@ -271,9 +319,9 @@ func digestXXH3(dst *Hash, msg []byte) {
 	dst.Key = u.Lo
 }
 
-// digestSGLang is SHA-256 whose event key is the first 8 bytes, read as a
+// sumSGLang is SHA-256 whose event key is the first 8 bytes, read as a
 // signed int64 (kept here as its uint64 bit pattern).
-func digestSGLang(dst *Hash, msg []byte) {
+func sumSGLang(dst *Hash, msg []byte) {
 	dst.sum = sha256.Sum256(msg)
 	dst.n = sha256.Size
 	dst.Key = binary.BigEndian.Uint64(dst.sum[0:8])

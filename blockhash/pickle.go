@@ -72,7 +72,9 @@ func (p *pickler) commit() {
 	p.b = p.b[:len(p.b)-pkFrameHeader]
 }
 
-// boundary runs after every saved object, as _Pickler_OpcodeBoundary does.
+// boundary runs before every object is saved: CPython closes a frame at
+// the first object boundary after it reached 64 KiB (fitted against the C
+// pickler at the exact boundary, see testdata/pickle_edges.json).
 func (p *pickler) boundary() {
 	if len(p.b)-p.frameStart-pkFrameHeader >= pkFrameTarget {
 		p.commit()
@@ -87,6 +89,7 @@ func (p *pickler) finish() []byte {
 }
 
 func (p *pickler) uint(v uint64) {
+	p.boundary()
 	switch {
 	case v <= 0xff:
 		p.b = append(p.b, pkBinInt1, byte(v))
@@ -107,7 +110,41 @@ func (p *pickler) uint(v uint64) {
 			}
 		}
 	}
-	p.boundary()
+}
+
+// pickleAppendUints writes the tokens' integer opcodes, as uint does, in
+// one pass over a pre-sized buffer (the hot loop of pickle hashing).
+func pickleAppendUints(b []byte, tokens []uint64) []byte {
+	p := len(b)
+	if need := p + 11*len(tokens); cap(b) < need {
+		grown := make([]byte, p, need+need/2)
+		copy(grown, b)
+		b = grown
+	}
+	buf := b[:cap(b)]
+	for _, t := range tokens {
+		w := buf[p : p+11 : p+11] // opcode, length, up to 9 bytes
+		switch {
+		case t <= 0xff:
+			w[0], w[1] = pkBinInt1, byte(t)
+			p += 2
+		case t <= 0xffff:
+			w[0] = pkBinInt2
+			binary.LittleEndian.PutUint16(w[1:], uint16(t))
+			p += 3
+		case t <= 0x7fffffff:
+			w[0] = pkBinInt
+			binary.LittleEndian.PutUint32(w[1:], uint32(t))
+			p += 5
+		default:
+			n := bits.Len64(t)/8 + 1 // 5..9
+			w[0], w[1] = pkLong1, byte(n)
+			binary.LittleEndian.PutUint64(w[2:], t)
+			w[10] = 0 // the sign byte when n == 9; overwritten otherwise
+			p += 2 + n
+		}
+	}
+	return buf[:p]
 }
 
 func (p *pickler) int(v int64) {
@@ -115,10 +152,10 @@ func (p *pickler) int(v int64) {
 		p.uint(uint64(v))
 		return
 	}
+	p.boundary()
 	if v >= -1<<31 {
 		u := uint32(int32(v))
 		p.b = append(p.b, pkBinInt, byte(u), byte(u>>8), byte(u>>16), byte(u>>24))
-		p.boundary()
 		return
 	}
 	// CPython sizes by the magnitude's bit length, then drops a redundant
@@ -138,10 +175,10 @@ func (p *pickler) int(v int64) {
 	for i := 0; i < n; i++ {
 		p.b = append(p.b, at(i))
 	}
-	p.boundary()
 }
 
 func (p *pickler) bytes(v []byte) error {
+	p.boundary()
 	switch {
 	case len(v) < 256:
 		p.b = append(p.b, pkShortBinBytes, byte(len(v)))
@@ -153,11 +190,11 @@ func (p *pickler) bytes(v []byte) error {
 	}
 	p.b = append(p.b, v...)
 	p.b = append(p.b, pkMemoize)
-	p.boundary()
 	return nil
 }
 
 func (p *pickler) str(s string) error {
+	p.boundary()
 	switch {
 	case len(s) < 256:
 		p.b = append(p.b, pkShortBinUnicode, byte(len(s)))
@@ -169,19 +206,19 @@ func (p *pickler) str(s string) error {
 	}
 	p.b = append(p.b, s...)
 	p.b = append(p.b, pkMemoize)
-	p.boundary()
 	return nil
 }
 
 func (p *pickler) none() {
-	p.b = append(p.b, pkNone)
 	p.boundary()
+	p.b = append(p.b, pkNone)
 }
 
 // tupleStart and tupleEnd bracket a tuple's elements the way save_tuple
 // does: TUPLE1..3 for short tuples, MARK ... TUPLE for longer ones, the
 // empty tuple as EMPTY_TUPLE without a memo entry.
 func (p *pickler) tupleStart(n int) {
+	p.boundary()
 	if n > 3 {
 		p.b = append(p.b, pkMark)
 	}
@@ -191,7 +228,6 @@ func (p *pickler) tupleEnd(n int) {
 	switch n {
 	case 0:
 		p.b = append(p.b, pkEmptyTuple)
-		p.boundary()
 		return
 	case 1:
 		p.b = append(p.b, pkTuple1)
@@ -203,7 +239,6 @@ func (p *pickler) tupleEnd(n int) {
 		p.b = append(p.b, pkTuple)
 	}
 	p.b = append(p.b, pkMemoize)
-	p.boundary()
 }
 
 func (p *pickler) values(vs []Value, depth int) error {
@@ -241,8 +276,13 @@ func (pickleCodec) appendBlock(b []byte, parent []byte, tokens []uint64, extra B
 		return p.b, err
 	}
 	p.tupleStart(len(tokens))
-	for _, t := range tokens {
-		p.uint(t)
+	if len(p.b)-p.frameStart-pkFrameHeader+11*len(tokens) < pkFrameTarget {
+		// No frame boundary can fall inside the tokens: skip the checks.
+		p.b = pickleAppendUints(p.b, tokens)
+	} else {
+		for _, t := range tokens {
+			p.uint(t)
+		}
 	}
 	p.tupleEnd(len(tokens))
 	if extra == nil {
@@ -251,7 +291,6 @@ func (pickleCodec) appendBlock(b []byte, parent []byte, tokens []uint64, extra B
 		return p.b, err
 	}
 	p.b = append(p.b, pkTuple3, pkMemoize)
-	p.boundary()
 	return p.finish(), nil
 }
 

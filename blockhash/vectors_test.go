@@ -17,8 +17,8 @@ type vllmVectors struct {
 	NoneHash map[string]map[string]struct {
 		Hex string `json:"hex"`
 	} `json:"none_hash"`
-	Vectors map[string]map[string]map[string]scenario `json:"vectors"`
-	VLLMTest map[string]string `json:"vllm_test_hash_block_tokens"`
+	Vectors  map[string]map[string]map[string]scenario `json:"vectors"`
+	VLLMTest map[string]string                         `json:"vllm_test_hash_block_tokens"`
 	HMA      struct {
 		MergedHex string `json:"merged_hex"`
 		EventInt  uint64 `json:"event_int"`

@@ -1,0 +1,45 @@
+# kvindex developer commands. The two that matter:
+#   make demo   run kvindex's main job on its embedded default (no external servers)
+#   make test   gofmt and go vet checks, then every test with the race detector
+
+GO      ?= go
+PKGS    := ./...
+BENCH   ?= .
+# System packages the build and tests need (Debian names): libzmq for the ZMQ
+# transport (cgo), Python's zmq and msgpack for the interop test.
+DEB_PKGS := libzmq3-dev pkg-config python3-zmq python3-msgpack
+
+.PHONY: all build demo test check bench deps proto clean
+
+all: build
+
+deps:
+	@missing=""; for p in $(DEB_PKGS); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get install -y $$missing >/dev/null || { $$SUDO apt-get update >/dev/null && $$SUDO apt-get install -y $$missing >/dev/null; }; \
+	fi
+
+build: deps
+	$(GO) build -o bin/kvindex ./cmd/kvindex
+
+demo: build
+	./bin/kvindex hash --algo sha256_cbor --seed 0 --tokens 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+
+check:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+test: deps check
+	$(GO) test -race -count=1 $(PKGS)
+
+# Benchmarks the issues ask for; BENCH narrows them (make bench BENCH=Chain).
+bench: deps
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem $(PKGS)
+
+clean:
+	rm -rf bin

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/kvindex/kvindex/blockhash"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// hashFlags select the engines' hashing scheme; serve shares them.
+type hashFlags struct {
+	algo      string
+	seed      string
+	blockSize int
+}
+
+func (f *hashFlags) register(fs *pflag.FlagSet, algoFlag, seedFlag string) {
+	names := make([]string, len(blockhash.Algos))
+	for i, a := range blockhash.Algos {
+		names[i] = string(a)
+	}
+	fs.StringVar(&f.algo, algoFlag, string(blockhash.SHA256Pickle),
+		"block hash algorithm, as the engines' --prefix-caching-hash-algo: "+strings.Join(names, "|")+" (vLLM's default is sha256)")
+	fs.StringVar(&f.seed, seedFlag, blockhash.DefaultSeed,
+		"the engines' PYTHONHASHSEED; vLLM uses \""+blockhash.DefaultSeed+"\" when it is unset (older vLLM: random, which cannot be mirrored)")
+	fs.IntVar(&f.blockSize, "block-size", blockhash.DefaultBlockSize, "tokens per KV-cache block, as the engines' --block-size")
+}
+
+func (f *hashFlags) hasher(algoFlag string) (*blockhash.Hasher, error) {
+	algo := blockhash.Algo(f.algo)
+	known := false
+	for _, a := range blockhash.Algos {
+		known = known || a == algo
+	}
+	if !known {
+		return nil, usagef("unknown %s %q (want one of %v)", algoFlag, f.algo, blockhash.Algos)
+	}
+	if f.blockSize < 1 || f.blockSize > blockhash.MaxBlockSize {
+		return nil, usagef("--block-size %d out of range: want 1..%d", f.blockSize, blockhash.MaxBlockSize)
+	}
+	return blockhash.New(blockhash.Config{Algo: algo, Seed: f.seed, BlockSize: f.blockSize})
+}
+
+// extraFlags are the hash-affecting request inputs beyond tokens.
+type extraFlags struct {
+	lora     string
+	salt     string
+	mm       []string
+	legacyMM bool
+}
+
+func (f *extraFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.lora, "lora-name", "", "LoRA adapter name of the request (part of every block's hash)")
+	fs.StringVar(&f.salt, "cache-salt", "", "cache_salt of the request (part of the first block's hash)")
+	fs.StringArrayVar(&f.mm, "mm", nil, "multimodal item ID:OFFSET:LENGTH (identifier, first placeholder token, token count); repeatable")
+	fs.BoolVar(&f.legacyMM, "legacy-mm", false, "hash multimodal items the way vLLM before v0.18 did (bare identifier)")
+}
+
+func (f *extraFlags) extras() (*blockhash.Extras, error) {
+	x := &blockhash.Extras{LoRAName: f.lora, CacheSalt: f.salt, LegacyMM: f.legacyMM}
+	for _, s := range f.mm {
+		i := strings.LastIndex(s, ":")
+		j := strings.LastIndex(s[:max(i, 0)], ":")
+		if i < 0 || j < 0 {
+			return nil, usagef("--mm %q: want ID:OFFSET:LENGTH", s)
+		}
+		off, err1 := strconv.Atoi(s[j+1 : i])
+		n, err2 := strconv.Atoi(s[i+1:])
+		if err1 != nil || err2 != nil || off < 0 || n < 1 {
+			return nil, usagef("--mm %q: OFFSET and LENGTH must be integers, OFFSET >= 0, LENGTH >= 1", s)
+		}
+		x.MM = append(x.MM, blockhash.MMItem{Identifier: s[:j], Offset: off, Length: n})
+	}
+	if err := x.Validate(); err != nil {
+		return nil, usagef("--mm: %v", err)
+	}
+	return x, nil
+}
+
+func newHashCmd() *cobra.Command {
+	var (
+		hf     hashFlags
+		xf     extraFlags
+		tf     tokenFlags
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "hash (--tokens 1,2,3 | --tokens-file FILE)",
+		Short: "Compute the block hashes an engine reports for token ids",
+		Long: `hash prints, for each full block of the given token ids, the hash the engine
+puts in its KV events, so a hash mismatch between kvindex and an engine can be
+debugged by hand: compare with the block_hashes of a BlockStored event.
+
+Plain output, one line per full block (a trailing partial block is not hashed):
+  <index> <event int, unsigned decimal> <full digest, hex>
+With --json:
+  {"none_hash":"<hex>","blocks":[{"index":0,"hash":"<hex>","event_int":N}]}`,
+		Example: `  kvindex hash --algo sha256_cbor --seed 0 --tokens $(seq -s, 0 47)
+  kvindex hash --algo sha256 --seed 42 --lora-name sql-lora --tokens-file prompt.json --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			h, err := hf.hasher("--algo")
+			if err != nil {
+				return err
+			}
+			x, err := xf.extras()
+			if err != nil {
+				return err
+			}
+			toks, err := tf.load()
+			if err != nil {
+				return err
+			}
+			hashes, err := h.Chain(nil, nil, 0, toks, x)
+			if err != nil {
+				return err
+			}
+			return printHashes(cmd, h, hashes, asJSON)
+		},
+	}
+	hf.register(cmd.Flags(), "algo", "seed")
+	xf.register(cmd.Flags())
+	tf.register(cmd.Flags())
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of lines")
+	return cmd
+}
+
+func printHashes(cmd *cobra.Command, h *blockhash.Hasher, hashes []blockhash.Hash, asJSON bool) error {
+	w := cmd.OutOrStdout()
+	if !asJSON {
+		for i, hh := range hashes {
+			if _, err := fmt.Fprintf(w, "%d %d %s\n", i, hh.Key, hh.Hex()); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	type block struct {
+		Index    int    `json:"index"`
+		Hash     string `json:"hash"`
+		EventInt uint64 `json:"event_int"`
+	}
+	out := struct {
+		NoneHash string  `json:"none_hash"`
+		Blocks   []block `json:"blocks"`
+	}{NoneHash: h.NoneHash().Hex(), Blocks: make([]block, len(hashes))}
+	for i, hh := range hashes {
+		out.Blocks[i] = block{Index: i, Hash: hh.Hex(), EventInt: hh.Key}
+	}
+	enc := json.NewEncoder(w)
+	return enc.Encode(out)
+}
