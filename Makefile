@@ -43,3 +43,16 @@ bench: deps
 
 clean:
 	rm -rf bin
+
+# Regenerate api/ from proto/ with Debian's protoc (3.21.12) and pinned plugins.
+PROTOC_GEN_GO_VERSION      := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+TOOLS := $(CURDIR)/bin/tools
+proto:
+	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	GOBIN=$(TOOLS) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	protoc -I proto \
+		--plugin=protoc-gen-go=$(TOOLS)/protoc-gen-go --plugin=protoc-gen-go-grpc=$(TOOLS)/protoc-gen-go-grpc \
+		--go_out=. --go_opt=module=github.com/kvindex/kvindex \
+		--go-grpc_out=. --go-grpc_opt=module=github.com/kvindex/kvindex \
+		proto/kvindex/v1/kvindex.proto proto/indexer/v1/indexer.proto
