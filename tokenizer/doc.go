@@ -1,0 +1,74 @@
+// Package tokenizer turns the text of an inference request into the token
+// ids the engine will see, so that kvindex can hash them into the engine's
+// prefix-block keys.
+//
+// Ids the caller sends are always preferred: they are the only input with
+// no ambiguity, and the API layer uses them as they are. This package is for
+// requests that carry only text: a completion prompt (/v1/completions) or
+// chat messages (/v1/chat/completions). Which form a request is in must
+// come from the path it was sent to, because the two forms tokenize
+// differently: the completion form adds the tokenizer's special tokens (BOS
+// for Llama 3) by default, the chat form renders the model's chat template,
+// which writes its own special tokens, and adds none.
+//
+// # Backends
+//
+// HTTP calls the engine's own POST /tokenize (vLLM's API; see NewHTTP).
+// The engine applies the served model's tokenizer, special-token policy and
+// chat template, so its ids are exact for both forms, chat templates, tool
+// definitions and chat_template_kwargs included (pass those in
+// Input.ChatParams). Each call costs a round trip, so results are kept in an
+// LRU cache bounded by entries and bytes, keyed by a 128-bit keyed hash of
+// (model, form, add_special_tokens, content). Requests time out (5 s by
+// default); responses are size-limited; errors name the URL, the HTTP status
+// and the engine's own message.
+//
+// Local reads a HuggingFace tokenizer.json (plain or gzip-compressed) of a
+// byte-level BPE model (GPT-2, Llama 3, Qwen 2/2.5/3 and other GPT-4-style
+// vocabularies) and tokenizes in pure Go. It reproduces HuggingFace
+// tokenizers' ids exactly, which is what vLLM uses for these models: added
+// tokens are cut out first (leftmost-longest, with their lstrip, rstrip,
+// single_word and normalized flags), then NFC/NFD/NFKC/NFKD normalisation,
+// the Split regexes (Oniguruma look-ahead included, through regexp2) and
+// the ByteLevel step, then the BPE merges in merge-rank order, then the
+// post-processor's special tokens (TemplateProcessing, Roberta, Bert) when
+// add_special_tokens is set. The tests check every id of a few hundred
+// varied texts (ASCII, code, CJK, emoji, combining marks, NBSP/ZWSP, digit
+// and whitespace runs, chat special tokens, an 8k-token prompt) against
+// HuggingFace tokenizers 0.23.2, on Qwen2.5's tokenizer.json and on six
+// variants of it that switch on the features Qwen2.5 does not use itself.
+//
+// Fallback chains backends: typically the engine first, the local file
+// when the engine is unreachable.
+//
+// All tokenizers also implement Appender, which appends to a caller's
+// buffer instead of allocating the result.
+//
+// # Limits
+//
+// The local backend refuses, with ErrUnsupported and a message naming the
+// feature, every tokenizer.json it cannot reproduce exactly: SentencePiece
+// and Unigram models (Llama 2, Gemma, Mistral v1/v2), WordPiece, WordLevel,
+// Metaspace pre-tokenizers, BPE dropout, subword prefixes and suffixes,
+// normalizers other than the Unicode forms. It renders no chat templates:
+// the Jinja templates of HuggingFace models rely on Python semantics that
+// only the engine reproduces faithfully, so the chat form returns
+// ErrChatTemplate. It reads tokenizer.json only: settings that some
+// transformers tokenizer classes take from tokenizer_config.json (such as
+// LlamaTokenizerFast's add_bos_token) are not applied, and neither are
+// tokenizer.json's truncation and padding (which vLLM ignores too). The
+// Unicode tables (letters, digits, whitespace, normalisation) are Go's,
+// which can differ from the engine's for characters assigned in the newest
+// Unicode versions. Invalid UTF-8 reads as one U+FFFD per bad byte, as it
+// does when the text arrives in JSON. A Local serves one tokenizer and
+// ignores the model name; route models to tokenizers in the caller.
+//
+// # Performance
+//
+// On an idle core of the project's machine the local backend encodes an
+// 8k-token prompt in about 7 ms (over 1M tokens/s) and loads Qwen2.5's
+// 7 MB tokenizer.json in about 0.35 s. Its merge loop is O(n log n) in the
+// length of a pre-tokenized piece, so hostile input (one 1 MB whitespace
+// run) costs about a second rather than hours. A cache hit of the HTTP
+// backend for an 8k-token prompt costs about 20 µs with AppendTokenize.
+package tokenizer
