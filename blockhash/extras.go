@@ -127,6 +127,28 @@ type scratch struct {
 	items [4][2]Value
 }
 
+// BlockKeys returns the extra keys of block blk (blocks of blockSize
+// tokens) as vLLM derives them and reports them in a BlockStored event's
+// extra_keys: nil for None. The result is freshly allocated.
+func (x *Extras) BlockKeys(blk, blockSize int) BlockExtra {
+	if x.empty() {
+		return nil
+	}
+	var sc scratch
+	e := x.block(&sc, blk, blockSize)
+	if e == nil {
+		return nil
+	}
+	out := make(BlockExtra, len(e))
+	for i, v := range e {
+		if v.Kind == KindTuple {
+			v.Tuple = append([]Value(nil), v.Tuple...) // items are flat (identifier, offset) pairs
+		}
+		out[i] = v
+	}
+	return out
+}
+
 // block returns block blk's extra keys (nil for None). The result aliases sc.
 func (x *Extras) block(sc *scratch, blk, bs int) BlockExtra {
 	if x.empty() {

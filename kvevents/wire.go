@@ -1,6 +1,6 @@
 package kvevents
 
-import "errors"
+import "strconv"
 
 // Flavor selects the engine family whose payload layout a Decoder expects.
 type Flavor uint8
@@ -10,6 +10,16 @@ const (
 	FlavorVLLM   Flavor = iota // vLLM, every wire version
 	FlavorSGLang               // SGLang's copy of the vLLM publisher
 )
+
+func (f Flavor) String() string {
+	switch f {
+	case FlavorVLLM:
+		return "vllm"
+	case FlavorSGLang:
+		return "sglang"
+	}
+	return "Flavor(" + strconv.Itoa(int(f)) + ")"
+}
 
 // Shape selects the wire layout an Encoder writes, one per vLLM era.
 type Shape uint8
@@ -21,26 +31,14 @@ const (
 	ShapeMap                    // v0.24+: events as tagged maps (omit_defaults), batch an array
 )
 
-// ErrNotImplemented is a placeholder until the codec lands.
-var ErrNotImplemented = errors.New("kvevents: codec not implemented")
-
-// Decoder decodes EventBatch payloads. The zero value decodes vLLM
-// payloads with default limits.
-type Decoder struct {
-	Flavor Flavor
-}
-
-// Decode decodes one msgpack EventBatch payload into out, reusing out's
-// slices where it can.
-func (d *Decoder) Decode(payload []byte, out *Batch) error { return ErrNotImplemented }
-
-// EncodeOptions selects how an Encoder writes a batch.
-type EncodeOptions struct {
-	Shape       Shape
-	BytesHashes bool // write 32-byte digests (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0); events must carry Digests
-}
-
-// AppendBatch appends the msgpack encoding of b in the given shape.
-func AppendBatch(dst []byte, b *Batch, opts EncodeOptions) ([]byte, error) {
-	return dst, ErrNotImplemented
+func (s Shape) String() string {
+	switch s {
+	case ShapeV090:
+		return "v0.9.0"
+	case ShapeArray:
+		return "array"
+	case ShapeMap:
+		return "map"
+	}
+	return "Shape(" + strconv.Itoa(int(s)) + ")"
 }
