@@ -30,4 +30,19 @@
 // allocate in steady state. AppendBatch writes the same layouts back
 // byte for byte as vLLM's msgspec does (ShapeV090, ShapeArray, ShapeMap),
 // for tests, the simulated engine (package enginesim) and relays.
+//
+// # Transport
+//
+// Subscriber owns the sockets (github.com/pebbe/zmq4 over libzmq). In
+// connect mode it runs one SUB per engine and data-parallel rank (rank r
+// publishes on port+r) and a DEALER for the engine's replay ROUTER; in
+// bind mode one SUB that many engines connect to, naming each engine from
+// its topic (llm-d's kv@<pod>@<model>, a template or a regexp). A pure
+// state machine per (engine, rank), the sequencer, turns the 8-byte
+// sequence numbers into actions: apply in order; on a gap, replay from the
+// engine's buffer (both reply layouts, before and after vLLM v0.26); when
+// replay cannot close the gap, mark the stream degraded and go on, keeping
+// the index state; when the sequence goes backwards, report a restart
+// (Sink.Reset) before the new process's events. Per-stream counters
+// (StreamStats) feed the service's metrics.
 package kvevents

@@ -103,14 +103,17 @@ const (
 	ResetRemoved ResetReason = "removed" // the engine left the configuration
 )
 
-// Sink consumes the ordered event stream of every engine. The subscriber
-// calls it from one goroutine per engine, so calls for one EngineID never
-// overlap and arrive in sequence order, each batch exactly once (replayed
-// batches included); calls for different engines may run concurrently.
+// Sink consumes the ordered event stream of every engine. Calls for one
+// EngineID never overlap and arrive in sequence order, each batch exactly
+// once (replayed batches included); calls for different engines may run
+// concurrently, and one goroutine may serve several engines, so a slow Sink
+// delays the others on its goroutine. Events passed to Apply are valid only
+// during the call (the subscriber reuses their storage).
 //
 // AllBlocksCleared arrives in order inside Apply's events (it may sit
 // between stores of the same batch); Reset reports state loss detected
-// outside the events (a restart, a removal).
+// outside the events (a restart, a removal). A Sink may call only the
+// Subscriber's read-only methods (Streams, ListenerStats).
 type Sink interface {
 	Apply(engine EngineID, seq uint64, events []Event)
 	Reset(engine EngineID, reason ResetReason)

@@ -1,0 +1,632 @@
+package kvevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// MaxDPRank bounds data-parallel ranks; a batch claiming a larger one is
+// treated as malformed.
+const MaxDPRank = 1024
+
+// Defaults of SubscriberConfig.
+const (
+	DefaultReplayTimeout     = 2 * time.Second
+	DefaultMaxBuffered       = 10_000
+	DefaultReconnectIvl      = 100 * time.Millisecond
+	DefaultReconnectIvlMax   = 5 * time.Second
+	DefaultRcvHWM            = 100_000
+	DefaultMaxMsgSize        = 64 << 20
+	DefaultHeartbeatInterval = 10 * time.Second
+)
+
+// EngineConfig names one engine to connect to (connect mode).
+type EngineConfig struct {
+	// Name identifies the engine (EngineID.Pod); unique per Subscriber.
+	Name string
+	// Model is the model the engine serves (EngineID.Model).
+	Model string
+	// Endpoint is rank 0's PUB endpoint, e.g. "tcp://10.0.0.5:5557".
+	Endpoint string
+	// ReplayEndpoint is rank 0's replay ROUTER endpoint, e.g.
+	// "tcp://10.0.0.5:5558"; "" if the engine has none (gaps then degrade
+	// the stream instead of being replayed).
+	ReplayEndpoint string
+	// Ranks is the engine's data-parallel size (0 means 1). Rank r is read
+	// from Endpoint's port + r and replayed from ReplayEndpoint's port + r.
+	Ranks int
+	// Topic is the SUB subscription: a byte prefix of the topics to accept
+	// ("" accepts all).
+	Topic string
+}
+
+// SubscriberConfig configures a Subscriber. Zero values pick the defaults.
+type SubscriberConfig struct {
+	// Engines are the engines to connect to at Start (connect mode).
+	Engines []EngineConfig
+
+	// Listen, if set, is an endpoint to bind one SUB socket to (bind
+	// mode), e.g. "tcp://*:5557"; a port of "*" binds an ephemeral port,
+	// which ListenEndpoint reports.
+	Listen string
+	// Topic is the listen socket's subscription prefix ("" accepts all).
+	Topic string
+	// TopicPattern extracts pod and model from the topics of a listen
+	// socket; see LLMDTopicPattern (the default) for the syntax.
+	TopicPattern string
+	// Model is the model of bind-mode engines whose pattern has none.
+	Model string
+	// ReplayTemplate is the replay endpoint of bind-mode engines, with
+	// {pod} (and optionally {model}) placeholders, e.g.
+	// "tcp://{pod}:5558"; rank r replays on its port + r. "" means no
+	// replay: gaps degrade the stream.
+	ReplayTemplate string
+
+	// Flavor selects the payload decoder (vLLM or SGLang).
+	Flavor Flavor
+	// Limits bounds what the decoder accepts (zero: its defaults).
+	Limits Limits
+
+	// ReplayTimeout is how long a replay may stay silent (no reply, no
+	// end marker) before it is given up and the stream degraded.
+	ReplayTimeout time.Duration
+	// MaxBuffered bounds the live batches held per stream while a replay
+	// is outstanding; beyond it the replay is given up.
+	MaxBuffered int
+	// ReconnectIvl and ReconnectIvlMax bound libzmq's reconnect backoff.
+	ReconnectIvl, ReconnectIvlMax time.Duration
+	// RcvHWM is the receive high-water mark of SUB and DEALER sockets, in
+	// messages; a slow reader loses batches beyond it (seen as gaps).
+	RcvHWM int
+	// MaxMsgSize caps one frame's size in bytes; a peer sending a larger
+	// one is disconnected by libzmq.
+	MaxMsgSize int64
+	// HeartbeatInterval is the ZMTP heartbeat interval on SUB sockets, so
+	// a silently dead connection is noticed (after three intervals) and
+	// re-established. Negative disables heartbeats.
+	HeartbeatInterval time.Duration
+	// Pollers is the number of I/O loops serving connect-mode engines
+	// (default GOMAXPROCS).
+	Pollers int
+	// Now is the wall clock for LastEventUnixNano (default time.Now).
+	Now func() time.Time
+}
+
+func (c *SubscriberConfig) setDefaults() {
+	if c.ReplayTimeout <= 0 {
+		c.ReplayTimeout = DefaultReplayTimeout
+	}
+	if c.MaxBuffered <= 0 {
+		c.MaxBuffered = DefaultMaxBuffered
+	}
+	if c.ReconnectIvl <= 0 {
+		c.ReconnectIvl = DefaultReconnectIvl
+	}
+	if c.ReconnectIvlMax <= 0 {
+		c.ReconnectIvlMax = DefaultReconnectIvlMax
+	}
+	if c.ReconnectIvlMax < c.ReconnectIvl {
+		c.ReconnectIvlMax = c.ReconnectIvl
+	}
+	if c.RcvHWM <= 0 {
+		c.RcvHWM = DefaultRcvHWM
+	}
+	if c.MaxMsgSize <= 0 {
+		c.MaxMsgSize = DefaultMaxMsgSize
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.Pollers <= 0 {
+		c.Pollers = runtime.GOMAXPROCS(0)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+func (c *EngineConfig) validate() error {
+	if c.Name == "" {
+		return errors.New("kvevents: engine without a name")
+	}
+	if c.Endpoint == "" {
+		return fmt.Errorf("kvevents: engine %q has no endpoint", c.Name)
+	}
+	if c.Ranks <= 0 {
+		c.Ranks = 1
+	}
+	if c.Ranks > MaxDPRank {
+		return fmt.Errorf("kvevents: engine %q: %d ranks exceed %d", c.Name, c.Ranks, MaxDPRank)
+	}
+	for _, ep := range []string{c.Endpoint, c.ReplayEndpoint} {
+		if _, err := offsetEndpoint(ep, c.Ranks-1); err != nil {
+			return fmt.Errorf("kvevents: engine %q: %w", c.Name, err)
+		}
+	}
+	return nil
+}
+
+// Subscriber receives KV events from engines over ZMQ and calls its Sink
+// with each engine's batches in sequence order, exactly once, replayed
+// batches included.
+//
+// It reads engines in either of the two topologies vLLM supports:
+//
+//   - connect mode (SubscriberConfig.Engines, AddEngine): each engine binds
+//     its PUB socket (vLLM's default "tcp://*:5557") and the subscriber
+//     connects one SUB socket per engine and data-parallel rank. Rank r
+//     publishes on port+r and replays on replay_port+r. A batch's own
+//     dp_rank, when present, overrides the port's rank (see StreamStats.
+//     RankMismatches).
+//   - bind mode (SubscriberConfig.Listen): the subscriber binds one SUB
+//     socket and every engine connects its PUB to it (llm-d's deployment).
+//     Engines are told apart by their topic (TopicPattern, by default
+//     kv@<pod>@<model>) and, within an engine, by the batch's dp_rank.
+//
+// Each (engine, rank) stream has its own sequencer: a gap is replayed from
+// the engine's replay socket over a DEALER; a sequence going back means a
+// new engine process and becomes Sink.Reset(ResetRestart); a stream with
+// no history asks for the engine's replay buffer on connecting (or on its
+// first batch), recovering blocks stored before kvindex started. When a
+// gap cannot be replayed the stream is marked degraded and carries on
+// without resetting (see StreamStats.Degraded).
+//
+// Streams are served by a few I/O loops, each a goroutine that owns its
+// sockets and waits in zmq_poll; a stream lives on one loop, so its Sink
+// calls are serial. Connect-mode engines are spread over up to
+// SubscriberConfig.Pollers loops; a listen socket has a loop of its own.
+// Engines are independent: a stopped engine leaves only its own socket
+// idle while libzmq reconnects in the background (backoff ReconnectIvl to
+// ReconnectIvlMax).
+//
+// Sink calls for one EngineID never overlap; calls for different engines
+// may. The events passed to Sink.Apply are valid only during the call
+// (their slices are reused for the next batch). A Sink may call Streams
+// and ListenerStats but no other method of the Subscriber.
+type Subscriber struct {
+	cfg   SubscriberConfig
+	sink  Sink
+	log   *slog.Logger
+	topic *topicPattern
+	zctx  *zmq.Context
+	epoch time.Time // origin of the monotonic clock for replay deadlines
+	names atomic.Uint64
+
+	mu       sync.Mutex // lifecycle, engines, loops; never held by a loop goroutine
+	started  bool
+	closed   bool
+	loops    []*ioLoop
+	engines  map[string]*engine
+	listener *listener
+
+	listenerView atomic.Pointer[listener] // for the lock-free getters
+
+	regMu   sync.Mutex // identities and the stats registry; loops take it briefly
+	owners  map[EngineID]*stream
+	streams map[*streamCounters]struct{}
+}
+
+// engine is one connect-mode engine: a stream per rank on one loop.
+type engine struct {
+	cfg     EngineConfig
+	loop    *ioLoop
+	streams []*stream
+}
+
+// NewSubscriber validates cfg and returns a Subscriber that has not yet
+// opened any socket; call Start (or Run). log may be nil.
+func NewSubscriber(cfg SubscriberConfig, sink Sink, log *slog.Logger) (*Subscriber, error) {
+	if sink == nil {
+		return nil, errors.New("kvevents: nil Sink")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	cfg.setDefaults()
+	cfg.Engines = slices.Clone(cfg.Engines)
+	seen := map[string]bool{}
+	for i := range cfg.Engines {
+		if err := cfg.Engines[i].validate(); err != nil {
+			return nil, err
+		}
+		if seen[cfg.Engines[i].Name] {
+			return nil, fmt.Errorf("kvevents: engine %q configured twice", cfg.Engines[i].Name)
+		}
+		seen[cfg.Engines[i].Name] = true
+	}
+	if len(cfg.Engines) == 0 && cfg.Listen == "" {
+		// Engines may still be added at run time (discovery).
+		log.Debug("kvevents: subscriber starts without engines")
+	}
+	tp, err := compileTopicPattern(cfg.TopicPattern)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.ReplayTemplate != "" && !strings.Contains(cfg.ReplayTemplate, "{pod}") {
+		// Without {pod} every engine would ask one socket for its gaps.
+		return nil, fmt.Errorf("kvevents: replay template %q has no {pod}", cfg.ReplayTemplate)
+	}
+	return &Subscriber{
+		cfg:     cfg,
+		sink:    sink,
+		log:     log,
+		topic:   tp,
+		epoch:   time.Now(),
+		engines: map[string]*engine{},
+		owners:  map[EngineID]*stream{},
+		streams: map[*streamCounters]struct{}{},
+	}, nil
+}
+
+// Start opens the sockets and starts the I/O loops. A bind error of the
+// listen socket is returned; connect-mode engines never fail to start on
+// account of their engine being down (libzmq keeps reconnecting).
+func (s *Subscriber) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("kvevents: subscriber closed")
+	}
+	if s.started {
+		return errors.New("kvevents: subscriber already started")
+	}
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		return fmt.Errorf("kvevents: zmq context: %w", err)
+	}
+	// libzmq's default of 1023 sockets is too few for a large fleet: each
+	// stream uses up to four (SUB, DEALER, monitor pair).
+	_ = zctx.SetMaxSockets(1 << 16)
+	s.zctx = zctx
+	s.started = true
+	if s.cfg.Listen != "" {
+		if err := s.startListener(); err != nil {
+			s.shutdownLocked()
+			return err
+		}
+	}
+	for _, ec := range s.cfg.Engines {
+		if err := s.addEngineLocked(ec); err != nil {
+			s.shutdownLocked()
+			return err
+		}
+	}
+	return nil
+}
+
+// Run starts the subscriber, blocks until ctx is done, then closes it.
+func (s *Subscriber) Run(ctx context.Context) error {
+	if err := s.Start(); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return s.Close()
+}
+
+// Close stops every I/O loop, closes every socket and returns once no
+// goroutine of the subscriber is left. It does not reset any engine.
+func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	return s.shutdownLocked()
+}
+
+func (s *Subscriber) shutdownLocked() error {
+	s.closed = true
+	loops := s.loops
+	if s.listener != nil {
+		loops = append(slices.Clone(loops), s.listener.loop)
+	}
+	for _, l := range loops {
+		l.stop()
+	}
+	s.loops, s.listener, s.engines = nil, nil, map[string]*engine{}
+	if s.zctx == nil {
+		return nil
+	}
+	err := s.zctx.Term()
+	s.zctx = nil
+	return err
+}
+
+// AddEngine starts reading one more engine (connect mode). Before Start it
+// only joins the configuration.
+func (s *Subscriber) AddEngine(cfg EngineConfig) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("kvevents: subscriber closed")
+	}
+	if !s.started {
+		for _, ec := range s.cfg.Engines {
+			if ec.Name == cfg.Name {
+				return fmt.Errorf("kvevents: engine %q already configured", cfg.Name)
+			}
+		}
+		s.cfg.Engines = append(s.cfg.Engines, cfg)
+		return nil
+	}
+	return s.addEngineLocked(cfg)
+}
+
+func (s *Subscriber) addEngineLocked(cfg EngineConfig) error {
+	if _, ok := s.engines[cfg.Name]; ok {
+		return fmt.Errorf("kvevents: engine %q already configured", cfg.Name)
+	}
+	l, err := s.pickLoop()
+	if err != nil {
+		return err
+	}
+	e := &engine{cfg: cfg, loop: l}
+	err = l.call(func() error {
+		for r := range cfg.Ranks {
+			st, err := s.openConnectStream(l, cfg, r)
+			if err != nil {
+				for _, st := range e.streams {
+					st.close()
+					s.release(st)
+				}
+				e.streams = nil
+				return err
+			}
+			e.streams = append(e.streams, st)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.engines[cfg.Name] = e
+	s.log.Info("kvevents: engine added", "pod", cfg.Name, "model", cfg.Model,
+		"endpoint", cfg.Endpoint, "replay", cfg.ReplayEndpoint, "ranks", cfg.Ranks)
+	return nil
+}
+
+// pickLoop returns the loop for a new engine: a new loop while fewer than
+// Pollers exist, else the one serving the fewest engines.
+func (s *Subscriber) pickLoop() (*ioLoop, error) {
+	if len(s.loops) < s.cfg.Pollers {
+		l, err := newIOLoop(s, "engines-"+strconv.Itoa(len(s.loops)))
+		if err != nil {
+			return nil, err
+		}
+		s.loops = append(s.loops, l)
+		return l, nil
+	}
+	load := make(map[*ioLoop]int, len(s.loops))
+	for _, e := range s.engines {
+		load[e.loop]++
+	}
+	best := s.loops[0]
+	for _, l := range s.loops[1:] {
+		if load[l] < load[best] {
+			best = l
+		}
+	}
+	return best, nil
+}
+
+// RemoveEngine stops reading the named engine and resets each of its ranks
+// (Sink.Reset with ResetRemoved) once its last batch has been applied. In
+// bind mode it forgets the streams discovered for that pod (they return if
+// the pod keeps publishing). It reports whether anything was removed.
+func (s *Subscriber) RemoveEngine(name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.started || s.closed {
+		n := len(s.cfg.Engines)
+		s.cfg.Engines = slices.DeleteFunc(s.cfg.Engines, func(ec EngineConfig) bool { return ec.Name == name })
+		return len(s.cfg.Engines) != n
+	}
+	removed := false
+	if e, ok := s.engines[name]; ok {
+		delete(s.engines, name)
+		s.cfg.Engines = slices.DeleteFunc(s.cfg.Engines, func(ec EngineConfig) bool { return ec.Name == name })
+		_ = e.loop.call(func() error {
+			for _, st := range e.streams {
+				st.remove()
+			}
+			return nil
+		})
+		removed = true
+	}
+	if ln := s.listener; ln != nil {
+		var n int
+		_ = ln.loop.call(func() error {
+			n = ln.removePod(name)
+			return nil
+		})
+		removed = removed || n > 0
+	}
+	if removed {
+		s.log.Info("kvevents: engine removed", "pod", name)
+	}
+	return removed
+}
+
+// ListenEndpoint returns the listen socket's bound endpoint, with an
+// ephemeral port resolved ("" without a listen socket or before Start).
+func (s *Subscriber) ListenEndpoint() string {
+	ln := s.listenerView.Load()
+	if ln == nil {
+		return ""
+	}
+	return ln.ctr.snapshot().Endpoint
+}
+
+// Streams returns a snapshot of every stream's counters, sorted by pod,
+// rank and model. It takes no lock that the I/O loops hold for long. Each
+// field is read atomically, but not all of a stream's fields at one
+// instant: a snapshot taken while a batch or replay reply is being handled
+// may show part of its effect.
+func (s *Subscriber) Streams() []StreamStats {
+	s.regMu.Lock()
+	out := make([]StreamStats, 0, len(s.streams))
+	for c := range s.streams {
+		out = append(out, c.snapshot())
+	}
+	s.regMu.Unlock()
+	slices.SortFunc(out, compareStreams)
+	return out
+}
+
+// ListenerStats returns the listen socket's counters; ok is false without
+// a listen socket.
+func (s *Subscriber) ListenerStats() (ls ListenerStats, ok bool) {
+	ln := s.listenerView.Load()
+	if ln == nil {
+		return ListenerStats{}, false
+	}
+	return ln.ctr.snapshot(), true
+}
+
+// claim makes st the owner of id, so no two streams ever call the Sink for
+// the same engine; it fails if another stream owns id.
+func (s *Subscriber) claim(id EngineID, st *stream) bool {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	if o, ok := s.owners[id]; ok && o != st {
+		return false
+	}
+	s.owners[id] = st
+	return true
+}
+
+// register publishes st's counters to Streams.
+func (s *Subscriber) register(st *stream) {
+	s.regMu.Lock()
+	s.streams[st.ctr] = struct{}{}
+	s.regMu.Unlock()
+}
+
+// rename moves st's ownership from its current identity to id.
+func (s *Subscriber) rename(st *stream, id EngineID) bool {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	if o, ok := s.owners[id]; ok && o != st {
+		return false
+	}
+	if s.owners[st.id] == st {
+		delete(s.owners, st.id)
+	}
+	s.owners[id] = st
+	return true
+}
+
+// release forgets st's identity and counters.
+func (s *Subscriber) release(st *stream) {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	if s.owners[st.id] == st {
+		delete(s.owners, st.id)
+	}
+	delete(s.streams, st.ctr)
+}
+
+// mono returns monotonic nanoseconds for replay deadlines.
+func (s *Subscriber) mono() int64 { return int64(time.Since(s.epoch)) }
+
+// inprocName returns a fresh inproc endpoint name in the subscriber's
+// context.
+func (s *Subscriber) inprocName(kind string) string {
+	return "inproc://kvevents-" + kind + "-" + strconv.FormatUint(s.names.Add(1), 10)
+}
+
+// newSocket creates a socket with the options every kvindex socket wants:
+// no linger (shutdown never waits on unsent data), a deep receive queue,
+// reconnect backoff, a frame size cap.
+func (s *Subscriber) newSocket(t zmq.Type) (*zmq.Socket, error) {
+	sock, err := s.zctx.NewSocket(t)
+	if err != nil {
+		return nil, fmt.Errorf("kvevents: new %v socket: %w", t, err)
+	}
+	set := []error{sock.SetLinger(0)}
+	if t == zmq.SUB || t == zmq.DEALER {
+		set = append(set,
+			sock.SetRcvhwm(s.cfg.RcvHWM),
+			sock.SetReconnectIvl(s.cfg.ReconnectIvl),
+			sock.SetReconnectIvlMax(s.cfg.ReconnectIvlMax),
+			sock.SetMaxmsgsize(s.cfg.MaxMsgSize),
+		)
+	}
+	if t == zmq.SUB && s.cfg.HeartbeatInterval > 0 {
+		set = append(set,
+			sock.SetHeartbeatIvl(s.cfg.HeartbeatInterval),
+			sock.SetHeartbeatTimeout(3*s.cfg.HeartbeatInterval),
+		)
+	}
+	if err := errors.Join(set...); err != nil {
+		sock.Close()
+		return nil, fmt.Errorf("kvevents: socket options: %w", err)
+	}
+	return sock, nil
+}
+
+// openSUB creates a SUB socket subscribed to topic and a monitor reporting
+// its connection events, then attaches the socket (Connect or Bind). The
+// monitor exists before the attachment, or the first event would be lost.
+func (s *Subscriber) openSUB(topic string, events zmq.Event, attach func(*zmq.Socket) error) (sub, mon *zmq.Socket, err error) {
+	sub, err = s.newSocket(zmq.SUB)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := sub.SetSubscribe(topic); err != nil {
+		sub.Close()
+		return nil, nil, fmt.Errorf("kvevents: subscribe: %w", err)
+	}
+	if mon, err = s.openMonitor(sub, events); err != nil {
+		sub.Close()
+		return nil, nil, err
+	}
+	if err := attach(sub); err != nil {
+		closeMonitored(sub, mon)
+		return nil, nil, err
+	}
+	return sub, mon, nil
+}
+
+// openMonitor makes libzmq report sock's connection events on a PAIR
+// socket it returns.
+func (s *Subscriber) openMonitor(sock *zmq.Socket, events zmq.Event) (*zmq.Socket, error) {
+	addr := s.inprocName("monitor")
+	if err := sock.Monitor(addr, events); err != nil {
+		return nil, fmt.Errorf("kvevents: socket monitor: %w", err)
+	}
+	mon, err := s.zctx.NewSocket(zmq.PAIR)
+	if err != nil {
+		return nil, fmt.Errorf("kvevents: monitor socket: %w", err)
+	}
+	if err := errors.Join(mon.SetLinger(0), mon.Connect(addr)); err != nil {
+		mon.Close()
+		return nil, fmt.Errorf("kvevents: monitor socket: %w", err)
+	}
+	return mon, nil
+}
+
+// closeMonitored stops sock's monitor and closes both sockets.
+func closeMonitored(sock, mon *zmq.Socket) {
+	if sock != nil {
+		_ = sock.Monitor("", 0)
+		sock.Close()
+	}
+	if mon != nil {
+		mon.Close()
+	}
+}

@@ -1,0 +1,268 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// maxRoutes bounds the topics a listener remembers, so a peer inventing
+// topics cannot grow memory without bound.
+const maxRoutes = 1 << 16
+
+// listener is a bind-mode SUB socket shared by many engines. It decodes
+// each batch first (the dp_rank inside it picks the stream), then hands it
+// to that stream's sequencer. It lives on its own ioLoop.
+type listener struct {
+	s      *Subscriber
+	loop   *ioLoop
+	sub    *zmq.Socket
+	mon    *zmq.Socket
+	ctr    listenerCounters
+	dec    Decoder
+	batch  Batch
+	rx     *receiver
+	routes map[string]*route
+	closed bool
+}
+
+// route is what a topic resolved to: an engine and its ranks' streams.
+type route struct {
+	pod, model string
+	ok         bool // false: the topic matched no pattern
+	conflict   bool // a configured engine owns this identity
+	ranks      []*stream
+}
+
+func (s *Subscriber) startListener() error {
+	l, err := newIOLoop(s, "listen")
+	if err != nil {
+		return err
+	}
+	ln := &listener{
+		s:      s,
+		loop:   l,
+		dec:    Decoder{Flavor: s.cfg.Flavor, Limits: s.cfg.Limits},
+		rx:     newReceiver(),
+		routes: map[string]*route{},
+	}
+	err = l.call(func() error { return ln.open(s.cfg.Listen, s.cfg.Topic) })
+	if err != nil {
+		l.stop()
+		return err
+	}
+	s.listener = ln
+	s.listenerView.Store(ln)
+	s.log.Info("kvevents: listening", "endpoint", ln.ctr.snapshot().Endpoint,
+		"topic_pattern", s.topic.src, "replay_template", s.cfg.ReplayTemplate)
+	return nil
+}
+
+func (ln *listener) open(endpoint, topic string) error {
+	sub, mon, err := ln.s.openSUB(topic, zmq.EVENT_ACCEPTED|zmq.EVENT_DISCONNECTED, func(sub *zmq.Socket) error {
+		if err := sub.Bind(endpoint); err != nil {
+			return fmt.Errorf("kvevents: bind %s: %w", endpoint, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	bound, err := sub.GetLastEndpoint()
+	if err != nil {
+		bound = endpoint
+	}
+	ln.ctr.endpoint.Store(&bound)
+	ln.sub, ln.mon = sub, mon
+	ln.loop.add(sub, ln.onMessage)
+	ln.loop.add(mon, ln.onMonitor)
+	ln.loop.members[ln] = struct{}{}
+	return nil
+}
+
+// close releases the listener's sockets and its streams'. Loop goroutine.
+func (ln *listener) close() {
+	if ln.closed {
+		return
+	}
+	ln.closed = true
+	ln.loop.remove(ln.sub)
+	ln.loop.remove(ln.mon)
+	closeMonitored(ln.sub, ln.mon)
+	ln.rx.free()
+	for _, rt := range ln.routes {
+		for _, st := range rt.ranks {
+			if st != nil {
+				st.close()
+			}
+		}
+	}
+	delete(ln.loop.members, ln)
+}
+
+// removePod forgets the streams of a pod, resetting each. Loop goroutine.
+func (ln *listener) removePod(pod string) int {
+	n := 0
+	for topic, rt := range ln.routes {
+		if rt.pod != pod {
+			continue
+		}
+		for _, st := range rt.ranks {
+			if st != nil {
+				st.remove()
+				n++
+			}
+		}
+		delete(ln.routes, topic)
+	}
+	return n
+}
+
+func (ln *listener) onMessage() {
+	now := ln.s.mono()
+	for range recvBudget {
+		frames, n, err := ln.rx.recv(ln.sub)
+		if err != nil {
+			if !isEAGAIN(err) {
+				ln.s.log.Error("kvevents: receive failed", "endpoint", ln.s.cfg.Listen, "err", err)
+			}
+			return
+		}
+		ln.ctr.messages.Add(1)
+		if n != 3 || len(frames[1]) != 8 {
+			c := ln.ctr.malformed.Add(1)
+			if logEvery(c) {
+				ln.s.log.Warn("kvevents: malformed message dropped", "frames", n, "count", c)
+			}
+			continue
+		}
+		ln.handle(frames[0], binary.BigEndian.Uint64(frames[1]), frames[2], now)
+	}
+}
+
+func (ln *listener) handle(topic []byte, seq uint64, payload []byte, now int64) {
+	rt := ln.routes[string(topic)]
+	if rt == nil {
+		rt = ln.resolve(string(topic))
+	}
+	if !rt.ok {
+		c := ln.ctr.unknownTopics.Add(1)
+		if logEvery(c) {
+			ln.s.log.Warn("kvevents: topic matches no pattern; message dropped",
+				"topic", string(topic), "pattern", ln.s.topic.src, "count", c)
+		}
+		return
+	}
+	if err := ln.dec.Decode(payload, &ln.batch); err != nil {
+		c := ln.ctr.decodeErr.Add(1)
+		if logEvery(c) {
+			ln.s.log.Warn("kvevents: undecodable batch dropped (its rank is unknown, so the gap shows on the next batch)",
+				"pod", rt.pod, "seq", seq, "err", err, "count", c)
+		}
+		return
+	}
+	rank := 0
+	if ln.batch.HasDPRank {
+		rank = ln.batch.DPRank
+	}
+	if rank < 0 || rank >= MaxDPRank {
+		c := ln.ctr.badRanks.Add(1)
+		if logEvery(c) {
+			ln.s.log.Warn("kvevents: dp_rank out of range; message dropped", "pod", rt.pod, "dp_rank", rank, "count", c)
+		}
+		return
+	}
+	st := ln.stream(rt, rank)
+	if st == nil {
+		return
+	}
+	st.pre, st.preBatch = payload, &ln.batch
+	st.seq.live(seq, payload, now)
+	st.pre, st.preBatch = nil, nil
+	st.after()
+}
+
+// resolve parses a new topic and remembers the answer.
+func (ln *listener) resolve(topic string) *route {
+	rt := &route{}
+	pod, model, err := ln.s.topic.parse(topic)
+	if err == nil {
+		if model == "" {
+			model = ln.s.cfg.Model
+		}
+		rt.pod, rt.model, rt.ok = pod, model, true
+	}
+	if len(ln.routes) < maxRoutes {
+		ln.routes[topic] = rt
+	}
+	return rt
+}
+
+// stream returns the stream of one rank of a route, creating it on first
+// sight; nil if its identity belongs to a configured engine.
+func (ln *listener) stream(rt *route, rank int) *stream {
+	if rank < len(rt.ranks) && rt.ranks[rank] != nil {
+		return rt.ranks[rank]
+	}
+	if rt.conflict {
+		ln.ctr.conflicts.Add(1)
+		return nil
+	}
+	id := EngineID{Model: rt.model, Pod: rt.pod, DPRank: rank}
+	var replayEP string
+	if ln.s.cfg.ReplayTemplate != "" {
+		ep, err := expandReplayTemplate(ln.s.cfg.ReplayTemplate, rt.pod, rt.model, rank)
+		if err != nil {
+			ln.s.log.Warn("kvevents: no replay endpoint for engine", "engine", id.String(), "err", err)
+		} else {
+			replayEP = ep
+		}
+	}
+	st := ln.s.newStream(ln.loop, id, ln.ctr.snapshot().Endpoint, replayEP, ln)
+	if !ln.s.claim(id, st) {
+		st.close()
+		// Remember the conflict so the next message does not try again.
+		rt.conflict = true
+		c := ln.ctr.conflicts.Add(1)
+		ln.s.log.Warn("kvevents: engine identity already read by another stream; its messages are dropped",
+			"pod", id.Pod, "dp_rank", id.DPRank, "model", id.Model, "count", c)
+		return nil
+	}
+	if err := st.openDealer(); err != nil {
+		ln.s.log.Warn("kvevents: replay socket not opened; gaps will degrade the stream",
+			"engine", id.String(), "err", err)
+		st.replayEP = ""
+		st.ctr.replayEndpoint = ""
+		st.seq.canReplay = false
+	}
+	ln.s.register(st)
+	for len(rt.ranks) <= rank {
+		rt.ranks = append(rt.ranks, nil)
+	}
+	rt.ranks[rank] = st
+	st.logAttrs(slog.LevelInfo, "kvevents: engine discovered", slog.String("replay", replayEP))
+	return st
+}
+
+// onMonitor counts connected peers.
+func (ln *listener) onMonitor() {
+	for {
+		ev, addr, _, err := ln.mon.RecvEvent(zmq.DONTWAIT)
+		if err != nil {
+			return
+		}
+		switch {
+		case ev&zmq.EVENT_ACCEPTED != 0:
+			p := ln.ctr.peers.Add(1)
+			ln.s.log.LogAttrs(context.Background(), slog.LevelInfo, "kvevents: engine connected to listener",
+				slog.String("addr", addr), slog.Int64("peers", p))
+		case ev&zmq.EVENT_DISCONNECTED != 0:
+			p := ln.ctr.peers.Add(-1)
+			ln.s.log.LogAttrs(context.Background(), slog.LevelInfo, "kvevents: engine disconnected from listener",
+				slog.String("addr", addr), slog.Int64("peers", p))
+		}
+	}
+}

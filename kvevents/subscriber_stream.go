@@ -1,0 +1,449 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"syscall"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// recvBudget bounds the messages one socket may handle per wake-up, so a
+// busy engine cannot starve the others on its loop.
+const recvBudget = 512
+
+// replayEndSeq is the sequence frame of a replay's end marker (-1 as int64).
+const replayEndSeq = ^uint64(0)
+
+// stream is one engine rank's event stream: its sequencer, decoder state,
+// counters and (connect mode) sockets. It lives on one ioLoop and is only
+// touched by that loop's goroutine, except ctr.
+type stream struct {
+	s      *Subscriber
+	loop   *ioLoop
+	id     EngineID
+	ctr    *streamCounters
+	seq    sequencer
+	dec    Decoder
+	batch  Batch
+	rx     *receiver
+	closed bool
+
+	// Connect mode: the SUB socket and its monitor.
+	sub, mon    *zmq.Socket
+	portRank    int  // the rank the endpoint's port implies
+	rankSettled bool // the first dp_rank-carrying batch was checked
+	strayLogged uint64
+
+	// Replay: a DEALER to the engine's replay ROUTER; nil without one.
+	replayEP string
+	dealer   *zmq.Socket
+
+	// Bind mode: the listener decodes a batch before routing it here;
+	// pre/preBatch let deliver reuse that decoding.
+	bind     bool
+	pre      []byte
+	preBatch *Batch
+}
+
+func (s *Subscriber) newStream(l *ioLoop, id EngineID, endpoint, replayEP string, ln *listener) *stream {
+	st := &stream{
+		s:        s,
+		loop:     l,
+		id:       id,
+		dec:      Decoder{Flavor: s.cfg.Flavor, Limits: s.cfg.Limits},
+		replayEP: replayEP,
+		bind:     ln != nil,
+		rx:       newReceiver(),
+		ctr: &streamCounters{
+			endpoint:       endpoint,
+			replayEndpoint: replayEP,
+			bind:           ln != nil,
+		},
+	}
+	if ln != nil {
+		st.ctr.listener = &ln.ctr
+	}
+	st.ctr.engine.Store(&id)
+	st.seq.init(st, replayEP != "", s.cfg.MaxBuffered, int64(s.cfg.ReplayTimeout))
+	return st
+}
+
+// openConnectStream opens rank r of a connect-mode engine. Loop goroutine.
+func (s *Subscriber) openConnectStream(l *ioLoop, cfg EngineConfig, r int) (*stream, error) {
+	ep, err := offsetEndpoint(cfg.Endpoint, r)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := offsetEndpoint(cfg.ReplayEndpoint, r)
+	if err != nil {
+		return nil, err
+	}
+	id := EngineID{Model: cfg.Model, Pod: cfg.Name, DPRank: r}
+	st := s.newStream(l, id, ep, rep, nil)
+	st.portRank = r
+	if !s.claim(id, st) {
+		st.close()
+		return nil, fmt.Errorf("kvevents: engine %s is already read by another stream", id)
+	}
+	if err := st.openSub(ep, cfg.Topic); err != nil {
+		st.close()
+		s.release(st)
+		return nil, err
+	}
+	if err := st.openDealer(); err != nil {
+		st.close()
+		s.release(st)
+		return nil, err
+	}
+	l.members[st] = struct{}{}
+	s.register(st)
+	return st, nil
+}
+
+func (st *stream) openSub(endpoint, topic string) error {
+	sub, mon, err := st.s.openSUB(topic, zmq.EVENT_CONNECTED|zmq.EVENT_DISCONNECTED, func(sub *zmq.Socket) error {
+		if err := sub.Connect(endpoint); err != nil {
+			return fmt.Errorf("kvevents: connect %s: %w", endpoint, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	st.sub, st.mon = sub, mon
+	st.loop.add(sub, st.onLive)
+	st.loop.add(mon, st.onMonitor)
+	return nil
+}
+
+// openDealer (re)creates the replay socket, if the stream has a replay
+// endpoint. A fresh socket is the only way to make sure no reply to an
+// abandoned request is ever read.
+func (st *stream) openDealer() error {
+	if st.replayEP == "" {
+		return nil
+	}
+	d, err := st.s.newSocket(zmq.DEALER)
+	if err != nil {
+		return err
+	}
+	if err := d.Connect(st.replayEP); err != nil {
+		d.Close()
+		return fmt.Errorf("kvevents: connect replay %s: %w", st.replayEP, err)
+	}
+	st.dealer = d
+	st.loop.add(d, st.onReplay)
+	return nil
+}
+
+func (st *stream) closeDealer() {
+	if st.dealer != nil {
+		st.loop.remove(st.dealer)
+		st.dealer.Close()
+		st.dealer = nil
+	}
+}
+
+// close releases the stream's sockets. Loop goroutine; idempotent.
+func (st *stream) close() {
+	if st.closed {
+		return
+	}
+	st.closed = true
+	st.loop.remove(st.sub)
+	st.loop.remove(st.mon)
+	closeMonitored(st.sub, st.mon)
+	st.sub, st.mon = nil, nil
+	st.closeDealer()
+	st.rx.free()
+	delete(st.loop.timed, st)
+	delete(st.loop.members, st)
+	st.ctr.connected.Store(false)
+	st.ctr.replaying.Store(false)
+}
+
+// remove closes the stream for good and resets its engine in the Sink:
+// after it returns no call for this engine follows. Loop goroutine.
+func (st *stream) remove() {
+	st.close()
+	st.ctr.resets.Add(1)
+	st.s.sink.Reset(st.id, ResetRemoved)
+	st.s.release(st)
+}
+
+// onLive reads the SUB socket.
+func (st *stream) onLive() {
+	now := st.s.mono()
+	for range recvBudget {
+		frames, n, err := st.rx.recv(st.sub)
+		if err != nil {
+			st.recvFailed(err)
+			return
+		}
+		if n != 3 || len(frames[1]) != 8 {
+			st.malformed("live", n)
+			continue
+		}
+		st.seq.live(binary.BigEndian.Uint64(frames[1]), frames[2], now)
+		st.after()
+	}
+}
+
+// onReplay reads replay replies: [b"", seq, payload] (vLLM < 0.26, SGLang)
+// or [b"", topic, seq, payload] (vLLM >= 0.26); the end marker carries
+// seq -1 and an empty payload.
+func (st *stream) onReplay() {
+	d := st.dealer
+	for range recvBudget {
+		if st.dealer != d {
+			return // abandoned and replaced by a reply's consequences
+		}
+		frames, n, err := st.rx.recv(d)
+		if err != nil {
+			st.recvFailed(err)
+			return
+		}
+		if (n != 3 && n != 4) || len(frames[0]) != 0 || len(frames[n-2]) != 8 {
+			st.malformed("replay", n)
+			continue
+		}
+		seq, payload := binary.BigEndian.Uint64(frames[n-2]), frames[n-1]
+		if seq == replayEndSeq && len(payload) == 0 {
+			st.seq.replayEnd(st.s.mono())
+		} else {
+			st.seq.replayed(seq, payload, st.s.mono())
+		}
+		st.after()
+	}
+}
+
+// onMonitor tracks the SUB socket's connection state.
+func (st *stream) onMonitor() {
+	for {
+		ev, addr, _, err := st.mon.RecvEvent(zmq.DONTWAIT)
+		if err != nil {
+			return
+		}
+		switch {
+		case ev&zmq.EVENT_CONNECTED != 0:
+			st.ctr.connected.Store(true)
+			st.logAttrs(slog.LevelInfo, "kvevents: connected", slog.String("addr", addr))
+			st.seq.connected(st.s.mono())
+			st.after()
+		case ev&zmq.EVENT_DISCONNECTED != 0:
+			st.ctr.connected.Store(false)
+			st.logAttrs(slog.LevelWarn, "kvevents: disconnected; reconnecting", slog.String("addr", addr))
+		}
+	}
+}
+
+func (st *stream) recvFailed(err error) {
+	if !isEAGAIN(err) {
+		st.logAttrs(slog.LevelError, "kvevents: receive failed", slog.Any("err", err))
+	}
+}
+
+func (st *stream) malformed(where string, frames int) {
+	n := st.ctr.decodeErrors.Add(1)
+	if logEvery(n) {
+		st.logAttrs(slog.LevelWarn, "kvevents: malformed message dropped",
+			slog.String("socket", where), slog.Int("frames", frames), slog.Uint64("count", n))
+	}
+}
+
+func (st *stream) tick(now int64) {
+	st.seq.tick(now)
+	st.after()
+}
+
+// after mirrors the sequencer's replay state into the counters and the
+// loop's timer set.
+func (st *stream) after() {
+	_, replaying := st.seq.replayDeadline()
+	if replaying == st.ctr.replaying.Load() {
+		return
+	}
+	st.ctr.replaying.Store(replaying)
+	if replaying {
+		st.loop.timed[st] = struct{}{}
+	} else {
+		delete(st.loop.timed, st)
+	}
+}
+
+// deliver implements seqOutput: decode and hand one batch to the Sink.
+func (st *stream) deliver(seq uint64, payload []byte) {
+	b := &st.batch
+	if len(payload) > 0 && len(st.pre) > 0 && &payload[0] == &st.pre[0] {
+		b = st.preBatch
+	} else if err := st.dec.Decode(payload, b); err != nil {
+		// The batch is consumed (its seq will not be replayed), but its
+		// events are lost.
+		n := st.ctr.decodeErrors.Add(1)
+		st.ctr.lastSeq.Store(seq)
+		if logEvery(n) {
+			st.logAttrs(slog.LevelWarn, "kvevents: undecodable batch dropped",
+				slog.Uint64("seq", seq), slog.Any("err", err), slog.Uint64("count", n))
+		}
+		st.seq.setDegraded(true)
+		return
+	}
+	if !st.bind {
+		st.checkRank(b)
+	}
+	cleared := 0
+	for i := range b.Events {
+		if b.Events[i].Kind == AllBlocksCleared {
+			cleared++
+		}
+	}
+	// Counted before the call, so a Sink that observes a batch also
+	// observes it in Streams.
+	st.ctr.batches.Add(1)
+	st.ctr.events.Add(uint64(len(b.Events)))
+	if b.Skipped > 0 {
+		st.ctr.unknownEvents.Add(uint64(b.Skipped))
+	}
+	st.ctr.lastSeq.Store(seq)
+	st.ctr.lastEvent.Store(st.s.cfg.Now().UnixNano())
+	st.s.sink.Apply(st.id, seq, b.Events)
+	if cleared > 0 {
+		st.ctr.resets.Add(uint64(cleared))
+		st.seq.cleared()
+	}
+}
+
+// checkRank compares a connect-mode batch's dp_rank with the rank implied
+// by the port. The batch wins: the engine knows its rank, while port
+// offsets follow the local DP index, which differs from the global rank
+// when ranks span nodes. The identity is settled by the first batch that
+// carries a rank, so a stream never changes identity once it has state.
+func (st *stream) checkRank(b *Batch) {
+	if !b.HasDPRank || b.DPRank == st.portRank {
+		st.rankSettled = st.rankSettled || b.HasDPRank
+		return
+	}
+	st.ctr.rankMismatches.Add(1)
+	if st.rankSettled {
+		return
+	}
+	st.rankSettled = true
+	if b.DPRank < 0 || b.DPRank >= MaxDPRank {
+		st.logAttrs(slog.LevelWarn, "kvevents: batch dp_rank out of range; keeping the port's rank",
+			slog.Int("dp_rank", b.DPRank))
+		return
+	}
+	id := st.id
+	id.DPRank = b.DPRank
+	if !st.s.rename(st, id) {
+		st.logAttrs(slog.LevelWarn, "kvevents: batch dp_rank differs from the port's, but another stream owns that rank; keeping the port's rank",
+			slog.Int("dp_rank", b.DPRank))
+		return
+	}
+	st.id = id
+	st.ctr.engine.Store(&id)
+	st.logAttrs(slog.LevelWarn, "kvevents: batch dp_rank differs from the port's; using the batch's",
+		slog.Int("port_rank", st.portRank), slog.Int("dp_rank", b.DPRank))
+}
+
+// reset implements seqOutput.
+func (st *stream) reset(reason ResetReason) {
+	st.s.sink.Reset(st.id, reason)
+}
+
+// requestReplay implements seqOutput: send [b"", start_seq] on the DEALER.
+func (st *stream) requestReplay(from uint64) bool {
+	if st.dealer == nil {
+		return false
+	}
+	var req [8]byte
+	binary.BigEndian.PutUint64(req[:], from)
+	if _, err := st.dealer.SendBytes(nil, zmq.SNDMORE|zmq.DONTWAIT); err != nil {
+		st.logAttrs(slog.LevelWarn, "kvevents: replay request not sent", slog.Any("err", err))
+		return false
+	}
+	if _, err := st.dealer.SendBytes(req[:], zmq.DONTWAIT); err != nil {
+		// Half a message may sit in the socket: start afresh.
+		st.cancelReplay()
+		st.logAttrs(slog.LevelWarn, "kvevents: replay request not sent", slog.Any("err", err))
+		return false
+	}
+	return true
+}
+
+// cancelReplay implements seqOutput: replace the DEALER so replies to the
+// abandoned request are never read.
+func (st *stream) cancelReplay() {
+	st.closeDealer()
+	if err := st.openDealer(); err != nil {
+		st.logAttrs(slog.LevelError, "kvevents: replay socket not reopened; replay disabled", slog.Any("err", err))
+		st.seq.canReplay = false
+	}
+}
+
+// note implements seqOutput: counters and log lines.
+func (st *stream) note(n seqNote) {
+	c := st.ctr
+	switch n.kind {
+	case noteGap:
+		c.gaps.Add(1)
+		st.logAttrs(slog.LevelWarn, "kvevents: sequence gap",
+			slog.Uint64("expected", n.from), slog.Uint64("got", n.to), slog.Uint64("missing", n.to-n.from))
+	case noteReplayStart:
+		st.logAttrs(slog.LevelInfo, "kvevents: replay requested",
+			slog.Uint64("from", n.from), slog.Bool("bootstrap", n.bootstrap), slog.String("replay", st.replayEP))
+	case noteReplayDone:
+		c.replaysOK.Add(1)
+		st.logAttrs(slog.LevelInfo, "kvevents: replay complete",
+			slog.Uint64("from", n.from), slog.Uint64("applied", n.to-n.from), slog.Bool("bootstrap", n.bootstrap))
+	case noteReplayFailed:
+		c.replaysFailed.Add(1)
+		st.logAttrs(slog.LevelWarn, "kvevents: replay failed; continuing with a hole",
+			slog.Uint64("from", n.from), slog.String("reason", n.reason.String()), slog.Bool("bootstrap", n.bootstrap))
+	case noteLost:
+		c.lost.Add(n.to - n.from)
+		st.logAttrs(slog.LevelWarn, "kvevents: batches lost",
+			slog.Uint64("from", n.from), slog.Uint64("to", n.to))
+	case noteRestart:
+		c.restarts.Add(1)
+		c.resets.Add(1)
+		st.logAttrs(slog.LevelWarn, "kvevents: engine restarted (sequence went back); resetting its blocks",
+			slog.Uint64("last", n.from), slog.Uint64("seq", n.to))
+	case noteDuplicate:
+		c.duplicates.Add(1)
+	case noteStray:
+		st.strayLogged++
+		if logEvery(st.strayLogged) {
+			st.logAttrs(slog.LevelDebug, "kvevents: stray replay reply dropped", slog.Uint64("seq", n.from))
+		}
+	case noteJoin:
+		st.logAttrs(slog.LevelInfo, "kvevents: joined mid-stream without replay; earlier blocks unknown",
+			slog.Uint64("seq", n.from))
+	case noteTruncated:
+		st.logAttrs(slog.LevelInfo, "kvevents: engine's replay buffer starts later; older blocks unknown",
+			slog.Uint64("first", n.to))
+	case noteDegraded:
+		c.degraded.Store(true)
+	case noteHealthy:
+		c.degraded.Store(false)
+		st.logAttrs(slog.LevelInfo, "kvevents: stream healthy again")
+	}
+}
+
+func (st *stream) logAttrs(level slog.Level, msg string, attrs ...slog.Attr) {
+	if !st.s.log.Enabled(context.Background(), level) {
+		return
+	}
+	base := []slog.Attr{
+		slog.String("pod", st.id.Pod),
+		slog.Int("dp_rank", st.id.DPRank),
+		slog.String("model", st.id.Model),
+		slog.String("endpoint", st.ctr.endpoint),
+	}
+	st.s.log.LogAttrs(context.Background(), level, msg, append(base, attrs...)...)
+}
+
+func isEAGAIN(err error) bool { return zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) }

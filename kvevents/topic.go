@@ -1,0 +1,160 @@
+package kvevents
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// LLMDTopicPattern is llm-d's topic convention, kv@<pod>@<model>, in the
+// template syntax of TopicPattern. It is the default pattern of a listen
+// socket. The pod ends at the first '@' after "kv@"; everything after it is
+// the model, which may itself contain '@' (pods are IPs or DNS labels and
+// cannot).
+const LLMDTopicPattern = "kv@{pod}@{model}"
+
+// TopicPattern extracts an engine's identity (pod and model) from the topic
+// it publishes on. It is written either as
+//
+//   - a template: literal text with the placeholders {pod} and {model}
+//     (e.g. "kv@{pod}@{model}" or "events.{model}.{pod}"). A placeholder
+//     matches at least one character, as few as possible, except the last
+//     one, which takes the rest of the topic; or
+//   - a Go regular expression (anything containing "(?P<"), matched
+//     against the whole topic, with the named groups "pod" (required) and
+//     "model" (optional).
+//
+// When the pattern has no model, the listener's configured model is used.
+type topicPattern struct {
+	src        string
+	llmd       bool // the fast path for LLMDTopicPattern
+	re         *regexp.Regexp
+	pod, model int // submatch indexes; model < 0 when absent
+}
+
+func compileTopicPattern(p string) (*topicPattern, error) {
+	if p == "" || p == LLMDTopicPattern {
+		return &topicPattern{src: LLMDTopicPattern, llmd: true}, nil
+	}
+	var expr string
+	if strings.Contains(p, "(?P<") {
+		expr = p
+		if !strings.HasPrefix(expr, "^") {
+			expr = "^(?:" + expr + ")$"
+		}
+	} else {
+		var err error
+		if expr, err = templateRegexp(p); err != nil {
+			return nil, err
+		}
+	}
+	re, err := regexp.Compile(expr)
+	if err != nil {
+		return nil, fmt.Errorf("kvevents: topic pattern %q: %w", p, err)
+	}
+	tp := &topicPattern{src: p, re: re, pod: re.SubexpIndex("pod"), model: re.SubexpIndex("model")}
+	if tp.pod < 0 {
+		return nil, fmt.Errorf("kvevents: topic pattern %q has no pod", p)
+	}
+	return tp, nil
+}
+
+// templateRegexp turns a {pod}/{model} template into an anchored regexp.
+func templateRegexp(t string) (string, error) {
+	var b strings.Builder
+	b.WriteString("^")
+	rest := t
+	seen := map[string]bool{}
+	for rest != "" {
+		i := strings.IndexByte(rest, '{')
+		if i < 0 {
+			b.WriteString(regexp.QuoteMeta(rest))
+			break
+		}
+		b.WriteString(regexp.QuoteMeta(rest[:i]))
+		j := strings.IndexByte(rest[i:], '}')
+		if j < 0 {
+			return "", fmt.Errorf("kvevents: topic template %q: unclosed '{'", t)
+		}
+		name := rest[i+1 : i+j]
+		if name != "pod" && name != "model" {
+			return "", fmt.Errorf("kvevents: topic template %q: unknown placeholder {%s} (want {pod} or {model})", t, name)
+		}
+		if seen[name] {
+			return "", fmt.Errorf("kvevents: topic template %q: {%s} appears twice", t, name)
+		}
+		seen[name] = true
+		rest = rest[i+j+1:]
+		if rest == "" {
+			b.WriteString("(?P<" + name + ">.+)")
+		} else {
+			b.WriteString("(?P<" + name + ">.+?)")
+		}
+	}
+	if !seen["pod"] {
+		return "", fmt.Errorf("kvevents: topic template %q has no {pod}", t)
+	}
+	b.WriteString("$")
+	return b.String(), nil
+}
+
+// errTopic is returned for topics a pattern does not match.
+var errTopic = errors.New("topic does not match the pattern")
+
+// parse returns the pod and model a topic names; model is "" when the
+// pattern has none.
+func (tp *topicPattern) parse(topic string) (pod, model string, err error) {
+	if tp.llmd {
+		rest, ok := strings.CutPrefix(topic, "kv@")
+		if !ok {
+			return "", "", errTopic
+		}
+		pod, model, ok = strings.Cut(rest, "@")
+		if !ok || pod == "" || model == "" {
+			return "", "", errTopic
+		}
+		return pod, model, nil
+	}
+	m := tp.re.FindStringSubmatch(topic)
+	if m == nil || m[tp.pod] == "" {
+		return "", "", errTopic
+	}
+	if tp.model >= 0 {
+		model = m[tp.model]
+	}
+	return m[tp.pod], model, nil
+}
+
+// offsetEndpoint returns the endpoint data-parallel rank r of an engine
+// uses, the way vLLM derives it: a tcp port grows by r, an inproc name gets
+// "_dp<r>", and ipc endpoints cannot carry ranks above 0.
+func offsetEndpoint(endpoint string, r int) (string, error) {
+	if r == 0 || endpoint == "" {
+		return endpoint, nil
+	}
+	switch {
+	case strings.HasPrefix(endpoint, "inproc://"):
+		return endpoint + "_dp" + strconv.Itoa(r), nil
+	case strings.HasPrefix(endpoint, "tcp://"):
+		i := strings.LastIndexByte(endpoint, ':')
+		if i < len("tcp://") {
+			return "", fmt.Errorf("kvevents: endpoint %q has no port", endpoint)
+		}
+		port, err := strconv.Atoi(endpoint[i+1:])
+		if err != nil || port <= 0 || port+r > 65535 {
+			return "", fmt.Errorf("kvevents: endpoint %q: port cannot be offset by rank %d", endpoint, r)
+		}
+		return endpoint[:i+1] + strconv.Itoa(port+r), nil
+	}
+	return "", fmt.Errorf("kvevents: endpoint %q cannot carry data-parallel rank %d (only tcp:// and inproc:// can)", endpoint, r)
+}
+
+// expandReplayTemplate fills a bind-mode replay template such as
+// "tcp://{pod}:5558" for one engine's rank ({model} is also recognised).
+func expandReplayTemplate(tmpl, pod, model string, rank int) (string, error) {
+	ep := strings.ReplaceAll(tmpl, "{pod}", pod)
+	ep = strings.ReplaceAll(ep, "{model}", model)
+	return offsetEndpoint(ep, rank)
+}

@@ -1,0 +1,132 @@
+package kvevents
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestTopicPattern(t *testing.T) {
+	type want struct {
+		pod, model string
+		ok         bool
+	}
+	tests := []struct {
+		pattern string
+		topic   string
+		want    want
+	}{
+		// llm-d's convention, the default.
+		{"", "kv@10.0.0.5@Qwen/Qwen3-0.6B", want{"10.0.0.5", "Qwen/Qwen3-0.6B", true}},
+		{"", "kv@10.0.0.5@org/model@rev", want{"10.0.0.5", "org/model@rev", true}},
+		{"", "kv@pod@m@", want{"pod", "m@", true}},
+		{"", "kv@10.0.0.5", want{}},
+		{"", "kv@@model", want{}},
+		{"", "kv@pod@", want{}},
+		{"", "kv-events", want{}},
+		{"", "", want{}},
+		{LLMDTopicPattern, "kv@p@m", want{"p", "m", true}},
+		// Templates.
+		{"events.{model}.{pod}", "events.llama.pod-7", want{"pod-7", "llama", true}},
+		{"events.{model}.{pod}", "events.llama.3.pod-7", want{"3.pod-7", "llama", true}},
+		{"{pod}", "anything at all", want{"anything at all", "", true}},
+		{"kv/{pod}/x", "kv/a/x", want{"a", "", true}},
+		{"kv/{pod}/x", "kv/a/y", want{}},
+		{"a.b+{pod}", "a.b+p", want{"p", "", true}}, // literal text is not regexp syntax
+		{"a.b+{pod}", "axbb+p", want{}},
+		// Regular expressions.
+		{`kv-(?P<pod>[^-]+)-(?P<model>.+)`, "kv-pod1-llama-3", want{"pod1", "llama-3", true}},
+		{`kv-(?P<pod>[^-]+)-(?P<model>.+)`, "xkv-pod1-llama", want{}}, // anchored
+		{`^kv-(?P<pod>\d+)$`, "kv-42", want{"42", "", true}},
+		{`^kv-(?P<pod>\d*)$`, "kv-", want{}}, // an empty pod never matches
+	}
+	for _, tt := range tests {
+		tp, err := compileTopicPattern(tt.pattern)
+		if err != nil {
+			t.Fatalf("pattern %q: %v", tt.pattern, err)
+		}
+		pod, model, err := tp.parse(tt.topic)
+		got := want{pod, model, err == nil}
+		if got != tt.want {
+			t.Errorf("pattern %q, topic %q: got %+v, want %+v", tt.pattern, tt.topic, got, tt.want)
+		}
+	}
+}
+
+func TestTopicPatternErrors(t *testing.T) {
+	for _, p := range []string{
+		"kv@{pod",           // unclosed
+		"kv@{host}@{model}", // unknown placeholder
+		"kv@{pod}@{pod}",    // twice
+		"kv@{model}",        // no pod
+		`(?P<model>.+)`,     // regexp without pod
+		`(?P<pod>[)`,        // bad regexp
+	} {
+		if _, err := compileTopicPattern(p); err == nil {
+			t.Errorf("pattern %q accepted", p)
+		}
+	}
+}
+
+func TestOffsetEndpoint(t *testing.T) {
+	tests := []struct {
+		ep   string
+		rank int
+		want string // "" with wantErr
+		err  bool
+	}{
+		{"tcp://10.0.0.5:5557", 0, "tcp://10.0.0.5:5557", false},
+		{"tcp://10.0.0.5:5557", 3, "tcp://10.0.0.5:5560", false},
+		{"tcp://[::1]:5557", 1, "tcp://[::1]:5558", false},
+		{"tcp://host.svc:5558", 2, "tcp://host.svc:5560", false},
+		{"inproc://events", 2, "inproc://events_dp2", false},
+		{"ipc:///tmp/ev", 0, "ipc:///tmp/ev", false},
+		{"", 5, "", false},
+		{"ipc:///tmp/ev", 1, "", true},
+		{"tcp://host", 1, "", true},
+		{"tcp://host:abc", 1, "", true},
+		{"tcp://host:65535", 1, "", true},
+	}
+	for _, tt := range tests {
+		got, err := offsetEndpoint(tt.ep, tt.rank)
+		if (err != nil) != tt.err || got != tt.want {
+			t.Errorf("offsetEndpoint(%q, %d) = %q, %v; want %q, error %v", tt.ep, tt.rank, got, err, tt.want, tt.err)
+		}
+	}
+}
+
+func TestExpandReplayTemplate(t *testing.T) {
+	got, err := expandReplayTemplate("tcp://{pod}:5558", "10.0.0.5", "m", 2)
+	if err != nil || got != "tcp://10.0.0.5:5560" {
+		t.Fatalf("got %q, %v", got, err)
+	}
+	got, err = expandReplayTemplate("tcp://{model}-{pod}.svc:5558", "p", "llama", 0)
+	if err != nil || got != "tcp://llama-p.svc:5558" {
+		t.Fatalf("got %q, %v", got, err)
+	}
+}
+
+// FuzzTopicPattern: parsing never panics, and llm-d pods never contain
+// '@' while the model keeps the rest of the topic.
+func FuzzTopicPattern(f *testing.F) {
+	f.Add("kv@10.0.0.5@Qwen/Qwen3-0.6B")
+	f.Add("kv@@")
+	f.Add("kv@a@b@c")
+	tp, err := compileTopicPattern("")
+	if err != nil {
+		f.Fatal(err)
+	}
+	tmpl, err := compileTopicPattern("x.{model}.{pod}")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, topic string) {
+		if pod, model, err := tp.parse(topic); err == nil {
+			if strings.Contains(pod, "@") || pod == "" || model == "" || "kv@"+pod+"@"+model != topic {
+				t.Fatalf("topic %q parsed as pod %q model %q", topic, pod, model)
+			}
+		}
+		if pod, model, err := tmpl.parse(topic); err == nil && "x."+model+"."+pod != topic {
+			t.Fatalf("topic %q parsed as pod %q model %q", topic, pod, model)
+		}
+	})
+}
