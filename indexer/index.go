@@ -1,8 +1,12 @@
 package indexer
 
 import (
+	"cmp"
 	"errors"
-	"io"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
 
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/kvevents"
@@ -23,6 +27,10 @@ type Options struct {
 	VerifyEvery int
 	// MemoEntries sizes the memo of query hash chains (0: default).
 	MemoEntries int
+	// DigestEntries sizes each engine's LRU of full digests of verified
+	// blocks, which lets events that name their parent by 64-bit key be
+	// verified (0: DefaultDigestEntries).
+	DigestEntries int
 }
 
 // HashCheck is what verification concluded about an engine's hashes.
@@ -107,6 +115,13 @@ type EngineInfo struct {
 	Verified     uint64 // blocks whose recomputed hash matched
 	Mismatches   uint64 // blocks whose recomputed hash differed
 	Fallback     bool   // keyed by kvindex's own chain after a mismatch
+
+	Unverifiable uint64 // sampled events whose parent digest was unknown
+	Dropped      uint64 // blocks that could not be keyed (fallback with unknown parent)
+	Malformed    uint64 // events ignored as invalid (lengths, sizes, fields)
+	RemoveMisses uint64 // removals of blocks the index did not hold
+	LastSeq      uint64 // sequence number of the last applied batch
+	Message      string // why the engine is flagged, if it is
 }
 
 // Stats sizes the index.
@@ -116,46 +131,260 @@ type Stats struct {
 	Blocks       int64 // distinct block keys
 	Engines      int
 	Evictions    uint64
+	Models       int
 }
 
-// Index is the fleet-wide map from block key to holders.
+// Index is the fleet-wide map from block key to holders. It is safe for
+// concurrent use: Apply may run concurrently for different engines (never
+// for the same one), queries run in parallel with everything. It starts no
+// goroutines.
 type Index struct {
-	opts Options
+	opts          Options
+	hasher        *blockhash.Hasher
+	verifyFirst   int
+	verifyEvery   int
+	digestEntries int
+
+	nsMu   sync.Mutex
+	models atomic.Pointer[map[string]*namespace]
+
+	stored    atomic.Uint64 // blocks stored so far: the generation clock
+	genSpan   uint64        // blocks per generation
+	evictMu   sync.Mutex
+	evictions atomic.Uint64
+
+	memo    *memo
+	scratch sync.Pool // *queryScratch
 }
 
-var errNotImplemented = errors.New("indexer: not implemented")
+// Errors returned by queries.
+var (
+	ErrNoHasher = errors.New("indexer: a query by tokens needs Options.Hasher; pass BlockHashes instead")
+)
 
 // New returns an empty Index.
-func New(opts Options) (*Index, error) { return &Index{opts: opts}, nil }
+func New(opts Options) (*Index, error) {
+	switch {
+	case opts.MemoryBudget < 0:
+		return nil, fmt.Errorf("indexer: negative MemoryBudget %d", opts.MemoryBudget)
+	case opts.VerifyFirst < 0, opts.VerifyEvery < 0:
+		return nil, fmt.Errorf("indexer: negative VerifyFirst/VerifyEvery (%d, %d)", opts.VerifyFirst, opts.VerifyEvery)
+	case opts.MemoEntries < 0, opts.DigestEntries < 0:
+		return nil, fmt.Errorf("indexer: negative MemoEntries/DigestEntries (%d, %d)", opts.MemoEntries, opts.DigestEntries)
+	}
+	ix := &Index{
+		opts:          opts,
+		hasher:        opts.Hasher,
+		verifyFirst:   cmp.Or(opts.VerifyFirst, DefaultVerifyFirst),
+		verifyEvery:   cmp.Or(opts.VerifyEvery, DefaultVerifyEvery),
+		digestEntries: cmp.Or(opts.DigestEntries, DefaultDigestEntries),
+		genSpan:       1 << 20,
+	}
+	if opts.MemoryBudget > 0 {
+		// About a sixteenth of what the budget holds per generation
+		// (at ~24 bytes per holder-block), so eviction can pick the
+		// oldest few percent.
+		ix.genSpan = uint64(max(1024, opts.MemoryBudget/(24*16)))
+	}
+	m := map[string]*namespace{}
+	ix.models.Store(&m)
+	ix.memo = newMemo(cmp.Or(opts.MemoEntries, DefaultMemoEntries))
+	ix.scratch.New = func() any { return new(queryScratch) }
+	return ix, nil
+}
+
+// namespace returns the model's namespace, creating it if asked.
+func (ix *Index) namespace(model string, create bool) *namespace {
+	if ns := (*ix.models.Load())[model]; ns != nil || !create {
+		return ns
+	}
+	ix.nsMu.Lock()
+	defer ix.nsMu.Unlock()
+	old := *ix.models.Load()
+	if ns := old[model]; ns != nil {
+		return ns
+	}
+	m := make(map[string]*namespace, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	ns := newNamespace(model)
+	m[model] = ns
+	ix.models.Store(&m)
+	return ns
+}
+
+// lockEngine returns the engine, registered if new, with its mutex held;
+// nil if its namespace has no room for another engine.
+func (ix *Index) lockEngine(ns *namespace, id kvevents.EngineID) *engine {
+	for {
+		e := ns.engine(id.Pod, id.DPRank)
+		if e == nil {
+			e = ns.addEngine(id, func(i uint32) *engine { return newEngine(i, id, ix.digestEntries) })
+			if e == nil {
+				return nil
+			}
+		}
+		e.mu.Lock()
+		if !e.removed {
+			return e
+		}
+		e.mu.Unlock() // removed meanwhile: register afresh
+	}
+}
 
 // Apply applies one engine's batch of events, in order.
-func (ix *Index) Apply(engine kvevents.EngineID, seq uint64, events []kvevents.Event) {}
+func (ix *Index) Apply(id kvevents.EngineID, seq uint64, events []kvevents.Event) {
+	ns := ix.namespace(id.Model, true)
+	e := ix.lockEngine(ns, id)
+	if e == nil {
+		return
+	}
+	e.lastSeq.Store(seq)
+	gen := ix.stored.Load() / ix.genSpan & genMask
+	var b batch
+	var stored uint64
+	for i := range events {
+		ev := &events[i]
+		switch ev.Kind {
+		case kvevents.BlockStored:
+			ix.applyStored(ns, e, ev, gen, &b)
+			stored += uint64(len(ev.Hashes))
+		case kvevents.BlockRemoved:
+			ix.applyRemoved(ns, e, ev, &b)
+		case kvevents.AllBlocksCleared:
+			ix.clearEngine(ns, e, &b)
+		default:
+			e.malformed.Add(1)
+		}
+	}
+	e.holderBlocks.Add(b.holdings)
+	if b.bytes != 0 {
+		ns.bytes.Add(b.bytes)
+	}
+	ix.stored.Add(stored)
+	e.mu.Unlock()
+	ix.maybeEvict()
+}
 
-// Reset forgets every block the engine holds.
-func (ix *Index) Reset(engine kvevents.EngineID, reason kvevents.ResetReason) {}
+// clearEngine removes every entry of e (mu held).
+func (ix *Index) clearEngine(ns *namespace, e *engine, b *batch) {
+	b.holdings -= int64(ns.clearEngine(e.id))
+	b.bytes += e.forgetKeys()
+}
+
+// Reset forgets every block the engine holds. ResetRestart also forgets
+// what verification concluded (the new process may run another
+// configuration); ResetRemoved forgets the engine entirely, as
+// RemoveEngine does.
+func (ix *Index) Reset(id kvevents.EngineID, reason kvevents.ResetReason) {
+	if reason == kvevents.ResetRemoved {
+		ix.RemoveEngine(id)
+		return
+	}
+	ns := ix.namespace(id.Model, false)
+	if ns == nil {
+		return
+	}
+	e := ns.engine(id.Pod, id.DPRank)
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.removed {
+		return
+	}
+	var b batch
+	ix.clearEngine(ns, e, &b)
+	e.holderBlocks.Add(b.holdings)
+	ns.bytes.Add(b.bytes)
+	if reason == kvevents.ResetRestart {
+		e.forgetVerification()
+	}
+}
 
 // RemoveEngine forgets the engine entirely.
-func (ix *Index) RemoveEngine(engine kvevents.EngineID) {}
+func (ix *Index) RemoveEngine(id kvevents.EngineID) {
+	ns := ix.namespace(id.Model, false)
+	if ns == nil {
+		return
+	}
+	e := ns.engine(id.Pod, id.DPRank)
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.removed {
+		return
+	}
+	var b batch
+	ix.clearEngine(ns, e, &b)
+	e.holderBlocks.Add(b.holdings)
+	ns.bytes.Add(b.bytes)
+	e.removed = true
+	ns.dropEngine(e)
+}
 
-// LongestPrefix answers q into res, reusing res's storage.
-func (ix *Index) LongestPrefix(q *Query, res *Result) error { return errNotImplemented }
+// Engines lists the engines the index knows, by model, pod and rank.
+func (ix *Index) Engines() []EngineInfo {
+	var out []EngineInfo
+	for _, ns := range *ix.models.Load() {
+		for _, e := range ns.engines.Load().byID {
+			if e == nil {
+				continue
+			}
+			info := EngineInfo{
+				Engine:       e.eid,
+				HolderBlocks: e.holderBlocks.Load(),
+				HashCheck:    HashCheck(e.check.Load()),
+				Verified:     e.verified.Load(),
+				Mismatches:   e.mismatches.Load(),
+				Fallback:     e.fallback.Load(),
+				Unverifiable: e.unverifiable.Load(),
+				Dropped:      e.dropped.Load(),
+				Malformed:    e.malformed.Load(),
+				RemoveMisses: e.removeMisses.Load(),
+				LastSeq:      e.lastSeq.Load(),
+			}
+			if m := e.message.Load(); m != nil {
+				info.Message = *m
+			}
+			out = append(out, info)
+		}
+	}
+	slices.SortFunc(out, func(a, b EngineInfo) int { return compareEngineID(a.Engine, b.Engine) })
+	return out
+}
 
-// Lookup returns, per block of q, its key and holders.
-func (ix *Index) Lookup(q *Query) ([]BlockHolders, error) { return nil, errNotImplemented }
+func compareEngineID(a, b kvevents.EngineID) int {
+	return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Pod, b.Pod), cmp.Compare(a.DPRank, b.DPRank))
+}
 
-// Engines lists the engines the index knows.
-func (ix *Index) Engines() []EngineInfo { return nil }
+// Stats returns the index's size. Bytes counts the index's own structures
+// (tables, record arenas, reverse lists, engine state); the query memo is
+// bounded separately by Options.MemoEntries.
+func (ix *Index) Stats() Stats {
+	st := Stats{Evictions: ix.evictions.Load()}
+	for _, ns := range *ix.models.Load() {
+		h, b := ns.counts()
+		st.HolderBlocks += h
+		st.Blocks += b
+		st.Bytes += ns.bytes.Load()
+		st.Engines += ns.engines.Load().n
+		st.Models++
+	}
+	return st
+}
 
-// Stats returns the index's size.
-func (ix *Index) Stats() Stats { return Stats{} }
-
-// Snapshot writes the index to w in a versioned binary format.
-func (ix *Index) Snapshot(w io.Writer) error { return errNotImplemented }
-
-// Restore replaces the index's content with a snapshot read from r.
-func (ix *Index) Restore(r io.Reader) error { return errNotImplemented }
-
-// Digest returns an order-independent digest of the index content.
-func (ix *Index) Digest() [32]byte { return [32]byte{} }
+// bytes returns the accounted size without locking any shard.
+func (ix *Index) bytes() int64 {
+	var b int64
+	for _, ns := range *ix.models.Load() {
+		b += ns.bytes.Load()
+	}
+	return b
+}
 
 var _ kvevents.Sink = (*Index)(nil)

@@ -1,0 +1,133 @@
+package indexer
+
+// Memory budget: every slot carries the generation of its block's last
+// store (the Index counts stored blocks; a generation is genSpan of them,
+// about a sixteenth of what the budget holds). When Apply finds the index
+// over budget, one caller at a time sums the shards' per-generation block
+// counts, picks the oldest generations that together free enough to get
+// back to 90% of the budget, and sweeps every shard once, dropping those
+// blocks with all their holders (least-recently-stored first, at the
+// granularity of a generation), then shrinks the emptied tables. The sweep
+// works in chunks of slots per write section, so queries are never held up
+// for long. Generations wrap after numGens; a block not stored for that
+// long looks young again, which only matters if the index stayed under
+// budget all that time.
+
+func (ix *Index) maybeEvict() {
+	budget := ix.opts.MemoryBudget
+	if budget <= 0 || ix.bytes() <= budget {
+		return
+	}
+	if !ix.evictMu.TryLock() {
+		return // another Apply is evicting
+	}
+	defer ix.evictMu.Unlock()
+	for pass := 0; pass < 4; pass++ {
+		cur := ix.bytes()
+		if cur <= budget {
+			return
+		}
+		if ix.evictPass(cur, budget-budget/10) == 0 {
+			return
+		}
+	}
+}
+
+// evictPass evicts the oldest generations holding about the share of
+// blocks that must go for the index to shrink from cur to target bytes.
+func (ix *Index) evictPass(cur, target int64) uint64 {
+	models := *ix.models.Load()
+	gen := ix.stored.Load() / ix.genSpan & genMask
+	var byAge [numGens]int64
+	var blocks int64
+	for _, ns := range models {
+		for si := range ns.shards {
+			sh := &ns.shards[si]
+			sh.mu.Lock()
+			for g, c := range sh.hist {
+				byAge[(gen-uint64(g))&genMask] += int64(c)
+				blocks += int64(c)
+			}
+			sh.mu.Unlock()
+		}
+	}
+	if blocks == 0 {
+		return 0
+	}
+	need := int64(float64(blocks) * float64(cur-target) / float64(cur))
+	minAge := numGens - 1
+	var acc int64
+	for ; minAge > 0; minAge-- {
+		if acc += byAge[minAge]; acc >= need {
+			break
+		}
+	}
+	var evicted uint64
+	for _, ns := range models {
+		evicted += ns.evictOlder(gen, minAge)
+	}
+	ix.evictions.Add(evicted)
+	return evicted
+}
+
+// evictOlder drops every block whose last store is at least minAge
+// generations before gen, and returns the holder-blocks dropped.
+func (ns *namespace) evictOlder(gen uint64, minAge int) uint64 {
+	perEngine := make([]int64, len(ns.engines.Load().byID))
+	count := func(e int) {
+		if e >= len(perEngine) {
+			perEngine = append(perEngine, make([]int64, e+1-len(perEngine))...)
+		}
+		perEngine[e]++
+	}
+	var evicted uint64
+	for si := range ns.shards {
+		sh := &ns.shards[si]
+		sh.mu.Lock()
+		d := sh.data.Load()
+		// Deleting slot i shifts a later key into it: look at i again.
+		// A key that wraps from the table's start to its end is looked
+		// at twice, which is harmless.
+		for i := 0; i < len(d.slots); {
+			sh.beginWrite()
+			for end := i + sweepChunk; i < end && i < len(d.slots); {
+				d = sh.data.Load()
+				v := d.slots[i].val
+				if !isLive(v) || int((gen-valGen(v))&genMask) < minAge {
+					i++
+					continue
+				}
+				hs := sh.decodeW(d, v)
+				hs.engines(func(uint32) { sh.assocs-- })
+				for j := 0; j < len(hs.s); j += 2 {
+					for x := hs.s[j+1]; x != 0; x &= x - 1 {
+						count(int(hs.s[j])<<6 | trailingZeros(x))
+					}
+				}
+				for _, x := range hs.d {
+					count(int(hEngine(x)))
+				}
+				n := hs.count()
+				hs.reset()
+				sh.store(i, v, hs, 0)
+				sh.holdings -= n
+				evicted += uint64(n)
+			}
+			sh.endWrite()
+		}
+		// Emptied tables shrink to a compact load, so the bytes go too.
+		if d := sh.data.Load(); len(d.slots) > minSlots && float64(sh.used) < evictLoad*float64(len(d.slots)) {
+			sh.rebuild(0, evictLoad)
+		}
+		sh.maybeRebuildRev()
+		ns.accountShard(sh)
+		sh.mu.Unlock()
+	}
+	et := ns.engines.Load()
+	for id, n := range perEngine {
+		if n != 0 && id < len(et.byID) && et.byID[id] != nil {
+			et.byID[id].holderBlocks.Add(-n)
+		}
+	}
+	return evicted
+}

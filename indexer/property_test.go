@@ -1,0 +1,594 @@
+package indexer
+
+import (
+	"cmp"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/kvevents"
+)
+
+// refModel is the deliberately simple reference: per engine, per block
+// key, a map from (group, medium) to a reference count.
+type refModel struct {
+	engines map[kvevents.EngineID]map[uint64]map[refHolding]int
+}
+
+type refHolding struct {
+	group  int
+	medium string
+}
+
+func newRefModel() *refModel {
+	return &refModel{engines: map[kvevents.EngineID]map[uint64]map[refHolding]int{}}
+}
+
+func normMedium(m string) string {
+	if m == "" {
+		return kvevents.MediumGPU
+	}
+	return m
+}
+
+// apply mirrors Index.Apply for well-formed events without verification.
+func (r *refModel) apply(id kvevents.EngineID, events []kvevents.Event) {
+	if r.engines[id] == nil {
+		r.engines[id] = map[uint64]map[refHolding]int{}
+	}
+	blocks := r.engines[id]
+	for _, ev := range events {
+		h := refHolding{ev.GroupIdx, normMedium(ev.Medium)}
+		switch ev.Kind {
+		case kvevents.BlockStored:
+			for _, k := range ev.Hashes {
+				if blocks[k] == nil {
+					blocks[k] = map[refHolding]int{}
+				}
+				blocks[k][h]++
+			}
+		case kvevents.BlockRemoved:
+			for _, k := range ev.Hashes {
+				if blocks[k][h] > 0 {
+					blocks[k][h]--
+					if blocks[k][h] == 0 {
+						delete(blocks[k], h)
+						if len(blocks[k]) == 0 {
+							delete(blocks, k)
+						}
+					}
+				}
+			}
+		case kvevents.AllBlocksCleared:
+			clear(blocks)
+		}
+	}
+}
+
+func (r *refModel) reset(id kvevents.EngineID) {
+	if blocks := r.engines[id]; blocks != nil {
+		clear(blocks)
+	}
+}
+
+func (r *refModel) removeEngine(id kvevents.EngineID) { delete(r.engines, id) }
+
+func (r *refModel) holdings(id kvevents.EngineID) int {
+	n := 0
+	for _, hs := range r.engines[id] {
+		n += len(hs)
+	}
+	return n
+}
+
+func (r *refModel) longestPrefix(model string, keys []uint64, pods []string, bs int) Result {
+	res := Result{BlocksTotal: len(keys), BlockSize: bs}
+	for id, blocks := range r.engines {
+		if id.Model != model || len(pods) > 0 && !slices.Contains(pods, id.Pod) {
+			continue
+		}
+		pm := PodMatch{Engine: id}
+		tiers := map[string]int{}
+		for _, k := range keys {
+			if len(blocks[k]) == 0 {
+				break
+			}
+			pm.MatchedBlocks++
+			media := map[string]bool{}
+			for h := range blocks[k] {
+				media[h.medium] = true
+			}
+			for m := range media {
+				tiers[m]++
+			}
+		}
+		pm.MatchedTokens = pm.MatchedBlocks * bs
+		if n := tiers[kvevents.MediumGPU]; n > 0 {
+			pm.Tiers = append(pm.Tiers, TierCount{kvevents.MediumGPU, n})
+		}
+		var others []TierCount
+		for m, n := range tiers {
+			if m != kvevents.MediumGPU {
+				others = append(others, TierCount{m, n})
+			}
+		}
+		slices.SortFunc(others, func(a, b TierCount) int { return cmp.Compare(a.Medium, b.Medium) })
+		pm.Tiers = append(pm.Tiers, others...)
+		res.Pods = append(res.Pods, pm)
+	}
+	slices.SortFunc(res.Pods, comparePods)
+	return res
+}
+
+func (r *refModel) lookup(model string, keys []uint64) []BlockHolders {
+	out := make([]BlockHolders, len(keys))
+	for i, k := range keys {
+		out[i] = BlockHolders{Index: i, Key: k}
+		for id, blocks := range r.engines {
+			if id.Model != model {
+				continue
+			}
+			for h, refs := range blocks[k] {
+				out[i].Holders = append(out[i].Holders, Holder{Engine: id, Medium: h.medium, GroupIdx: h.group, Refs: refs})
+			}
+		}
+		slices.SortFunc(out[i].Holders, func(a, b Holder) int {
+			return cmp.Or(compareEngineID(a.Engine, b.Engine), cmp.Compare(a.GroupIdx, b.GroupIdx), cmp.Compare(a.Medium, b.Medium))
+		})
+	}
+	return out
+}
+
+// normalise makes nil and empty slices compare equal.
+func normalise(r Result) Result {
+	for i := range r.Pods {
+		if len(r.Pods[i].Tiers) == 0 {
+			r.Pods[i].Tiers = nil
+		}
+		r.Pods[i].HashCheck = 0
+	}
+	if len(r.Pods) == 0 {
+		r.Pods = nil
+	}
+	return r
+}
+
+// propWorld generates the random workload: models with engines, chains of
+// keys (some real hash chains of tokens), and per-engine event streams.
+type propWorld struct {
+	rng     *rand.Rand
+	hasher  *blockhash.Hasher
+	models  []string
+	engines map[string][]kvevents.EngineID
+	chains  map[string][][]uint64 // per model: key chains
+	tokens  map[string][][]uint64 // per model: token prompts behind real chains (same index as chains)
+}
+
+const tokModel = "tok"
+
+func newPropWorld(seed uint64, h *blockhash.Hasher) *propWorld {
+	w := &propWorld{
+		rng:     rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		hasher:  h,
+		models:  []string{"small", "wide", tokModel},
+		engines: map[string][]kvevents.EngineID{},
+		chains:  map[string][][]uint64{},
+		tokens:  map[string][][]uint64{},
+	}
+	sizes := map[string][2]int{"small": {3, 2}, "wide": {40, 2}, tokModel: {4, 1}}
+	for _, m := range w.models {
+		for p := range sizes[m][0] {
+			for r := range sizes[m][1] {
+				w.engines[m] = append(w.engines[m], kvevents.EngineID{Model: m, Pod: fmt.Sprintf("%s-pod%02d", m, p), DPRank: r})
+			}
+		}
+	}
+	// Key chains sharing prefixes, like prompts sharing system prompts.
+	for _, m := range []string{"small", "wide"} {
+		for range 12 {
+			var c []uint64
+			if len(w.chains[m]) > 0 && w.rng.IntN(2) == 0 {
+				base := w.chains[m][w.rng.IntN(len(w.chains[m]))]
+				c = slices.Clone(base[:w.rng.IntN(len(base)+1)])
+			}
+			for range 4 + w.rng.IntN(14) {
+				c = append(c, w.rng.Uint64()%5000) // small key space: collisions across chains
+			}
+			w.chains[m] = append(w.chains[m], c)
+		}
+	}
+	// Real hash chains for token queries.
+	bs := h.BlockSize()
+	for range 6 {
+		var toks []uint64
+		if len(w.tokens[tokModel]) > 0 && w.rng.IntN(2) == 0 {
+			base := w.tokens[tokModel][w.rng.IntN(len(w.tokens[tokModel]))]
+			toks = slices.Clone(base[:bs*w.rng.IntN(len(base)/bs+1)])
+		}
+		for range (3 + w.rng.IntN(8)) * bs {
+			toks = append(toks, uint64(w.rng.IntN(1000)))
+		}
+		hashes, err := h.Chain(nil, nil, 0, toks, nil)
+		if err != nil {
+			panic(err)
+		}
+		keys := make([]uint64, len(hashes))
+		for i := range hashes {
+			keys[i] = hashes[i].Key
+		}
+		w.chains[tokModel] = append(w.chains[tokModel], keys)
+		w.tokens[tokModel] = append(w.tokens[tokModel], toks)
+	}
+	return w
+}
+
+// op is one step of an engine's stream.
+type op struct {
+	kind   int // 0 apply, 1 reset restart, 2 remove engine
+	id     kvevents.EngineID
+	events []kvevents.Event
+}
+
+// engineOps generates n operations for one engine.
+func (w *propWorld) engineOps(id kvevents.EngineID, n int) []op {
+	var ops []op
+	media := []string{"", "GPU", "CPU", "STORAGE"}
+	bs := w.hasher.BlockSize()
+	type heldBlock struct {
+		key    uint64
+		group  int
+		medium string
+	}
+	var held []heldBlock
+	for range n {
+		switch x := w.rng.IntN(100); {
+		case x < 2:
+			ops = append(ops, op{kind: 1, id: id})
+			held = held[:0]
+		case x < 3:
+			ops = append(ops, op{kind: 2, id: id})
+			held = held[:0]
+		default:
+			var evs []kvevents.Event
+			for range 1 + w.rng.IntN(3) {
+				switch y := w.rng.IntN(100); {
+				case y < 60:
+					ci := w.rng.IntN(len(w.chains[id.Model]))
+					c := w.chains[id.Model][ci]
+					a := w.rng.IntN(len(c))
+					b := a + 1 + w.rng.IntN(len(c)-a)
+					if w.rng.IntN(3) == 0 {
+						a = 0 // stores usually start at block 0 of a prompt
+					}
+					ev := kvevents.Event{Kind: kvevents.BlockStored, Hashes: slices.Clone(c[a:b]), BlockSize: bs}
+					if w.rng.IntN(4) == 0 {
+						ev.Medium = media[w.rng.IntN(len(media))]
+					}
+					if w.rng.IntN(6) == 0 {
+						ev.GroupIdx = 1 + w.rng.IntN(2)
+					}
+					if id.Model == tokModel {
+						toks := w.tokens[tokModel][ci]
+						ev.TokenIDs = slices.Clone(toks[a*bs : b*bs])
+						if a > 0 {
+							ev.HasParent, ev.Parent = true, c[a-1]
+						}
+					}
+					evs = append(evs, ev)
+					for _, k := range ev.Hashes {
+						held = append(held, heldBlock{k, ev.GroupIdx, ev.Medium})
+					}
+				case y < 95:
+					if len(held) == 0 {
+						continue
+					}
+					// Remove one or two held blocks (sometimes one never held).
+					ev := kvevents.Event{Kind: kvevents.BlockRemoved}
+					for range 1 + w.rng.IntN(2) {
+						i := w.rng.IntN(len(held))
+						h := held[i]
+						held = slices.Delete(held, i, i+1)
+						ev.Hashes = []uint64{h.key}
+						ev.GroupIdx, ev.Medium = h.group, h.medium
+						if w.rng.IntN(20) == 0 {
+							ev.Hashes[0] ^= 1 << 40
+						}
+						evs = append(evs, ev)
+						if len(held) == 0 {
+							break
+						}
+					}
+				default:
+					evs = append(evs, kvevents.Event{Kind: kvevents.AllBlocksCleared})
+					held = held[:0]
+				}
+			}
+			ops = append(ops, op{kind: 0, id: id, events: evs})
+		}
+	}
+	return ops
+}
+
+func (w *propWorld) query() (model string, keys []uint64, toks []uint64, pods []string) {
+	model = w.models[w.rng.IntN(len(w.models))]
+	ci := w.rng.IntN(len(w.chains[model]))
+	c := w.chains[model][ci]
+	if model == tokModel && w.rng.IntN(3) > 0 {
+		toks = w.tokens[model][ci]
+		if w.rng.IntN(2) == 0 {
+			// A partial trailing block is ignored.
+			toks = append(slices.Clone(toks), 1, 2, 3)
+		}
+		keys = c
+	} else {
+		keys = slices.Clone(c[:1+w.rng.IntN(len(c))])
+		if w.rng.IntN(4) == 0 {
+			keys = append(keys, w.rng.Uint64()%5000)
+		}
+	}
+	if w.rng.IntN(3) == 0 {
+		for _, e := range w.engines[model] {
+			if w.rng.IntN(3) == 0 && !slices.Contains(pods, e.Pod) {
+				pods = append(pods, e.Pod)
+			}
+		}
+		if w.rng.IntN(5) == 0 {
+			pods = append(pods, "no-such-pod")
+		}
+	}
+	return model, keys, toks, pods
+}
+
+func applyOp(ix *Index, ref *refModel, o op) {
+	switch o.kind {
+	case 0:
+		ix.Apply(o.id, 0, o.events)
+		if ref != nil {
+			ref.apply(o.id, o.events)
+		}
+	case 1:
+		ix.Reset(o.id, kvevents.ResetRestart)
+		if ref != nil {
+			ref.reset(o.id)
+		}
+	case 2:
+		ix.RemoveEngine(o.id)
+		if ref != nil {
+			ref.removeEngine(o.id)
+		}
+	}
+}
+
+func checkAgainstRef(t *testing.T, ix *Index, ref *refModel, w *propWorld, queries int) {
+	t.Helper()
+	checkInvariants(t, ix)
+	var res Result
+	for qi := range queries {
+		model, keys, toks, pods := w.query()
+		q := &Query{Model: model, Candidates: pods}
+		if toks != nil {
+			q.Tokens = toks
+		} else {
+			q.BlockHashes = keys
+		}
+		if err := ix.LongestPrefix(q, &res); err != nil {
+			t.Fatalf("query %d: %v", qi, err)
+		}
+		want := ref.longestPrefix(model, keys, pods, w.hasher.BlockSize())
+		if got := normalise(res); !reflect.DeepEqual(got, normalise(want)) {
+			t.Fatalf("query %d (model %s, %d keys, tokens %v, pods %v): %s", qi, model, len(keys), toks != nil, pods, diffResults(got, normalise(want)))
+		}
+		if qi%4 == 0 {
+			got, err := ix.Lookup(&Query{Model: model, BlockHashes: keys})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := ref.lookup(model, keys); !reflect.DeepEqual(got, want) {
+				t.Fatalf("lookup %d (model %s):\n got %+v\nwant %+v", qi, model, got, want)
+			}
+		}
+	}
+	// Totals agree too.
+	var holdings int64
+	for id := range ref.engines {
+		holdings += int64(ref.holdings(id))
+	}
+	if st := ix.Stats(); st.HolderBlocks != holdings || st.Engines != len(ref.engines) {
+		t.Fatalf("stats %+v, reference has %d holdings, %d engines", st, holdings, len(ref.engines))
+	}
+	var perEngine int64
+	for _, e := range ix.Engines() {
+		perEngine += e.HolderBlocks
+		if want := int64(ref.holdings(e.Engine)); e.HolderBlocks != want {
+			t.Fatalf("engine %v: %d holder-blocks, reference %d", e.Engine, e.HolderBlocks, want)
+		}
+	}
+	if perEngine != holdings {
+		t.Fatalf("engines sum to %d holder-blocks, want %d", perEngine, holdings)
+	}
+}
+
+func testHasher(t testing.TB) *blockhash.Hasher {
+	t.Helper()
+	h, err := blockhash.New(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "0", BlockSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func TestPropertyAgainstReference(t *testing.T) {
+	seeds := uint64(4)
+	if raceEnabled || testing.Short() {
+		seeds = 1
+	}
+	for seed := range seeds {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			w := newPropWorld(seed, testHasher(t))
+			ix, err := New(Options{Hasher: w.hasher, VerifyFirst: 8, VerifyEvery: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref := newRefModel()
+			var all []op
+			for _, m := range w.models {
+				for _, id := range w.engines[m] {
+					all = append(all, w.engineOps(id, 60)...)
+				}
+			}
+			// Interleave engines' streams randomly (each stays in order).
+			perEngine := map[kvevents.EngineID][]op{}
+			var order []kvevents.EngineID
+			for _, o := range all {
+				if perEngine[o.id] == nil {
+					order = append(order, o.id)
+				}
+				perEngine[o.id] = append(perEngine[o.id], o)
+			}
+			for step := 0; len(order) > 0; step++ {
+				i := w.rng.IntN(len(order))
+				id := order[i]
+				applyOp(ix, ref, perEngine[id][0])
+				perEngine[id] = perEngine[id][1:]
+				if len(perEngine[id]) == 0 {
+					order = slices.Delete(order, i, i+1)
+				}
+				if step%100 == 0 {
+					checkAgainstRef(t, ix, ref, w, 20)
+				}
+			}
+			checkAgainstRef(t, ix, ref, w, 200)
+			for _, e := range ix.Engines() {
+				if e.Malformed != 0 || e.Mismatches != 0 || e.Dropped != 0 {
+					t.Errorf("engine %v: %+v", e.Engine, e)
+				}
+				if e.Engine.Model == tokModel && (e.HashCheck == HashMismatch || e.Verified > 0 && e.HashCheck != HashVerified) {
+					t.Errorf("engine %v: %+v", e.Engine, e)
+				}
+			}
+		})
+	}
+}
+
+// TestPropertyConcurrent applies every engine's stream from its own
+// goroutine while other goroutines query, then compares with the
+// reference (the final state does not depend on how engines interleave).
+func TestPropertyConcurrent(t *testing.T) {
+	w := newPropWorld(99, testHasher(t))
+	ix, err := New(Options{Hasher: w.hasher, VerifyFirst: 4, VerifyEvery: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := newRefModel()
+	streams := map[kvevents.EngineID][]op{}
+	for _, m := range w.models {
+		for _, id := range w.engines[m] {
+			streams[id] = w.engineOps(id, 80)
+		}
+	}
+	for _, ops := range streams {
+		for _, o := range ops {
+			switch o.kind {
+			case 0:
+				ref.apply(o.id, o.events)
+			case 1:
+				ref.reset(o.id)
+			case 2:
+				ref.removeEngine(o.id)
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	queryErr := make(chan error, 4)
+	for g := range 3 {
+		qw := newPropWorld(99, w.hasher) // same chains, own random stream
+		qw.rng = rand.New(rand.NewPCG(uint64(g), 7))
+		wg.Go(func() {
+			var res Result
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				model, keys, toks, pods := qw.query()
+				q := &Query{Model: model, Candidates: pods, BlockHashes: keys}
+				if toks != nil {
+					q.BlockHashes, q.Tokens = nil, toks
+				}
+				if err := ix.LongestPrefix(q, &res); err != nil {
+					queryErr <- err
+					return
+				}
+				if err := sane(&res, len(keys)); err != nil {
+					queryErr <- err
+					return
+				}
+				if _, err := ix.Lookup(&Query{Model: model, BlockHashes: keys}); err != nil {
+					queryErr <- err
+					return
+				}
+				ix.Stats()
+			}
+		})
+	}
+	var apply sync.WaitGroup
+	for _, ops := range streams {
+		apply.Go(func() {
+			for _, o := range ops {
+				applyOp(ix, nil, o)
+			}
+		})
+	}
+	apply.Wait()
+	close(stop)
+	wg.Wait()
+	close(queryErr)
+	for err := range queryErr {
+		t.Fatal(err)
+	}
+	checkAgainstRef(t, ix, ref, w, 200)
+}
+
+// sane checks what any answer, even one racing ingest, must satisfy.
+func sane(res *Result, n int) error {
+	if res.BlocksTotal != n {
+		return fmt.Errorf("BlocksTotal %d, want %d", res.BlocksTotal, n)
+	}
+	for i, p := range res.Pods {
+		if p.MatchedBlocks < 0 || p.MatchedBlocks > n || p.MatchedTokens != p.MatchedBlocks*res.BlockSize {
+			return fmt.Errorf("pod %+v out of range", p)
+		}
+		if i > 0 && comparePods(res.Pods[i-1], p) > 0 {
+			return fmt.Errorf("pods not sorted: %+v", res.Pods)
+		}
+		for _, tc := range p.Tiers {
+			if tc.Blocks <= 0 || tc.Blocks > p.MatchedBlocks {
+				return fmt.Errorf("pod %+v: bad tier", p)
+			}
+		}
+	}
+	return nil
+}
+
+// diffResults describes how two results differ, pod by pod.
+func diffResults(got, want Result) string {
+	var out string
+	if got.BlocksTotal != want.BlocksTotal || got.BlockSize != want.BlockSize {
+		out += fmt.Sprintf("totals got %d/%d want %d/%d; ", got.BlocksTotal, got.BlockSize, want.BlocksTotal, want.BlockSize)
+	}
+	if len(got.Pods) != len(want.Pods) {
+		out += fmt.Sprintf("%d pods, want %d; ", len(got.Pods), len(want.Pods))
+	}
+	for i := range min(len(got.Pods), len(want.Pods)) {
+		if !reflect.DeepEqual(got.Pods[i], want.Pods[i]) {
+			out += fmt.Sprintf("\n  pod %d got %+v\n        want %+v", i, got.Pods[i], want.Pods[i])
+		}
+	}
+	return out
+}
