@@ -1154,8 +1154,11 @@ type PodInfo struct {
 	HashCheck HashCheck `protobuf:"varint,17,opt,name=hash_check,json=hashCheck,proto3,enum=kvindex.v1.HashCheck" json:"hash_check,omitempty"`
 	// Wall-clock time of the last applied batch, Unix milliseconds; 0 if none.
 	LastEventUnixMs int64 `protobuf:"varint,18,opt,name=last_event_unix_ms,json=lastEventUnixMs,proto3" json:"last_event_unix_ms,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Why the engine is flagged, if it is: for a hash mismatch, the first
+	// block that differed and what to check.
+	Message       string `protobuf:"bytes,19,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PodInfo) Reset() {
@@ -1314,6 +1317,13 @@ func (x *PodInfo) GetLastEventUnixMs() int64 {
 	return 0
 }
 
+func (x *PodInfo) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // ListPodsResponse lists engines sorted by pod and rank.
 type ListPodsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1425,6 +1435,10 @@ type WatchResponse struct {
 	ResetReason string `protobuf:"bytes,13,opt,name=reset_reason,json=resetReason,proto3" json:"reset_reason,omitempty"`
 	// When kvindex applied it, Unix milliseconds.
 	AppliedUnixMs int64 `protobuf:"varint,14,opt,name=applied_unix_ms,json=appliedUnixMs,proto3" json:"applied_unix_ms,omitempty"`
+	// Events of this stream's selection that kvindex skipped just before
+	// this one because the watcher read too slowly (ingest never waits for
+	// a watcher).
+	Dropped       uint64 `protobuf:"varint,15,opt,name=dropped,proto3" json:"dropped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1557,6 +1571,13 @@ func (x *WatchResponse) GetAppliedUnixMs() int64 {
 	return 0
 }
 
+func (x *WatchResponse) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
 var File_kvindex_v1_kvindex_proto protoreflect.FileDescriptor
 
 const file_kvindex_v1_kvindex_proto_rawDesc = "" +
@@ -1632,7 +1653,7 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\rprompt_tokens\x18\x03 \x01(\rR\fpromptTokens\x12!\n" +
 	"\ftoken_source\x18\x04 \x01(\tR\vtokenSource\"'\n" +
 	"\x0fListPodsRequest\x12\x14\n" +
-	"\x05model\x18\x01 \x01(\tR\x05model\"\xbc\x04\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\"\xd6\x04\n" +
 	"\aPodInfo\x12\x10\n" +
 	"\x03pod\x18\x01 \x01(\tR\x03pod\x12\x17\n" +
 	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\x12\x14\n" +
@@ -1654,11 +1675,12 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\x06blocks\x18\x10 \x01(\x04R\x06blocks\x124\n" +
 	"\n" +
 	"hash_check\x18\x11 \x01(\x0e2\x15.kvindex.v1.HashCheckR\thashCheck\x12+\n" +
-	"\x12last_event_unix_ms\x18\x12 \x01(\x03R\x0flastEventUnixMs\";\n" +
+	"\x12last_event_unix_ms\x18\x12 \x01(\x03R\x0flastEventUnixMs\x12\x18\n" +
+	"\amessage\x18\x13 \x01(\tR\amessage\";\n" +
 	"\x10ListPodsResponse\x12'\n" +
 	"\x04pods\x18\x01 \x03(\v2\x13.kvindex.v1.PodInfoR\x04pods\"\"\n" +
 	"\fWatchRequest\x12\x12\n" +
-	"\x04pods\x18\x01 \x03(\tR\x04pods\"\xac\x03\n" +
+	"\x04pods\x18\x01 \x03(\tR\x04pods\"\xc6\x03\n" +
 	"\rWatchResponse\x12\x10\n" +
 	"\x03pod\x18\x01 \x01(\tR\x03pod\x12\x17\n" +
 	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\x12\x14\n" +
@@ -1677,7 +1699,8 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\tgroup_idx\x18\v \x01(\rR\bgroupIdx\x12\x1b\n" +
 	"\tlora_name\x18\f \x01(\tR\bloraName\x12!\n" +
 	"\freset_reason\x18\r \x01(\tR\vresetReason\x12&\n" +
-	"\x0fapplied_unix_ms\x18\x0e \x01(\x03R\rappliedUnixMs*Y\n" +
+	"\x0fapplied_unix_ms\x18\x0e \x01(\x03R\rappliedUnixMs\x12\x18\n" +
+	"\adropped\x18\x0f \x01(\x04R\adropped*Y\n" +
 	"\tHashCheck\x12\x1a\n" +
 	"\x16HASH_CHECK_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13HASH_CHECK_VERIFIED\x10\x01\x12\x17\n" +

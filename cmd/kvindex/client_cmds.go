@@ -1,0 +1,499 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/api/kvindexv1"
+)
+
+// clientFlags are the connection settings of the commands that talk to a
+// running kvindex.
+type clientFlags struct {
+	server  string
+	timeout time.Duration
+}
+
+func (f *clientFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.server, "server", api.DefaultAddr, "address of the kvindex gRPC API")
+	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "deadline for connecting and for the request")
+}
+
+// dial connects within the timeout.
+func (f *clientFlags) dial(ctx context.Context) (*api.Client, error) {
+	dctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	return api.Dial(dctx, f.server)
+}
+
+// callError turns an RPC failure into the CLI's one line.
+func (f *clientFlags) callError(err error) error {
+	st := status.Convert(err)
+	switch st.Code() {
+	case codes.Unavailable:
+		return fmt.Errorf("cannot reach kvindex at %s: %s", f.server, st.Message())
+	case codes.DeadlineExceeded:
+		return fmt.Errorf("kvindex at %s did not answer within %v", f.server, f.timeout)
+	}
+	return fmt.Errorf("%s (%s)", st.Message(), st.Code())
+}
+
+// maxMessagesFile bounds a --messages-file.
+const maxMessagesFile = 64 << 20
+
+// promptFlags are the prompt inputs of query and lookup.
+type promptFlags struct {
+	model        string
+	tokens       tokenFlags
+	text         string
+	messagesFile string
+	extras       extraFlags
+}
+
+func (f *promptFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.model, "model", "", "model the prompt is for (default: the server's --model)")
+	f.tokens.register(fs)
+	fs.StringVar(&f.text, "prompt", "", "prompt text, tokenized by the server (completion form)")
+	fs.StringVar(&f.messagesFile, "messages-file", "", `chat messages, tokenized by the server: a JSON array of {"role","content"}, or a chat request with "messages"`)
+	f.extras.register(fs)
+	_ = fs.MarkHidden("legacy-mm") // a hashing detail of kvindex hash; the server decides
+}
+
+// build returns the prompt the flags describe.
+func (f *promptFlags) build() (*kvindexv1.Prompt, error) {
+	var given []string
+	if f.tokens.set() {
+		given = append(given, "--tokens/--tokens-file")
+	}
+	if f.text != "" {
+		given = append(given, "--prompt")
+	}
+	if f.messagesFile != "" {
+		given = append(given, "--messages-file")
+	}
+	switch len(given) {
+	case 0:
+		return nil, usagef("no prompt: give --tokens, --tokens-file, --prompt or --messages-file")
+	case 1:
+	default:
+		return nil, usagef("give only one of %s", strings.Join(given, ", "))
+	}
+	if f.extras.legacyMM {
+		return nil, usagef("--legacy-mm applies to kvindex hash only")
+	}
+	x, err := f.extras.extras()
+	if err != nil {
+		return nil, err
+	}
+	var p *kvindexv1.Prompt
+	switch {
+	case f.tokens.set():
+		ids, err := f.tokens.load()
+		if err != nil {
+			return nil, err
+		}
+		p = api.TokensPrompt(ids)
+	case f.text != "":
+		p = api.TextPrompt(f.text)
+	default:
+		msgs, err := readMessagesFile(f.messagesFile)
+		if err != nil {
+			return nil, err
+		}
+		p = api.MessagesPrompt(msgs...)
+	}
+	p.LoraName, p.CacheSalt = x.LoRAName, x.CacheSalt
+	for _, m := range x.MM {
+		p.MmItems = append(p.MmItems, &kvindexv1.MultimodalItem{Identifier: m.Identifier, Offset: uint32(m.Offset), Length: uint32(m.Length)})
+	}
+	return p, nil
+}
+
+// readMessagesFile reads a JSON array of messages or an object holding
+// one under "messages" (an OpenAI chat request).
+func readMessagesFile(path string) ([]api.Message, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("--messages-file: %w", err)
+	}
+	if st.Size() > maxMessagesFile {
+		return nil, fmt.Errorf("--messages-file %s: %d bytes exceeds the %d-byte limit", path, st.Size(), maxMessagesFile)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--messages-file: %w", err)
+	}
+	type message struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	var msgs []message
+	data = bytes.TrimSpace(data)
+	if len(data) > 0 && data[0] == '{' {
+		var req struct {
+			Messages []message `json:"messages"`
+		}
+		err = json.Unmarshal(data, &req)
+		msgs = req.Messages
+	} else {
+		err = json.Unmarshal(data, &msgs)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--messages-file %s: want a JSON array of {\"role\",\"content\"} or an object with \"messages\": %v", path, err)
+	}
+	if len(msgs) == 0 {
+		return nil, fmt.Errorf("--messages-file %s: no messages", path)
+	}
+	out := make([]api.Message, len(msgs))
+	for i, m := range msgs {
+		out[i] = api.Message{Role: m.Role, Content: m.Content}
+	}
+	return out, nil
+}
+
+func newQueryCmd() *cobra.Command {
+	var (
+		cf         clientFlags
+		pf         promptFlags
+		candidates []string
+		asJSON     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "query (--tokens 1,2,3 | --tokens-file F | --prompt TEXT | --messages-file F)",
+		Short: "Ask a running kvindex which pods hold a prompt's prefix",
+		Long: `query asks a running kvindex, for each engine (pod, data-parallel rank), how
+many leading blocks of the prompt it holds, and prints them, the longest first.
+
+With --json it prints:
+  {"blocks_total":N,"block_size":16,"prompt_tokens":N,"token_source":"caller",
+   "pods":[{"pod":"a","dp_rank":0,"matched_blocks":2,"matched_tokens":32,
+            "tiers":{"GPU":2},"hash_check":"verified","health":"ok"}]}
+pods sorted by matched_blocks, descending.`,
+		Example: `  kvindex query --model Qwen/Qwen2.5-7B --tokens-file prompt.json
+  kvindex query --model Qwen/Qwen2.5-7B --prompt "You are a helpful assistant." --json
+  kvindex query --server kvindex:50051 --messages-file chat.json --candidates pod-a,pod-b`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := pf.build()
+			if err != nil {
+				return err
+			}
+			for _, c := range candidates {
+				if c == "" {
+					return usagef("--candidates: empty pod name")
+				}
+			}
+			c, err := cf.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
+			defer cancel()
+			r, err := c.LongestPrefix(ctx, pf.model, p, &api.QueryOptions{Candidates: candidates})
+			if err != nil {
+				return cf.callError(err)
+			}
+			out := api.LongestPrefixJSONOf(r)
+			sort.SliceStable(out.Pods, func(i, j int) bool { return out.Pods[i].MatchedBlocks > out.Pods[j].MatchedBlocks })
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
+			}
+			return printQuery(cmd.OutOrStdout(), pf.model, out)
+		},
+	}
+	cf.register(cmd.Flags())
+	pf.register(cmd.Flags())
+	cmd.Flags().StringSliceVar(&candidates, "candidates", nil, "only these pods (comma-separated); default: every pod of the model")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func printQuery(w io.Writer, model string, r api.LongestPrefixJSON) error {
+	promptTokens := r.PromptTokens
+	what := fmt.Sprintf("%d tokens (%s)", r.PromptTokens, r.TokenSource)
+	if r.TokenSource == api.SourceHashes {
+		promptTokens = r.BlocksTotal * r.BlockSize
+		what = "block hashes"
+	}
+	if model == "" {
+		model = "(server default)"
+	}
+	fmt.Fprintf(w, "model %s: %s, %d full blocks of %d tokens\n", model, what, r.BlocksTotal, r.BlockSize)
+	if len(r.Pods) == 0 {
+		_, err := fmt.Fprintln(w, "no engines of this model are known")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "POD\tRANK\tBLOCKS\tTOKENS\tPROMPT\tTIERS\tHASH CHECK\tHEALTH")
+	for _, p := range r.Pods {
+		pct := "-"
+		if promptTokens > 0 {
+			pct = strconv.FormatFloat(100*float64(p.MatchedTokens)/float64(promptTokens), 'f', 1, 64) + "%"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", p.Pod, p.DPRank, p.MatchedBlocks, p.MatchedTokens, pct, tiers(p.Tiers), p.HashCheck, p.Health)
+	}
+	return tw.Flush()
+}
+
+// tiers prints "GPU:2 CPU:1", largest first.
+func tiers(m map[string]uint32) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b string) int {
+		if m[a] != m[b] {
+			return int(m[b]) - int(m[a])
+		}
+		return strings.Compare(a, b)
+	})
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + ":" + strconv.FormatUint(uint64(m[k]), 10)
+	}
+	return strings.Join(parts, " ")
+}
+
+func newLookupCmd() *cobra.Command {
+	var (
+		cf     clientFlags
+		pf     promptFlags
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "lookup (--tokens 1,2,3 | --tokens-file F | --prompt TEXT | --messages-file F)",
+		Short: "Show a prompt's blocks, their hashes and who holds each",
+		Long: `lookup prints, block by block, the prompt's block hash (the 64-bit key engines
+put in their events) and every engine holding it (pod/rank and medium).`,
+		Example: `  kvindex lookup --model Qwen/Qwen2.5-7B --tokens-file prompt.json
+  kvindex lookup --prompt "Hello" --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := pf.build()
+			if err != nil {
+				return err
+			}
+			c, err := cf.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
+			defer cancel()
+			r, err := c.Lookup(ctx, pf.model, p, nil)
+			if err != nil {
+				return cf.callError(err)
+			}
+			out := api.LookupJSONOf(r)
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "%d full blocks of %d tokens (%d tokens, %s)\n", len(out.Blocks), out.BlockSize, out.PromptTokens, out.TokenSource)
+			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "BLOCK\tHASH\tHOLDERS")
+			for _, b := range out.Blocks {
+				holders := make([]string, len(b.Holders))
+				for i, h := range b.Holders {
+					holders[i] = fmt.Sprintf("%s/%d(%s)", h.Pod, h.DPRank, h.Medium)
+				}
+				hs := strings.Join(holders, " ")
+				if hs == "" {
+					hs = "-"
+				}
+				fmt.Fprintf(tw, "%d\t%d\t%s\n", b.Index, b.Hash, hs)
+			}
+			return tw.Flush()
+		},
+	}
+	cf.register(cmd.Flags())
+	pf.register(cmd.Flags())
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newPodsCmd() *cobra.Command {
+	var (
+		cf     clientFlags
+		model  string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "pods",
+		Short: "List the engines a running kvindex follows, with ingest health",
+		Long: `pods lists every engine (pod, data-parallel rank) of the running kvindex: its
+event endpoint, whether it is connected, the last sequence number applied, the
+gaps, replays and resets seen, the blocks it holds in the index, the hash check
+(verified: kvindex recomputes the engine's hashes; mismatch: it cannot, see
+"hash mismatch" in the documentation; unknown: nothing checked yet) and the
+age of its last event.`,
+		Example: `  kvindex pods
+  kvindex pods --server kvindex:50051 --model Qwen/Qwen2.5-7B --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := cf.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
+			defer cancel()
+			r, err := c.Index.ListPods(ctx, &kvindexv1.ListPodsRequest{Model: model})
+			if err != nil {
+				return cf.callError(err)
+			}
+			out := api.PodsJSONOf(r, time.Now())
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
+			}
+			w := cmd.OutOrStdout()
+			if len(out.Pods) == 0 {
+				_, err := fmt.Fprintln(w, "no engines")
+				return err
+			}
+			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tMODEL\tENDPOINT\tCONNECTED\tHEALTH\tLAST SEQ\tGAPS\tREPLAYS OK/FAILED\tRESETS\tBLOCKS\tHASH CHECK\tLAST EVENT")
+			for _, p := range out.Pods {
+				age := "never"
+				if p.LastEventAgeSeconds != nil {
+					age = (time.Duration(*p.LastEventAgeSeconds * float64(time.Second))).Round(time.Second/10).String() + " ago"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s\n",
+					engineName(p.Pod, p.DPRank), p.Model, cmpOr(p.Endpoint, "-"), yesNo(p.Connected), p.Health,
+					p.LastSeq, p.Gaps, p.ReplaysOK, p.ReplaysFailed, p.Resets, p.Blocks, p.HashCheck, age)
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			for _, p := range out.Pods {
+				if p.Message != "" {
+					fmt.Fprintf(w, "%s: %s\n", engineName(p.Pod, p.DPRank), p.Message)
+				}
+			}
+			return nil
+		},
+	}
+	cf.register(cmd.Flags())
+	cmd.Flags().StringVar(&model, "model", "", "only this model's engines")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func engineName(pod string, rank uint32) string {
+	if rank == 0 {
+		return pod
+	}
+	return pod + "/dp" + strconv.FormatUint(uint64(rank), 10)
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func newTailCmd() *cobra.Command {
+	var (
+		cf   clientFlags
+		pods []string
+	)
+	cmd := &cobra.Command{
+		Use:   "tail",
+		Short: "Print the events a running kvindex applies, as it applies them",
+		Long: `tail streams the KV-cache events kvindex applies, one line each:
+  TIME POD[/dpN] seq=N KIND n=HASHES first=HASH [parent=HASH] [tokens=N] [MEDIUM] [lora=NAME]
+Resets (an engine restarted, cleared or was removed) print as "Reset reason=...".
+When tail reads too slowly, kvindex drops events for it rather than slow down;
+the next line then says how many were dropped. Ctrl-C ends it.`,
+		Example: `  kvindex tail
+  kvindex tail --server kvindex:50051 --pod pod-a --pod pod-b`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			c, err := cf.dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			w := cmd.OutOrStdout()
+			err = c.Watch(ctx, pods, func(ev *kvindexv1.WatchResponse) error {
+				_, err := io.WriteString(w, formatEvent(ev))
+				return err
+			})
+			if err != nil {
+				return cf.callError(err)
+			}
+			return nil
+		},
+	}
+	cf.register(cmd.Flags())
+	cmd.Flags().StringArrayVar(&pods, "pod", nil, "only this pod's events; repeatable")
+	return cmd
+}
+
+// formatEvent prints one streamed event as a line.
+func formatEvent(ev *kvindexv1.WatchResponse) string {
+	var b strings.Builder
+	if n := ev.GetDropped(); n > 0 {
+		fmt.Fprintf(&b, "... %d events dropped (tail read too slowly)\n", n)
+	}
+	t := time.UnixMilli(ev.GetAppliedUnixMs())
+	fmt.Fprintf(&b, "%s %s seq=%d ", t.Format("15:04:05.000"), engineName(ev.GetPod(), ev.GetDpRank()), ev.GetSeq())
+	switch ev.GetKind() {
+	case kvindexv1.EventKind_EVENT_KIND_BLOCK_STORED:
+		b.WriteString("BlockStored")
+	case kvindexv1.EventKind_EVENT_KIND_BLOCK_REMOVED:
+		b.WriteString("BlockRemoved")
+	case kvindexv1.EventKind_EVENT_KIND_ALL_BLOCKS_CLEARED:
+		b.WriteString("AllBlocksCleared")
+	case kvindexv1.EventKind_EVENT_KIND_RESET:
+		fmt.Fprintf(&b, "Reset reason=%s model=%s\n", ev.GetResetReason(), ev.GetModel())
+		return b.String()
+	default:
+		b.WriteString(ev.GetKind().String())
+	}
+	if hs := ev.GetBlockHashes(); len(hs) > 0 {
+		fmt.Fprintf(&b, " n=%d first=%d", len(hs), hs[0])
+	}
+	if ev.GetHasParent() {
+		fmt.Fprintf(&b, " parent=%d", ev.GetParentHash())
+	}
+	if n := ev.GetNumTokens(); n > 0 {
+		fmt.Fprintf(&b, " tokens=%d", n)
+	}
+	if m := ev.GetMedium(); m != "" {
+		b.WriteString(" " + m)
+	}
+	if g := ev.GetGroupIdx(); g > 0 {
+		fmt.Fprintf(&b, " group=%d", g)
+	}
+	if l := ev.GetLoraName(); l != "" {
+		b.WriteString(" lora=" + l)
+	}
+	b.WriteByte('\n')
+	return b.String()
+}

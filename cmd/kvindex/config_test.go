@@ -1,0 +1,228 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/kvevents"
+)
+
+func TestParseSize(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int64
+		err  string
+	}{
+		{"0", 0, ""},
+		{"1048576", 1 << 20, ""},
+		{"512MiB", 512 << 20, ""},
+		{"2GiB", 2 << 30, ""},
+		{"2Gi", 2 << 30, ""},
+		{"1.5GB", 1_500_000_000, ""},
+		{"1.5 gb", 1_500_000_000, ""},
+		{"100kB", 100_000, ""},
+		{"64K", 64_000, ""},
+		{"3TiB", 3 << 40, ""},
+		{"10B", 10, ""},
+		{"0.5KiB", 512, ""},
+		{"", 0, "want a size"},
+		{"MiB", 0, "want a size"},
+		{"12XB", 0, `unknown unit "XB"`},
+		{"-1GiB", 0, "not a non-negative number"},
+		{"1.2.3MB", 0, "not a non-negative number"},
+		{"9999999EiB", 0, "unknown unit"},
+		{"99999999999TiB", 0, "too large"},
+	}
+	for _, tc := range tests {
+		got, err := parseSize(tc.in)
+		switch {
+		case tc.err != "":
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("parseSize(%q) = %d, %v; want error %q", tc.in, got, err, tc.err)
+			}
+		case err != nil || got != tc.want:
+			t.Errorf("parseSize(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestFormatSize(t *testing.T) {
+	for n, want := range map[int64]string{0: "unlimited", 512: "512B", 512 << 20: "512MiB", 1536 << 20: "1.5GiB"} {
+		if got := formatSize(n); got != want {
+			t.Errorf("formatSize(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+func TestParseEngine(t *testing.T) {
+	tests := []struct {
+		in    string
+		model string
+		want  kvevents.EngineConfig
+		err   string
+	}{
+		{"a=tcp://10.0.0.5:5557", "m", kvevents.EngineConfig{Name: "a", Model: "m", Endpoint: "tcp://10.0.0.5:5557", Ranks: 1}, ""},
+		{"a=10.0.0.5:5557,replay=10.0.0.5:5558,ranks=4,model=x,topic=kv@", "",
+			kvevents.EngineConfig{Name: "a", Model: "x", Endpoint: "tcp://10.0.0.5:5557", ReplayEndpoint: "tcp://10.0.0.5:5558", Ranks: 4, Topic: "kv@"}, ""},
+		{"a=ipc:///tmp/kv.sock", "m", kvevents.EngineConfig{Name: "a", Model: "m", Endpoint: "ipc:///tmp/kv.sock", Ranks: 1}, ""},
+		{"a", "m", kvevents.EngineConfig{}, `--engine "a": missing "=ENDPOINT"`},
+		{"a=", "m", kvevents.EngineConfig{}, `--engine "a=": missing "=ENDPOINT"`},
+		{"=tcp://x:1", "m", kvevents.EngineConfig{}, "the name must be non-empty"},
+		{"a=tcp://x:1", "", kvevents.EngineConfig{}, "no model: add ,model=M or set --model"},
+		{"a=tcp://x:1,ranks=0", "m", kvevents.EngineConfig{}, "ranks=0: want an integer in 1..1024"},
+		{"a=tcp://x:1,ranks=two", "m", kvevents.EngineConfig{}, "ranks=two"},
+		{"a=tcp://x:1,replay", "m", kvevents.EngineConfig{}, `option "replay": want KEY=VALUE`},
+		{"a=tcp://x:1,color=red", "m", kvevents.EngineConfig{}, `unknown option "color"`},
+		{"a=,replay=tcp://x:2", "m", kvevents.EngineConfig{}, "empty endpoint"},
+	}
+	for _, tc := range tests {
+		got, err := parseEngine(tc.in, tc.model)
+		switch {
+		case tc.err != "":
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("parseEngine(%q) error %v, want %q", tc.in, err, tc.err)
+			}
+		case err != nil:
+			t.Errorf("parseEngine(%q): %v", tc.in, err)
+		case got != tc.want:
+			t.Errorf("parseEngine(%q) = %+v, want %+v", tc.in, got, tc.want)
+		}
+	}
+}
+
+// parseServe parses serve's flags (and config file) the way the command
+// does, without starting anything.
+func parseServe(t *testing.T, args ...string) (*serveOptions, *serveFlags, error) {
+	t.Helper()
+	var f serveFlags
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	f.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, err
+	}
+	if f.config != "" {
+		if err := applyConfigFile(fs, f.config); err != nil {
+			return nil, nil, err
+		}
+	}
+	o, err := f.options()
+	return o, &f, err
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestServeConfigFile(t *testing.T) {
+	cfg := writeFile(t, "kvindex.yaml", `
+grpc-addr: ":6000"
+http-addr: ":6001"
+model: qwen
+engine:
+  - a=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558
+  - b=tcp://10.0.0.6:5557,ranks=2
+hash-algo: sha256_cbor
+hash-seed: "42"
+block-size: 32
+memory-budget: 1.5GiB
+ready-grace: 5s
+pprof: true
+log-format: json
+`)
+	o, f, err := parseServe(t, "--config", cfg, "--http-addr", ":7001", "--hash-seed", "7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := o.index.Hasher.Config()
+	switch {
+	case o.grpcAddr != ":6000":
+		t.Errorf("grpc-addr %q from the file", o.grpcAddr)
+	case o.httpAddr != ":7001":
+		t.Errorf("http-addr %q: the flag must override the file", o.httpAddr)
+	case hc.Seed != "7" || hc.Algo != blockhash.SHA256CBOR || hc.BlockSize != 32:
+		t.Errorf("hasher %+v", hc)
+	case o.index.MemoryBudget != 1536<<20:
+		t.Errorf("memory budget %d", o.index.MemoryBudget)
+	case len(o.engines) != 2 || o.engines[1].Ranks != 2 || o.engines[0].ReplayEndpoint != "tcp://10.0.0.5:5558" || o.engines[0].Model != "qwen":
+		t.Errorf("engines %+v", o.engines)
+	case o.readyGrace != 5*time.Second || !o.pprof || f.logFormat != "json":
+		t.Errorf("grace %v pprof %v log format %q", o.readyGrace, o.pprof, f.logFormat)
+	}
+
+	// Engines on the command line replace the file's list.
+	o, _, err = parseServe(t, "--config", cfg, "--engine", "c=tcp://h:1")
+	if err != nil || len(o.engines) != 1 || o.engines[0].Name != "c" {
+		t.Errorf("engines from flags: %+v %v", o.engines, err)
+	}
+}
+
+func TestServeConfigErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		file string
+		args []string
+		err  string
+	}{
+		{"typo", "grpc-adr: \":1\"\n", nil, `--config ` /* path */},
+		{"typo key", "model: m\ngrpc-adr: \":1\"\n", nil, `line 2: unknown key "grpc-adr" (keys are serve's flag names)`},
+		{"bad type", "block-size: sixteen\n", nil, "cannot unmarshal"},
+		{"bad value", "ready-grace: soon\n", nil, `ready-grace`},
+		{"not yaml", "engine: [\n", nil, "--config"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"--config", writeFile(t, "c.yaml", tc.file)}, tc.args...)
+			_, _, err := parseServe(t, args...)
+			if err == nil || !strings.Contains(err.Error(), tc.err) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("error %q, want one line containing %q", err, tc.err)
+			}
+		})
+	}
+	if _, _, err := parseServe(t, "--config", filepath.Join(t.TempDir(), "missing.yaml")); err == nil || !strings.Contains(err.Error(), "--config") {
+		t.Errorf("missing file: %v", err)
+	}
+	// An empty file is no error.
+	if _, _, err := parseServe(t, "--config", writeFile(t, "e.yaml", ""), "--listen", "tcp://*:5557"); err != nil {
+		t.Errorf("empty file: %v", err)
+	}
+}
+
+// Bad settings stop serve with exactly one line on stderr.
+func TestServeFlagErrors(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve"}, "kvindex: no event source: give --engine NAME=ENDPOINT (connect mode) or --listen ENDPOINT (bind mode)\n"},
+		{[]string{"serve", "--engine", "a"}, "kvindex: --engine \"a\": missing \"=ENDPOINT\" (want NAME=ENDPOINT[,replay=ENDPOINT][,ranks=N][,model=M])\n"},
+		{[]string{"serve", "--model", "m", "--engine", "a=tcp://x:1", "--engine", "a=tcp://y:1"}, "kvindex: --engine \"a=tcp://y:1\": the name \"a\" is used twice\n"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--hash-algo", "md5"}, "kvindex: unknown --hash-algo \"md5\""},
+		{[]string{"serve", "--listen", "tcp://*:1", "--block-size", "0"}, "kvindex: --block-size 0 out of range"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--memory-budget", "lots"}, "kvindex: --memory-budget \"lots\""},
+		{[]string{"serve", "--listen", "tcp://*:1", "--log-level", "loud"}, "kvindex: --log-level \"loud\": want debug, info, warn or error\n"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--log-format", "xml"}, "kvindex: --log-format \"xml\": want text or json\n"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--grpc-addr", ":9", "--http-addr", ":9"}, "kvindex: --grpc-addr and --http-addr are both \":9\"\n"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--tokenizer", "/nonexistent/tokenizer.json", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --tokenizer /nonexistent/tokenizer.json: "},
+		{[]string{"serve", "--listen", "tcp://*:1", "--tokenize-url", "vllm:8000", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --tokenize-url: base URL \"vllm:8000\""},
+		{[]string{"serve", "--listen", "tcp://*:1", "--topic-pattern", "kv@{model}", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --topic-pattern: topic template \"kv@{model}\" has no {pod}\n"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--replay-template", "tcp://x:1", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --replay-template: "},
+	}
+	for _, tc := range tests {
+		_, stderr, code := runCLI(t, tc.args...)
+		lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
+		if code != 1 || !strings.HasPrefix(stderr, tc.want) || len(lines) != 1 {
+			t.Errorf("%v: exit %d, stderr %q; want one line starting %q", tc.args, code, stderr, tc.want)
+		}
+	}
+}

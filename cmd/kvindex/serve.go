@@ -1,0 +1,350 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/kvevents"
+	"github.com/kvindex/kvindex/tokenizer"
+)
+
+// shutdownGrace bounds how long a stop waits for in-flight requests.
+const shutdownGrace = 10 * time.Second
+
+func newServeCmd() *cobra.Command {
+	var f serveFlags
+	cmd := &cobra.Command{
+		Use:   "serve (--engine NAME=ENDPOINT ... | --listen ENDPOINT)",
+		Short: "Follow the engines' KV events and answer prefix-cache queries over gRPC and HTTP",
+		Long: `serve subscribes to the KV-cache events of the engines, keeps the fleet-wide
+index, and answers queries: gRPC (kvindex.v1.IndexService, llm-d's
+indexer.v1.IndexerService, health, reflection) on --grpc-addr, and HTTP/JSON
+(/v1/longest-prefix, /v1/lookup, /v1/pods, /metrics, /healthz, /readyz) on
+--http-addr.
+
+Connect mode (--engine, repeatable): kvindex connects to each engine's PUB
+socket (vLLM's endpoint "tcp://*:5557"). Bind mode (--listen): kvindex binds
+one socket and the engines connect to it; their topics (kv@<pod>@<model> by
+default, see --topic-pattern) name them.
+
+Every flag can also be set in a YAML --config file, keyed by flag name;
+flags on the command line override the file.`,
+		Example: `  kvindex serve --model Qwen/Qwen2.5-7B --hash-algo sha256_cbor --hash-seed 0 \
+      --engine pod-a=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558 \
+      --engine pod-b=tcp://10.0.0.6:5557,replay=tcp://10.0.0.6:5558,ranks=2
+  kvindex serve --listen 'tcp://*:5557' --hash-algo sha256_cbor --tokenize-url http://vllm:8000
+  kvindex serve --config kvindex.yaml --log-format json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.config != "" {
+				if err := applyConfigFile(cmd.Flags(), f.config); err != nil {
+					return err
+				}
+			}
+			opts, err := f.options()
+			if err != nil {
+				return err
+			}
+			log, err := newLogger(cmd.ErrOrStderr(), f.logLevel, f.logFormat)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return runServe(ctx, opts, log)
+		},
+	}
+	f.register(cmd.Flags())
+	return cmd
+}
+
+// serveOptions is serve's validated configuration.
+type serveOptions struct {
+	grpcAddr, httpAddr string
+	model              string
+	engines            []kvevents.EngineConfig
+	listen             string
+	topicPattern       string
+	replayTemplate     string
+	index              indexer.Options
+	tokenizeURL        string
+	tokenizerFile      string
+	maxQueryTokens     int
+	readyGrace         time.Duration
+	pprof              bool
+}
+
+// options validates the flags.
+func (f *serveFlags) options() (*serveOptions, error) {
+	h, err := f.hash.hasher("--hash-algo")
+	if err != nil {
+		return nil, err
+	}
+	budget, err := parseSize(f.memoryBudget)
+	if err != nil {
+		return nil, usagef("--memory-budget %v", err)
+	}
+	o := &serveOptions{
+		grpcAddr: f.grpcAddr, httpAddr: f.httpAddr, model: f.model,
+		listen: f.listen, topicPattern: f.topicPattern, replayTemplate: f.replayTemplate,
+		index:       indexer.Options{Hasher: h, MemoryBudget: budget},
+		tokenizeURL: f.tokenizeURL, tokenizerFile: f.tokenizer,
+		maxQueryTokens: f.maxQueryTokens, readyGrace: f.readyGrace, pprof: f.pprof,
+	}
+	seen := map[string]bool{}
+	for _, s := range f.engines {
+		ec, err := parseEngine(s, f.model)
+		if err != nil {
+			return nil, err
+		}
+		if seen[ec.Name] {
+			return nil, usagef("--engine %q: the name %q is used twice", s, ec.Name)
+		}
+		seen[ec.Name] = true
+		o.engines = append(o.engines, ec)
+	}
+	switch {
+	case len(o.engines) == 0 && o.listen == "":
+		return nil, usagef("no event source: give --engine NAME=ENDPOINT (connect mode) or --listen ENDPOINT (bind mode)")
+	case o.grpcAddr == "" || o.httpAddr == "":
+		return nil, usagef("--grpc-addr and --http-addr must not be empty")
+	case o.grpcAddr == o.httpAddr && !strings.HasSuffix(o.grpcAddr, ":0"):
+		return nil, usagef("--grpc-addr and --http-addr are both %q", o.grpcAddr)
+	case o.maxQueryTokens < 1:
+		return nil, usagef("--max-query-tokens %d: want at least 1", o.maxQueryTokens)
+	case o.readyGrace < 0:
+		return nil, usagef("--ready-grace %v: must not be negative", o.readyGrace)
+	}
+	if o.listen != "" {
+		o.listen = endpoint(o.listen)
+	}
+	return o, nil
+}
+
+// service is a running kvindex: subscriber, index, API servers.
+type service struct {
+	log      *slog.Logger
+	index    *indexer.Index
+	sub      *kvevents.Subscriber
+	api      *api.Server
+	grpc     *grpc.Server
+	http     *http.Server
+	grpcAddr string // resolved listen addresses
+	httpAddr string
+
+	done chan struct{}
+	err  error
+}
+
+// runServe runs kvindex until ctx is done, then stops it gracefully.
+func runServe(ctx context.Context, o *serveOptions, log *slog.Logger) error {
+	s, err := startService(ctx, o, log)
+	if err != nil {
+		return err
+	}
+	return s.wait()
+}
+
+// startService builds and starts every part, and returns once kvindex
+// listens; it stops when ctx is done (wait reports how that went).
+func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*service, error) {
+	toks, err := buildTokenizers(o)
+	if err != nil {
+		return nil, err
+	}
+	ix, err := indexer.New(o.index)
+	if err != nil {
+		return nil, err
+	}
+	hub := api.NewHub(ix)
+	scfg := kvevents.SubscriberConfig{
+		Engines: o.engines, Listen: o.listen, TopicPattern: o.topicPattern,
+		Model: o.model, ReplayTemplate: o.replayTemplate,
+	}
+	sub, err := kvevents.NewSubscriber(scfg, hub, log.With("component", "kvevents"))
+	if err != nil {
+		return nil, subscriberConfigError(err)
+	}
+	expect := 0
+	for _, e := range o.engines {
+		expect += max(e.Ranks, 1)
+	}
+	grace := o.readyGrace
+	if grace == 0 {
+		grace = time.Nanosecond // ready at once
+	}
+	srv, err := api.NewServer(api.Config{
+		Index: ix, BlockSize: o.index.Hasher.BlockSize(), Tokenizers: toks, Hub: hub, Streams: sub,
+		DefaultModel: o.model, MaxTokens: o.maxQueryTokens, ExpectStreams: expect, ReadyGrace: grace,
+		Logger: log.With("component", "api"),
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	grpcLis, err := net.Listen("tcp", o.grpcAddr)
+	if err != nil {
+		return nil, fmt.Errorf("--grpc-addr %s: %w", o.grpcAddr, err)
+	}
+	httpLis, err := net.Listen("tcp", o.httpAddr)
+	if err != nil {
+		grpcLis.Close()
+		return nil, fmt.Errorf("--http-addr %s: %w", o.httpAddr, err)
+	}
+	hcfg := o.index.Hasher.Config()
+	log.Info("kvindex starting",
+		"hash_algo", string(hcfg.Algo), "hash_seed", hcfg.Seed, "block_size", hcfg.BlockSize,
+		"memory_budget", formatSize(o.index.MemoryBudget), "model", o.model, "engines", len(o.engines),
+		"listen", cmpOr(o.listen, "none"), "tokenizer", tokenizerSummary(o),
+		"max_query_tokens", o.maxQueryTokens, "ready_grace", o.readyGrace.String())
+	// The subscriber logs each engine it follows and its listen socket.
+	if err := sub.Start(); err != nil {
+		grpcLis.Close()
+		httpLis.Close()
+		return nil, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "kvevents: "))
+	}
+	s := &service{
+		log: log, index: ix, sub: sub, api: srv,
+		grpc:     srv.NewGRPCServer(),
+		http:     &http.Server{Handler: srv.Handler(api.HTTPOptions{Pprof: o.pprof}), ReadHeaderTimeout: 10 * time.Second},
+		grpcAddr: grpcLis.Addr().String(),
+		httpAddr: httpLis.Addr().String(),
+		done:     make(chan struct{}),
+	}
+	log.Info("serving", "grpc", s.grpcAddr, "http", s.httpAddr, "pprof", o.pprof)
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		if err := s.grpc.Serve(grpcLis); err != nil {
+			errs <- fmt.Errorf("gRPC server: %w", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if err := s.http.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs <- fmt.Errorf("HTTP server: %w", err)
+		}
+	}()
+	runCtx, cancelRun := context.WithCancel(ctx)
+	go func() {
+		defer wg.Done()
+		srv.Run(runCtx)
+	}()
+	go func() {
+		var cause error
+		select {
+		case <-ctx.Done():
+		case cause = <-errs:
+			log.Error("stopping", "err", cause)
+		}
+		cancelRun()
+		s.err = errors.Join(cause, s.shutdown())
+		wg.Wait()
+		close(s.done)
+	}()
+	return s, nil
+}
+
+// shutdown stops accepting requests, lets in-flight ones finish (within
+// shutdownGrace), ends Watch streams and closes the subscriber.
+func (s *service) shutdown() error {
+	s.log.Info("shutting down")
+	s.api.Shutdown() // NOT_SERVING, and Watch streams end
+	stopped := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(stopped)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	herr := s.http.Shutdown(ctx)
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		s.grpc.Stop()
+		<-stopped
+	}
+	serr := s.sub.Close()
+	s.log.Info("stopped")
+	return errors.Join(herr, serr)
+}
+
+// wait blocks until the service has stopped.
+func (s *service) wait() error {
+	<-s.done
+	return s.err
+}
+
+// buildTokenizers opens the configured tokenizer backends: the engine's
+// /tokenize first (exact, with chat templates), then a local file.
+func buildTokenizers(o *serveOptions) ([]api.NamedTokenizer, error) {
+	var out []api.NamedTokenizer
+	if o.tokenizeURL != "" {
+		t, err := tokenizer.NewHTTP(tokenizer.HTTPConfig{BaseURL: o.tokenizeURL})
+		if err != nil {
+			return nil, usagef("--tokenize-url: %s", strings.TrimPrefix(err.Error(), "tokenizer: "))
+		}
+		out = append(out, api.NamedTokenizer{Source: api.SourceEngine, Tokenizer: t})
+	}
+	if o.tokenizerFile != "" {
+		t, err := tokenizer.LoadFile(o.tokenizerFile)
+		if err != nil {
+			return nil, usagef("--tokenizer %s: %s", o.tokenizerFile, strings.TrimPrefix(err.Error(), "tokenizer: "))
+		}
+		out = append(out, api.NamedTokenizer{Source: api.SourceLocal, Tokenizer: t})
+	}
+	return out, nil
+}
+
+func tokenizerSummary(o *serveOptions) string {
+	var parts []string
+	if o.tokenizeURL != "" {
+		parts = append(parts, "engine "+o.tokenizeURL)
+	}
+	if o.tokenizerFile != "" {
+		parts = append(parts, "local "+o.tokenizerFile)
+	}
+	if len(parts) == 0 {
+		return "none (token ids only)"
+	}
+	return strings.Join(parts, ", then ")
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// subscriberConfigError names the flag a subscriber configuration error
+// comes from.
+func subscriberConfigError(err error) error {
+	msg := strings.TrimPrefix(err.Error(), "kvevents: ")
+	switch {
+	case strings.HasPrefix(msg, "replay template"):
+		return usagef("--replay-template: %s", msg)
+	case strings.HasPrefix(msg, "topic"):
+		return usagef("--topic-pattern: %s", msg)
+	case strings.HasPrefix(msg, "engine"):
+		return usagef("--%s", msg)
+	}
+	return usagef("%s", msg)
+}
