@@ -27,7 +27,7 @@ build: deps
 	$(GO) build -o bin/kvindex ./cmd/kvindex
 
 demo: build
-	./bin/kvindex hash --algo sha256_cbor --seed 0 --tokens 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+	./bin/kvindex demo
 
 check:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

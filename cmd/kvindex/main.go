@@ -45,6 +45,12 @@ for this prompt, how long a cached prefix does each pod hold?`,
 		SilenceErrors: true,
 	}
 	root.AddCommand(newHashCmd())
+	root.AddCommand(newServeCmd())
+	root.AddCommand(newQueryCmd())
+	root.AddCommand(newLookupCmd())
+	root.AddCommand(newPodsCmd())
+	root.AddCommand(newTailCmd())
+	root.AddCommand(newDemoCmd())
 	return root
 }
 

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvindex/kvindex/demo"
+)
+
+// tiny keeps CLI runs quick: two pods, two conversations, a few turns.
+var tiny = []string{"--pods", "2", "--sessions", "2", "--turns", "3", "--requests", "16"}
+
+func TestDemoJSON(t *testing.T) {
+	// --delay-ms 0 (an instantaneous event path) is valid.
+	out, errOut, code := runCLI(t, append([]string{"demo", "--json", "--seed", "4", "--delay-ms", "0"}, tiny...)...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if errOut != "" {
+		t.Fatalf("--json wrote to stderr (no progress bar expected): %q", errOut)
+	}
+	var rep struct {
+		Scenario string `json:"scenario"`
+		Pods     int    `json:"pods"`
+		Routers  []struct {
+			Name           string   `json:"name"`
+			CachedFraction *float64 `json:"fleet_cached_fraction"`
+			PrefillTokens  *int64   `json:"prefill_tokens"`
+			P50            *float64 `json:"ttft_p50_ms"`
+			P90            *float64 `json:"ttft_p90_ms"`
+			Imbalance      *float64 `json:"imbalance"`
+			HitRate        *float64 `json:"engine_hit_rate"`
+		} `json:"routers"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if rep.Scenario != "agents" || rep.Pods != 2 {
+		t.Fatalf("scenario %q pods %d", rep.Scenario, rep.Pods)
+	}
+	var names []string
+	for _, r := range rep.Routers {
+		names = append(names, r.Name)
+		if r.CachedFraction == nil || r.PrefillTokens == nil || r.P50 == nil || r.P90 == nil || r.Imbalance == nil || r.HitRate == nil {
+			t.Fatalf("router %s misses a field: %s", r.Name, out)
+		}
+		if *r.CachedFraction < 0 || *r.CachedFraction > 1 || *r.Imbalance < 1 {
+			t.Fatalf("router %s: cached %v imbalance %v out of range", r.Name, *r.CachedFraction, *r.Imbalance)
+		}
+	}
+	want := []string{"round-robin", "least-loaded", "consistent-hash", "approximate", "precise", "oracle"}
+	if !slices.Equal(names, want) {
+		t.Fatalf("routers %v, want %v", names, want)
+	}
+}
+
+func TestDemoTableAndCharts(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "report")
+	out, errOut, code := runCLI(t, append([]string{"demo", "--scenario", "hot-prefix", "--out", dir}, tiny...)...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"scenario hot-prefix", "working set:", "fleet capacity 1.5x", "precise(load=0)", "TTFT p90", "demo.svg"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	svg, err := os.ReadFile(filepath.Join(dir, "demo.svg"))
+	if err != nil || !strings.HasPrefix(string(svg), "<svg") {
+		t.Fatalf("demo.svg: %v %.40q", err, svg)
+	}
+	page, err := os.ReadFile(filepath.Join(dir, "demo.html"))
+	if err != nil || !strings.Contains(string(page), "<svg") || !strings.Contains(string(page), demo.Why(demo.RouterPrecise)[:40]) {
+		t.Fatalf("demo.html lacks the chart or the explanations: %v", err)
+	}
+}
+
+func TestDemoBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"scenario", []string{"--scenario", "nope"}, "unknown scenario"},
+		{"pods", []string{"--pods", "0"}, "--pods"},
+		{"load", []string{"--load", "-1"}, "--load"},
+		{"seed", []string{"--seed", "0"}, "--seed"},
+		{"weights", []string{"--prefix-weight", "-1"}, "--prefix-weight"},
+		{"cost", []string{"--prefill-us", "0"}, "--prefill-us"},
+		{"delay", []string{"--delay-ms", "-1"}, "--delay-ms"},
+		{"capacity too small", []string{"--capacity", "5"}, "cannot hold the largest request"},
+		{"argument", []string{"extra"}, "unknown command"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, errOut, code := runCLI(t, append(append([]string{"demo"}, tiny...), tc.args...)...)
+			if code != 1 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
+				t.Fatalf("exit %d, stderr %q: want exit 1 and one line mentioning %q", code, errOut, tc.want)
+			}
+		})
+	}
+}
+
+func TestDemoHelpStatesTheModel(t *testing.T) {
+	out, _, code := runCLI(t, "demo", "--help")
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, want := range []string{"--prefill-us", "--decode-ms", "--overhead-ms", "t + --delay-ms", "--capacity-factor", "extra_routers", "approximate"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("help lacks %q", want)
+		}
+	}
+}

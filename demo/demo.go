@@ -1,0 +1,405 @@
+package demo
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvindex/kvindex/blockhash"
+)
+
+// Options configures a demo run. Zero values pick the defaults noted.
+type Options struct {
+	Scenario string // ScenarioAgents by default
+	Pods     int    // initial engines (8)
+	Sessions int    // active conversations (16)
+	Turns    int    // turns per conversation (16)
+	Requests int    // total requests (0: 4 x Sessions x Turns)
+	// Capacity is each engine's KV cache in blocks; 0 sizes the fleet to
+	// CapacityFactor times the working set.
+	Capacity       int
+	CapacityFactor float64 // 1.5
+	// Load is the offered load: the arrival rate as a fraction of what the
+	// fleet could serve if every request hit the cache on all but its new
+	// tokens (0.6).
+	Load float64
+	Seed uint64 // 1
+	// Delay is how long, in simulated time, an event takes to reach the
+	// precise router's index (0: DefaultDelay; negative: none).
+	Delay   time.Duration
+	Weights Weights // DefaultWeights
+	// HashPrefix is the number of leading prompt tokens consistent-hash
+	// hashes (0: the shared prefix plus 256).
+	HashPrefix int
+	VNodes     int // virtual nodes per pod on the hash ring (100)
+	// ApproxBlocks limits the approximate router to the first ApproxBlocks
+	// blocks of each prompt (0: the whole prompt).
+	ApproxBlocks int
+	Cost         CostModel
+	// Routers selects the routers to run (nil: all of Routers).
+	Routers []string
+	// Timeout bounds each wait, in real time, for the event path (10s).
+	Timeout time.Duration
+	// Parallel is the number of router runs at once (0: GOMAXPROCS).
+	Parallel int
+	// Progress, if set, is called as requests complete, from any goroutine.
+	Progress func(done, total int)
+	// Workload, if set, adjusts the scenario's traffic (token counts,
+	// skew, forks) after the size fields above are applied.
+	Workload func(*WorkloadConfig)
+}
+
+// defaults fills zero fields.
+func (o *Options) defaults() {
+	if o.Scenario == "" {
+		o.Scenario = ScenarioAgents
+	}
+	if o.Pods == 0 {
+		o.Pods = 8
+	}
+	if o.Sessions == 0 {
+		o.Sessions = 16
+	}
+	if o.Turns == 0 {
+		o.Turns = 16
+	}
+	if o.Requests == 0 {
+		o.Requests = 4 * o.Sessions * o.Turns
+	}
+	if o.CapacityFactor == 0 {
+		o.CapacityFactor = 1.5
+	}
+	if o.Load == 0 {
+		o.Load = 0.6
+	}
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	switch {
+	case o.Delay == 0:
+		o.Delay = DefaultDelay
+	case o.Delay < 0:
+		o.Delay = 0
+	}
+	if o.Weights == (Weights{}) {
+		o.Weights = DefaultWeights
+	}
+	if o.VNodes == 0 {
+		o.VNodes = 100
+	}
+
+	if o.Cost == (CostModel{}) {
+		o.Cost = DefaultCost()
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 10 * time.Second
+	}
+	if o.Parallel <= 0 {
+		o.Parallel = runtime.GOMAXPROCS(0)
+	}
+	if o.Routers == nil {
+		o.Routers = Routers
+	}
+}
+
+// Report is the outcome of a run. Its JSON form is a contract:
+// scenario, pods and routers (the standard routers, in Routers order)
+// always appear; extra_routers holds variants a scenario adds (hot-prefix:
+// precise with load weight 0).
+type Report struct {
+	Scenario       string         `json:"scenario"`
+	Pods           int            `json:"pods"`
+	Seed           uint64         `json:"seed"`
+	Sessions       int            `json:"sessions"`
+	Requests       int            `json:"requests"`
+	CapacityBlocks int            `json:"capacity_blocks"`
+	Routers        []RouterResult `json:"routers"`
+	Extra          []RouterResult `json:"extra_routers,omitempty"`
+
+	// Setup explains the run's sizing, one line each (capacity arithmetic,
+	// traffic, fleet events).
+	Setup []string `json:"-"`
+	marks []mark   // fleet changes on the timeline
+}
+
+// mark is a fleet change placed on the request axis: the first request
+// planned at or after it.
+type mark struct {
+	request int
+	label   string
+}
+
+// Router returns the named result (standard or extra), or nil.
+func (r *Report) Router(name string) *RouterResult {
+	for i := range r.Routers {
+		if r.Routers[i].Name == name {
+			return &r.Routers[i]
+		}
+	}
+	for i := range r.Extra {
+		if r.Extra[i].Name == name {
+			return &r.Extra[i]
+		}
+	}
+	return nil
+}
+
+// DefaultDelay is the default simulated event propagation delay.
+const DefaultDelay = 20 * time.Millisecond
+
+// PreciseNoLoad names the hot-prefix scenario's extra row.
+const PreciseNoLoad = "precise(load=0)"
+
+// tokensPerGPU is what one 80 GB GPU holds of a 32B model's KV cache:
+// bf16 weights take ~64 GB, and at 64 layers x 8 KV heads x 128 dims x 2
+// (K and V) x 2 bytes = 256 KiB per token, the ~10 GB left hold ~40k tokens.
+const tokensPerGPU = 40_000
+
+// runPlan is everything a run needs before the routers start.
+type runPlan struct {
+	w        *Workload
+	h        *blockhash.Hasher
+	capacity int          // blocks per engine
+	engines  int          // engines to start (churn adds one)
+	fleet    []fleetEvent // scheduled fleet changes
+	setup    []string     // the sizing, explained
+}
+
+// plan builds the run's workload, capacity and fleet events from o
+// without running anything.
+func (o *Options) plan() (*runPlan, error) {
+	h, err := blockhash.New(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: blockhash.DefaultSeed, BlockSize: blockhash.DefaultBlockSize})
+	if err != nil {
+		return nil, err
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	wc := DefaultWorkload(o.Scenario)
+	wc.Seed, wc.Conversations, wc.Turns, wc.Requests = o.Seed, o.Sessions, o.Turns, o.Requests
+	if o.Workload != nil {
+		o.Workload(&wc)
+	}
+	ideal := o.idealService(&wc)
+	wc.Rate = o.Load * float64(o.Pods) / ideal.Seconds()
+	est := func(newTokens, output int) time.Duration { return o.Cost.Service(newTokens, output) }
+	w, err := Plan(wc, h, est)
+	if err != nil {
+		return nil, err
+	}
+	bs := h.BlockSize()
+	working := float64(wc.SharedTokens) + float64(wc.Conversations)*w.MeanContext + float64(wc.HotPrefixTokens)
+	workingBlocks := int(math.Ceil(working / float64(bs)))
+	capacity := o.Capacity
+	var setup []string
+	hot := ""
+	if wc.HotPrefixTokens > 0 {
+		hot = fmt.Sprintf(" + %s hot prefix", kTokens(float64(wc.HotPrefixTokens)))
+	}
+	setup = append(setup, fmt.Sprintf("working set: %d conversations x ~%s tokens + %s shared%s = %s tokens = %s blocks of %d",
+		wc.Conversations, kTokens(w.MeanContext), kTokens(float64(wc.SharedTokens)), hot, kTokens(working), kTokens(float64(workingBlocks)), bs))
+	if capacity == 0 {
+		fleetBlocks := int(math.Ceil(o.CapacityFactor * float64(workingBlocks)))
+		capacity = (fleetBlocks + o.Pods - 1) / o.Pods
+		setup = append(setup, fmt.Sprintf("fleet capacity %.3gx = %s blocks = %s blocks per engine (~%s tokens; a 32B model on one 80 GB GPU holds ~%s)",
+			o.CapacityFactor, kTokens(float64(fleetBlocks)), commas(capacity), kTokens(float64(capacity*bs)), kTokens(tokensPerGPU)))
+	} else {
+		setup = append(setup, fmt.Sprintf("capacity %s blocks per engine (~%s tokens) = %.2fx the working set over the fleet",
+			commas(capacity), kTokens(float64(capacity*bs)), float64(capacity*o.Pods)/float64(workingBlocks)))
+	}
+	if capacity < w.MaxBlocks {
+		return nil, fmt.Errorf("capacity %d blocks per engine cannot hold the largest request (%d blocks)", capacity, w.MaxBlocks)
+	}
+	hotReqs := ""
+	if w.Hot > 0 {
+		hotReqs = fmt.Sprintf("%d for the hot prompt, ", w.Hot)
+	}
+	setup = append(setup, fmt.Sprintf("traffic: %d requests (%s%d conversations, %d of them forked), Poisson arrivals at %.1f/s (load %.2g of the fleet's throughput with ideal caching, %s per request), seed %d",
+		len(w.Requests), hotReqs, w.Conversations, w.Forks, wc.Rate, o.Load, ideal.Round(time.Millisecond), o.Seed))
+	var fleet []fleetEvent
+	if o.Scenario == ScenarioChurn {
+		fleet = []fleetEvent{
+			{At: w.Span * 2 / 5, Kind: eventRestart, Pod: o.Pods / 2},
+			{At: w.Span * 3 / 5, Kind: eventJoin, Pod: o.Pods},
+		}
+		for _, fe := range fleet {
+			setup = append(setup, "churn: "+fe.String())
+		}
+	}
+	engines := o.Pods
+	for _, fe := range fleet {
+		engines = max(engines, fe.Pod+1)
+	}
+	return &runPlan{w: w, h: h, capacity: capacity, engines: engines, fleet: fleet, setup: setup}, nil
+}
+
+// idealService is the mean service time of a request when everything but
+// its new tokens hits the cache.
+func (o *Options) idealService(wc *WorkloadConfig) time.Duration {
+	t := float64(wc.Turns)
+	conv := (float64(wc.HistoryMin+wc.HistoryMax)/2 + (t-1)*float64(wc.MessageMin+wc.MessageMax)/2) / t
+	hot := float64(wc.HotSuffixMin+wc.HotSuffixMax) / 2
+	newTokens := (1-wc.HotShare)*conv + wc.HotShare*hot
+	out := (1-wc.HotShare)*float64(wc.OutputMin+wc.OutputMax)/2 + wc.HotShare*float64(wc.HotOutputMin+wc.HotOutputMax)/2
+	return o.Cost.Service(int(newTokens), int(out))
+}
+
+func (o *Options) validate() error {
+	switch {
+	case !slices.Contains(Scenarios, o.Scenario):
+		return fmt.Errorf("unknown scenario %q (want one of %v)", o.Scenario, Scenarios)
+	case o.Pods < 1 || o.Pods > 256:
+		return fmt.Errorf("pods %d: want 1..256", o.Pods)
+	case o.Sessions < 1 || o.Sessions > 10_000:
+		return fmt.Errorf("sessions %d: want 1..10000", o.Sessions)
+	case o.Turns < 1:
+		return fmt.Errorf("turns %d: want at least 1", o.Turns)
+	case o.Requests < 1 || o.Requests > 1_000_000:
+		return fmt.Errorf("requests %d: want 1..1000000", o.Requests)
+	case o.Capacity < 0:
+		return fmt.Errorf("capacity %d: want a positive block count (0: automatic)", o.Capacity)
+	case !(o.CapacityFactor > 0):
+		return fmt.Errorf("capacity factor %v: want a positive number", o.CapacityFactor)
+	case !(o.Load > 0) || o.Load > 100:
+		return fmt.Errorf("load %v: want a positive number", o.Load)
+	case o.Weights.Prefix < 0 || o.Weights.Load < 0 || math.IsNaN(o.Weights.Prefix) || math.IsNaN(o.Weights.Load):
+		return fmt.Errorf("weights must not be negative")
+	case o.VNodes < 1 || o.VNodes > 10_000:
+		return fmt.Errorf("virtual nodes %d: want 1..10000", o.VNodes)
+	case o.ApproxBlocks < 0:
+		return fmt.Errorf("approximate router blocks %d: want >= 0", o.ApproxBlocks)
+	case o.HashPrefix < 0:
+		return fmt.Errorf("hash prefix %d: want >= 0", o.HashPrefix)
+	}
+	for _, r := range o.Routers {
+		if !slices.Contains(Routers, r) && r != PreciseNoLoad {
+			return fmt.Errorf("unknown router %q (want one of %v)", r, Routers)
+		}
+	}
+	return o.Cost.validate()
+}
+
+// Run plans the workload and replays it against every router, each with
+// fresh engines. The routers run concurrently (Options.Parallel); each
+// run is deterministic, so the report depends only on the options.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	o.defaults()
+	p, err := o.plan()
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{
+		Scenario: o.Scenario, Pods: o.Pods, Seed: o.Seed, Sessions: o.Sessions,
+		Requests: len(p.w.Requests), CapacityBlocks: p.capacity, Setup: p.setup,
+	}
+	for _, fe := range p.fleet {
+		i, _ := slices.BinarySearchFunc(p.w.Requests, fe.At, func(r Request, at time.Duration) int { return cmp.Compare(r.Planned, at) })
+		label := podName(fe.Pod) + " restarts"
+		if fe.Kind == eventJoin {
+			label = podName(fe.Pod) + " joins"
+		}
+		rep.marks = append(rep.marks, mark{request: i, label: label})
+	}
+	names := slices.Clone(o.Routers)
+	if o.Scenario == ScenarioHotPrefix && !slices.Contains(names, PreciseNoLoad) {
+		names = append(names, PreciseNoLoad)
+	}
+	results := make([]RouterResult, len(names))
+	errs := make([]error, len(names))
+	var (
+		mu   sync.Mutex
+		done int
+	)
+	total := len(names) * len(p.w.Requests)
+	progress := func() {
+		if o.Progress == nil {
+			return
+		}
+		mu.Lock()
+		done++
+		d := done
+		mu.Unlock()
+		o.Progress(d, total)
+	}
+	sem := make(chan struct{}, o.Parallel)
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				errs[i] = ctx.Err()
+				return
+			}
+			defer func() { <-sem }()
+			results[i], errs[i] = o.runRouter(ctx, name, p, progress)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	for _, r := range results {
+		if slices.Contains(Routers, r.Name) {
+			rep.Routers = append(rep.Routers, r)
+		} else {
+			rep.Extra = append(rep.Extra, r)
+		}
+	}
+	return rep, nil
+}
+
+// runRouter replays the plan's workload against one router and a fresh
+// fleet.
+func (o *Options) runRouter(ctx context.Context, name string, p *runPlan, progress func()) (RouterResult, error) {
+	w, h, capacity, engines := p.w, p.h, p.capacity, p.engines
+	events := name == RouterPrecise || name == PreciseNoLoad
+	f, err := newFleet(h, engines, capacity, events, o.Timeout)
+	if err != nil {
+		return RouterResult{}, fmt.Errorf("%s: %w", name, err)
+	}
+	defer f.close()
+	var r router
+	switch name {
+	case RouterRoundRobin:
+		r = &roundRobin{}
+	case RouterLeastLoaded:
+		r = leastLoaded{}
+	case RouterConsistentHash:
+		k := o.HashPrefix
+		if k == 0 {
+			k = w.Config.SharedTokens + 256
+		}
+		r = newConsistentHash(f.names, k, o.VNodes)
+	case RouterApproximate:
+		src, err := newApproxSource(engines, capacity, o.ApproxBlocks)
+		if err != nil {
+			return RouterResult{}, err
+		}
+		r = newScoring(name, o.Weights, src, o.Seed)
+	case RouterPrecise:
+		r = newScoring(name, o.Weights, newIndexSource(f, o.Delay), o.Seed)
+	case PreciseNoLoad:
+		r = newScoring(name, Weights{Prefix: o.Weights.Prefix}, newIndexSource(f, o.Delay), o.Seed)
+	case RouterOracle:
+		r = newScoring(name, o.Weights, &oracleSource{engines: f.engines}, o.Seed)
+	default:
+		return RouterResult{}, fmt.Errorf("unknown router %q", name)
+	}
+	s := newSimulation(w, o.Cost, r, f.engines, o.Pods, p.fleet)
+	s.progress = func(int) { progress() }
+	s.ctx = ctx
+	out, err := s.run()
+	if err != nil {
+		return RouterResult{}, err
+	}
+	return score(name, w, out, engines, o.Cost), nil
+}

@@ -1,0 +1,237 @@
+package demo
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// req returns a request whose prompt has n blocks of 16 tokens and whose
+// block keys are base+0, base+1, ...
+func req(base uint64, n int) *Request {
+	r := &Request{Prompt: make([]uint64, n*16), Keys: make([]uint64, n)}
+	for i := range r.Keys {
+		r.Keys[i] = base + uint64(i)
+	}
+	for i := range r.Prompt {
+		r.Prompt[i] = base + uint64(i)
+	}
+	return r
+}
+
+func decide(r *Request, depth ...int) *decision {
+	d := &decision{Req: r, Depth: depth}
+	for i := range depth {
+		d.Cands = append(d.Cands, i)
+	}
+	return d
+}
+
+func TestRoundRobinCyclesOverCandidates(t *testing.T) {
+	var r roundRobin
+	d := decide(req(0, 1), 5, 0, 3)
+	var got []int
+	for range 4 {
+		p, _ := r.Route(d)
+		got = append(got, p)
+	}
+	if fmt.Sprint(got) != "[0 1 2 0]" {
+		t.Fatalf("got %v", got)
+	}
+	d.Cands = []int{1, 2} // a pod left: cycle over the rest
+	p, _ := r.Route(d)
+	if p != 1 && p != 2 {
+		t.Fatalf("routed to %d, not a candidate", p)
+	}
+}
+
+func TestLeastLoadedPicksShortestQueueLowestIndexOnTies(t *testing.T) {
+	for _, tc := range []struct {
+		depth []int
+		want  int
+	}{
+		{[]int{2, 1, 3}, 1},
+		{[]int{1, 1, 0, 0}, 2},
+		{[]int{0, 0}, 0},
+	} {
+		if p, _ := (leastLoaded{}).Route(decide(req(0, 1), tc.depth...)); p != tc.want {
+			t.Errorf("depths %v: got %d, want %d", tc.depth, p, tc.want)
+		}
+	}
+}
+
+// TestConsistentHashRemapsOnlyToTheNewPod checks the ring's two promises:
+// a prompt start always maps to the same pod, and a pod joining takes keys
+// only for itself, about its share of them.
+func TestConsistentHashRemapsOnlyToTheNewPod(t *testing.T) {
+	names := []string{"pod-0", "pod-1", "pod-2", "pod-3", "pod-4", "pod-5", "pod-6", "pod-7", "pod-8"}
+	ch := newConsistentHash(names, 64, 100)
+	route := func(r *Request, cands []int) int {
+		d := &decision{Req: r, Cands: cands, Depth: make([]int, len(names))}
+		p, err := ch.Route(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	eight := []int{0, 1, 2, 3, 4, 5, 6, 7}
+	nine := append(eight[:8:8], 8)
+	const keys = 4000
+	rng := rand.New(rand.NewPCG(1, 2))
+	reqs := make([]*Request, keys)
+	for i := range reqs {
+		reqs[i] = req(rng.Uint64(), 8)
+	}
+	before := make([]int, keys)
+	counts := make([]int, 9)
+	for i, r := range reqs {
+		before[i] = route(r, eight)
+		counts[before[i]]++
+		// Tokens past the hashed prefix do not matter.
+		longer := *r
+		longer.Prompt = append(r.Prompt[:len(r.Prompt):len(r.Prompt)], 1, 2, 3)
+		if route(&longer, eight) != before[i] {
+			t.Fatal("tokens after the hashed prefix changed the pod")
+		}
+	}
+	moved := 0
+	for i, r := range reqs {
+		if after := route(r, nine); after != before[i] {
+			moved++
+			if after != 8 {
+				t.Fatalf("a key moved from pod %d to pod %d, not to the new pod", before[i], after)
+			}
+		}
+	}
+	for i, r := range reqs {
+		if route(r, eight) != before[i] {
+			t.Fatal("the pod set came back but the key did not")
+		}
+	}
+	if f := float64(moved) / keys; f < 0.05 || f > 0.2 {
+		t.Fatalf("%.3f of keys moved to the ninth pod, want about 1/9", f)
+	}
+	for p, n := range counts[:8] {
+		if f := float64(n) / keys; f < 0.06 || f > 0.2 {
+			t.Errorf("pod %d holds %.3f of keys with 100 virtual nodes, want about 1/8", p, f)
+		}
+	}
+}
+
+// fixedSource is a prefixSource with given fractions.
+type fixedSource struct {
+	frac   []float64
+	routes []int
+}
+
+func (f *fixedSource) matched(d *decision, frac []float64) error {
+	for _, p := range d.Cands {
+		frac[p] = f.frac[p]
+	}
+	return nil
+}
+
+func (f *fixedSource) routed(_ *decision, pod int) { f.routes = append(f.routes, pod) }
+
+func TestScoringTradesPrefixAgainstQueue(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		w     Weights
+		frac  []float64
+		depth []int
+		want  int
+	}{
+		{"cache wins over one request ahead", DefaultWeights, []float64{0.1, 0.95}, []int{0, 1}, 1},
+		{"two requests ahead outweigh 85% of the prompt", DefaultWeights, []float64{0.1, 0.95}, []int{0, 2}, 0},
+		{"but not 90%", DefaultWeights, []float64{0.05, 0.95}, []int{0, 2}, 1},
+		{"no cache anywhere: shortest queue", DefaultWeights, []float64{0.1, 0.1, 0.1}, []int{2, 0, 1}, 1},
+		{"load weight 0 follows the cache", Weights{Prefix: 0.7}, []float64{0.1, 0.95}, []int{0, 50}, 1},
+		{"longer prefix wins at equal load", DefaultWeights, []float64{0.5, 0.6}, []int{1, 1}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := &fixedSource{frac: tc.frac}
+			s := newScoring("test", tc.w, src, 1)
+			p, err := s.Route(decide(req(0, 4), tc.depth...))
+			if err != nil || p != tc.want {
+				t.Fatalf("got pod %d (%v), want %d", p, err, tc.want)
+			}
+			if len(src.routes) != 1 || src.routes[0] != p {
+				t.Fatalf("the source was told %v, want [%d]", src.routes, p)
+			}
+		})
+	}
+}
+
+// TestScoringBreaksTiesAtRandomButRepeatably checks that equal scores
+// spread over the tied pods, the same way for the same seed.
+func TestScoringBreaksTiesAtRandomButRepeatably(t *testing.T) {
+	picks := func(seed uint64) []int {
+		s := newScoring("test", DefaultWeights, &fixedSource{frac: []float64{0.5, 0.9, 0.9, 0.9}}, seed)
+		var out []int
+		for range 300 {
+			p, _ := s.Route(decide(req(0, 4), 0, 0, 0, 0))
+			out = append(out, p)
+		}
+		return out
+	}
+	a, b := picks(3), picks(3)
+	if fmt.Sprint(a) != fmt.Sprint(b) {
+		t.Fatal("the same seed broke ties differently")
+	}
+	counts := map[int]int{}
+	for _, p := range a {
+		counts[p]++
+	}
+	if counts[0] != 0 {
+		t.Fatal("a pod with a lower score won")
+	}
+	for p := 1; p <= 3; p++ {
+		if counts[p] < 60 {
+			t.Fatalf("tied pod %d won %d of 300 times: ties are not spread (%v)", p, counts[p], counts)
+		}
+	}
+}
+
+// TestApproxSourceLearnsOnlyFromItsRoutes checks the approximate model: a
+// prompt routed to a pod is predicted there, it ages out in prompt order
+// once the pod's capacity is used by other prompts, and a limit on tracked
+// blocks measures the match over those blocks only.
+func TestApproxSourceLearnsOnlyFromItsRoutes(t *testing.T) {
+	a, err := newApproxSource(2, 10, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frac := make([]float64, 2)
+	r := req(100, 6)
+	d := decide(r, 0, 0)
+	_ = a.matched(d, frac)
+	if frac[0] != 0 || frac[1] != 0 {
+		t.Fatalf("predicted %v before any routing", frac)
+	}
+	a.routed(d, 1)
+	_ = a.matched(d, frac)
+	if frac[0] != 0 || frac[1] != 1 {
+		t.Fatalf("after routing to pod 1: predicted %v, want [0 1]", frac)
+	}
+	// Longer prompt of the same conversation: the known head matches.
+	longer := req(100, 12)
+	_ = a.matched(decide(longer, 0, 0), frac)
+	if frac[1] != 0.5 {
+		t.Fatalf("12-block prompt with 6 known blocks: predicted %v, want 0.5", frac[1])
+	}
+	// Five other blocks on pod 1 evict the oldest entries: the prompt's
+	// head, which breaks the whole predicted prefix.
+	a.routed(decide(req(900, 5), 0, 0), 1)
+	_ = a.matched(d, frac)
+	if frac[1] != 0 {
+		t.Fatalf("after the head was evicted: predicted %v, want 0", frac[1])
+	}
+
+	limited, _ := newApproxSource(1, 100, 4)
+	limited.routed(decide(req(100, 6), 0), 0)
+	f := make([]float64, 1)
+	_ = limited.matched(decide(req(100, 20), 0), f)
+	if f[0] != 1 {
+		t.Fatalf("tracking 4 blocks: a prompt sharing them scores %v, want 1", f[0])
+	}
+}
