@@ -278,34 +278,18 @@ func (ix *Index) clearEngine(ns *namespace, e *engine, b *batch) {
 // configuration); ResetRemoved forgets the engine entirely, as
 // RemoveEngine does.
 func (ix *Index) Reset(id kvevents.EngineID, reason kvevents.ResetReason) {
-	if reason == kvevents.ResetRemoved {
-		ix.RemoveEngine(id)
-		return
-	}
-	ns := ix.namespace(id.Model, false)
-	if ns == nil {
-		return
-	}
-	e := ns.engine(id.Pod, id.DPRank)
-	if e == nil {
-		return
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.removed {
-		return
-	}
-	var b batch
-	ix.clearEngine(ns, e, &b)
-	e.holderBlocks.Add(b.holdings)
-	ns.bytes.Add(b.bytes)
-	if reason == kvevents.ResetRestart {
-		e.forgetVerification()
-	}
+	ix.clear(id, reason)
 }
 
 // RemoveEngine forgets the engine entirely.
 func (ix *Index) RemoveEngine(id kvevents.EngineID) {
+	ix.clear(id, kvevents.ResetRemoved)
+}
+
+// clear drops every entry of the engine. A restart also forgets what
+// verification learnt (the new process may be configured differently); a
+// removal also forgets the engine itself.
+func (ix *Index) clear(id kvevents.EngineID, reason kvevents.ResetReason) {
 	ns := ix.namespace(id.Model, false)
 	if ns == nil {
 		return
@@ -323,8 +307,13 @@ func (ix *Index) RemoveEngine(id kvevents.EngineID) {
 	ix.clearEngine(ns, e, &b)
 	e.holderBlocks.Add(b.holdings)
 	ns.bytes.Add(b.bytes)
-	e.removed = true
-	ns.dropEngine(e)
+	switch reason {
+	case kvevents.ResetRestart:
+		e.forgetVerification()
+	case kvevents.ResetRemoved:
+		e.removed = true
+		ns.dropEngine(e)
+	}
 }
 
 // Engines lists the engines the index knows, by model, pod and rank.
