@@ -82,42 +82,25 @@ func (r *reader) arg(n int) (uint64, bool) {
 
 var errWrongType = errors.New("unexpected msgpack type")
 
-func (r *reader) arrayLen() (int, error) {
-	c, ok := r.peek()
-	if !ok {
-		return 0, errTruncated
-	}
-	var n uint64
-	switch {
-	case c >= 0x90 && c <= 0x9f:
-		r.off++
-		return int(c & 0x0f), nil
-	case c == 0xdc:
-		n, ok = r.arg(2)
-	case c == 0xdd:
-		n, ok = r.arg(4)
-	default:
-		return 0, errWrongType
-	}
-	if !ok {
-		return 0, errTruncated
-	}
-	return int(n), nil
-}
+func (r *reader) arrayLen() (int, error) { return r.containerLen(0x90, 0xdc, 0xdd) }
 
-func (r *reader) mapLen() (int, error) {
+func (r *reader) mapLen() (int, error) { return r.containerLen(0x80, 0xde, 0xdf) }
+
+// containerLen reads an array or map header: a fix form (fix..fix+15)
+// carrying the length in its low nibble, or the 16- and 32-bit forms.
+func (r *reader) containerLen(fix, c16, c32 byte) (int, error) {
 	c, ok := r.peek()
 	if !ok {
 		return 0, errTruncated
 	}
 	var n uint64
 	switch {
-	case c >= 0x80 && c <= 0x8f:
+	case c >= fix && c <= fix+0x0f:
 		r.off++
 		return int(c & 0x0f), nil
-	case c == 0xde:
+	case c == c16:
 		n, ok = r.arg(2)
-	case c == 0xdf:
+	case c == c32:
 		n, ok = r.arg(4)
 	default:
 		return 0, errWrongType
