@@ -197,46 +197,35 @@ func (ns *namespace) snapshot(fw *frameWriter, en *enc) {
 	}
 	fw.write(fw2.b)
 	fw2.b = fw2.b[:0]
-	var hs holderSet
-	var hold []uint64
-	for si := range ns.shards {
-		sh := &ns.shards[si]
-		sh.mu.Lock()
-		d := sh.data.Load()
-		for _, s := range d.slots {
-			if !isLive(s.val) {
-				continue
-			}
-			hs.decode(d.arena, s.val)
-			hold = hs.holdings(hold[:0])
-			n := 0
-			for _, x := range hold {
-				if e := hEngine(x); int(e) < len(number) && number[e] >= 0 {
-					n++
-				}
-			}
-			if n == 0 {
-				continue
-			}
-			fw2.uvarint(uint64(n))
-			fw2.u64(s.key)
-			for _, x := range hold {
-				e := hEngine(x)
-				if int(e) >= len(number) || number[e] < 0 {
-					continue
-				}
-				fw2.uvarint(uint64(number[e]))
-				fw2.uvarint(uint64(hGroup(x)))
-				fw2.uvarint(uint64(hMedium(x)))
-				fw2.uvarint(uint64(hRefs(x)))
+	ns.eachBlock(func(key uint64, hold []uint64) {
+		n := 0
+		for _, x := range hold {
+			if e := hEngine(x); int(e) < len(number) && number[e] >= 0 {
+				n++
 			}
 		}
-		sh.mu.Unlock()
-		fw.write(fw2.b)
-		fw2.b = fw2.b[:0]
-		if fw.err != nil {
+		if n == 0 {
 			return
 		}
+		fw2.uvarint(uint64(n))
+		fw2.u64(key)
+		for _, x := range hold {
+			e := hEngine(x)
+			if int(e) >= len(number) || number[e] < 0 {
+				continue
+			}
+			fw2.uvarint(uint64(number[e]))
+			fw2.uvarint(uint64(hGroup(x)))
+			fw2.uvarint(uint64(hMedium(x)))
+			fw2.uvarint(uint64(hRefs(x)))
+		}
+	}, func() bool {
+		fw.write(fw2.b)
+		fw2.b = fw2.b[:0]
+		return fw.err == nil
+	})
+	if fw.err != nil {
+		return
 	}
 	fw2.uvarint(0)
 	fw.write(fw2.b)
@@ -626,8 +615,6 @@ func (ix *Index) Digest() [32]byte {
 	var lanes [4]uint64
 	var count uint64
 	var buf [40]byte
-	var hs holderSet
-	var hold []uint64
 	for _, ns := range *ix.models.Load() {
 		et := ns.engines.Load()
 		engineFP := make([]xxh3.Uint128, len(et.byID))
@@ -647,37 +634,26 @@ func (ix *Index) Digest() [32]byte {
 		for i, m := range media {
 			mediumFP[i] = xxh3.HashString(m)
 		}
-		for si := range ns.shards {
-			sh := &ns.shards[si]
-			sh.mu.Lock()
-			d := sh.data.Load()
-			for _, s := range d.slots {
-				if !isLive(s.val) {
+		ns.eachBlock(func(key uint64, hold []uint64) {
+			for _, x := range hold {
+				e, m := int(hEngine(x)), hMedium(x)
+				if e >= len(engineFP) || et.byID[e] == nil || m >= len(mediumFP) {
 					continue
 				}
-				hs.decode(d.arena, s.val)
-				hold = hs.holdings(hold[:0])
-				for _, x := range hold {
-					e, m := int(hEngine(x)), hMedium(x)
-					if e >= len(engineFP) || et.byID[e] == nil || m >= len(mediumFP) {
-						continue
-					}
-					binary.LittleEndian.PutUint64(buf[0:], engineFP[e].Lo)
-					binary.LittleEndian.PutUint64(buf[8:], engineFP[e].Hi)
-					binary.LittleEndian.PutUint64(buf[16:], s.key)
-					binary.LittleEndian.PutUint64(buf[24:], uint64(hGroup(x))<<32|uint64(hRefs(x)))
-					binary.LittleEndian.PutUint64(buf[32:], mediumFP[m])
-					u := xxh3.Hash128(buf[:])
-					v := xxh3.Hash128Seed(buf[:], 0x6b76696e646578)
-					lanes[0] += u.Lo
-					lanes[1] += u.Hi
-					lanes[2] += v.Lo
-					lanes[3] += v.Hi
-					count++
-				}
+				binary.LittleEndian.PutUint64(buf[0:], engineFP[e].Lo)
+				binary.LittleEndian.PutUint64(buf[8:], engineFP[e].Hi)
+				binary.LittleEndian.PutUint64(buf[16:], key)
+				binary.LittleEndian.PutUint64(buf[24:], uint64(hGroup(x))<<32|uint64(hRefs(x)))
+				binary.LittleEndian.PutUint64(buf[32:], mediumFP[m])
+				u := xxh3.Hash128(buf[:])
+				v := xxh3.Hash128Seed(buf[:], 0x6b76696e646578)
+				lanes[0] += u.Lo
+				lanes[1] += u.Hi
+				lanes[2] += v.Lo
+				lanes[3] += v.Hi
+				count++
 			}
-			sh.mu.Unlock()
-		}
+		}, nil)
 	}
 	var out [40]byte
 	for i, l := range lanes {
@@ -685,4 +661,30 @@ func (ix *Index) Digest() [32]byte {
 	}
 	binary.BigEndian.PutUint64(out[32:], count)
 	return sha256.Sum256(out[:])
+}
+
+// eachBlock calls fn with every live block's key and holdings (valid only
+// during the call), one shard at a time under the shard's lock, so each
+// shard is seen consistently. After each shard it calls shardDone, if not
+// nil, and stops when that returns false.
+func (ns *namespace) eachBlock(fn func(key uint64, hold []uint64), shardDone func() bool) {
+	var hs holderSet
+	var hold []uint64
+	for si := range ns.shards {
+		sh := &ns.shards[si]
+		sh.mu.Lock()
+		d := sh.data.Load()
+		for _, s := range d.slots {
+			if !isLive(s.val) {
+				continue
+			}
+			hs.decode(d.arena, s.val)
+			hold = hs.holdings(hold[:0])
+			fn(s.key, hold)
+		}
+		sh.mu.Unlock()
+		if shardDone != nil && !shardDone() {
+			return
+		}
+	}
 }
