@@ -24,7 +24,7 @@ deps:
 	fi
 
 build: deps
-	$(GO) build -o bin/kvindex ./cmd/kvindex
+	$(GO) build -buildvcs=auto -o bin/kvindex ./cmd/kvindex
 
 demo: build
 	./bin/kvindex demo

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/kvindex/kvindex/api/kvindexv1"
@@ -172,4 +173,15 @@ func HealthName(h kvindexv1.EngineHealth) string {
 		return "disconnected"
 	}
 	return "unknown"
+}
+
+// EngineName prints an engine the one way kvindex prints engines
+// everywhere: "pod" for data-parallel rank 0 (the only rank of an engine
+// without data parallelism), "pod/N" for rank N. kvevents.EngineID.String
+// follows the same rule.
+func EngineName(pod string, rank uint32) string {
+	if rank == 0 {
+		return pod
+	}
+	return pod + "/" + strconv.FormatUint(uint64(rank), 10)
 }

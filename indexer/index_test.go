@@ -83,12 +83,12 @@ func TestLongestPrefixBasics(t *testing.T) {
 		cands []string
 		want  []string
 	}{
-		{"full", []uint64{1, 2, 3, 4, 5}, nil, []string{"a:4", "b/dp1:3", "b:2", "c:0", "cold:0"}},
-		{"first block only", []uint64{1, 9}, nil, []string{"a:1", "b:1", "b/dp1:1", "c:0", "cold:0"}},
-		{"unknown first", []uint64{9, 1, 2}, nil, []string{"a:0", "b:0", "b/dp1:0", "c:0", "cold:0"}},
-		{"candidates: every rank of a pod", []uint64{1, 2, 3}, []string{"b"}, []string{"b/dp1:3", "b:2"}},
+		{"full", []uint64{1, 2, 3, 4, 5}, nil, []string{"a:4", "b/1:3", "b:2", "c:0", "cold:0"}},
+		{"first block only", []uint64{1, 9}, nil, []string{"a:1", "b:1", "b/1:1", "c:0", "cold:0"}},
+		{"unknown first", []uint64{9, 1, 2}, nil, []string{"a:0", "b:0", "b/1:0", "c:0", "cold:0"}},
+		{"candidates: every rank of a pod", []uint64{1, 2, 3}, []string{"b"}, []string{"b/1:3", "b:2"}},
 		{"candidates: unknown pod ignored", []uint64{1, 2, 3}, []string{"zz", "c", "c"}, []string{"c:0"}},
-		{"empty query", nil, nil, []string{"a:0", "b:0", "b/dp1:0", "c:0", "cold:0"}},
+		{"empty query", nil, nil, []string{"a:0", "b:0", "b/1:0", "c:0", "cold:0"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -342,7 +342,7 @@ func TestResetIsolation(t *testing.T) {
 			}
 			gone := reason == kvevents.ResetRemoved || reason == "remove-engine"
 			res := query(t, ix, &Query{Model: "m", BlockHashes: chain})
-			want := []string{"b:300", "c/dp1:100", "a:0"}
+			want := []string{"b:300", "c/1:100", "a:0"}
 			if gone {
 				want = want[:2]
 			}

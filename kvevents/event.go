@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"fmt"
+	"strconv"
 
 	"github.com/kvindex/kvindex/blockhash"
 )
@@ -15,12 +16,14 @@ type EngineID struct {
 	DPRank int
 }
 
-// String formats the engine as "pod" for rank 0 and "pod/dpN" otherwise.
+// String formats the engine the one way kvindex prints engines: "pod" for
+// data-parallel rank 0 (the only rank of an engine without data
+// parallelism), "pod/N" for rank N.
 func (e EngineID) String() string {
 	if e.DPRank == 0 {
 		return e.Pod
 	}
-	return fmt.Sprintf("%s/dp%d", e.Pod, e.DPRank)
+	return e.Pod + "/" + strconv.Itoa(e.DPRank)
 }
 
 // Kind is the type of a KV-cache event.

@@ -171,10 +171,10 @@ func readMessagesFile(path string) ([]api.Message, error) {
 
 func newQueryCmd() *cobra.Command {
 	var (
-		cf         clientFlags
-		pf         promptFlags
-		candidates []string
-		asJSON     bool
+		cf     clientFlags
+		pf     promptFlags
+		pods   podFilter
+		asJSON bool
 	)
 	cmd := &cobra.Command{
 		Use:   "query (--tokens 1,2,3 | --tokens-file F | --prompt TEXT | --messages-file F)",
@@ -189,17 +189,15 @@ With --json it prints:
 pods sorted by matched_blocks, descending.`,
 		Example: `  kvindex query --model Qwen/Qwen2.5-7B --tokens-file prompt.json
   kvindex query --model Qwen/Qwen2.5-7B --prompt "You are a helpful assistant." --json
-  kvindex query --server kvindex:50051 --messages-file chat.json --candidates pod-a,pod-b`,
-		Args: cobra.NoArgs,
+  kvindex query --server kvindex:50051 --messages-file chat.json --pod pod-a --pod pod-b`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, err := pf.build()
 			if err != nil {
 				return err
 			}
-			for _, c := range candidates {
-				if c == "" {
-					return usagef("--candidates: empty pod name")
-				}
+			if err := pods.validate(); err != nil {
+				return err
 			}
 			c, err := cf.dial(cmd.Context())
 			if err != nil {
@@ -208,7 +206,7 @@ pods sorted by matched_blocks, descending.`,
 			defer c.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
 			defer cancel()
-			r, err := c.LongestPrefix(ctx, pf.model, p, &api.QueryOptions{Candidates: candidates})
+			r, err := c.LongestPrefix(ctx, pf.model, p, &api.QueryOptions{Candidates: pods})
 			if err != nil {
 				return cf.callError(err)
 			}
@@ -222,10 +220,31 @@ pods sorted by matched_blocks, descending.`,
 	}
 	cf.register(cmd.Flags())
 	pf.register(cmd.Flags())
-	cmd.Flags().StringSliceVar(&candidates, "candidates", nil, "only these pods (comma-separated); default: every pod of the model")
+	pods.register(cmd.Flags(), "only this pod's engines; repeatable (default: every pod of the model)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
+
+// podFilter is the repeatable --pod flag of every command that filters by
+// pod.
+type podFilter []string
+
+func (p *podFilter) register(fs *pflag.FlagSet, usage string) {
+	fs.StringArrayVar((*[]string)(p), "pod", nil, usage)
+}
+
+func (p podFilter) validate() error {
+	for _, name := range p {
+		if name == "" {
+			return usagef("--pod: empty pod name")
+		}
+	}
+	return nil
+}
+
+// has reports whether the filter lets pod through (an empty filter lets
+// every pod through).
+func (p podFilter) has(pod string) bool { return len(p) == 0 || slices.Contains(p, pod) }
 
 func printQuery(w io.Writer, model string, r api.LongestPrefixJSON) error {
 	promptTokens := r.PromptTokens
@@ -243,13 +262,13 @@ func printQuery(w io.Writer, model string, r api.LongestPrefixJSON) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POD\tRANK\tBLOCKS\tTOKENS\tPROMPT\tTIERS\tHASH CHECK\tHEALTH")
+	fmt.Fprintln(tw, "ENGINE\tBLOCKS\tTOKENS\tPROMPT\tTIERS\tHASH CHECK\tHEALTH")
 	for _, p := range r.Pods {
 		pct := "-"
 		if promptTokens > 0 {
 			pct = strconv.FormatFloat(100*float64(p.MatchedTokens)/float64(promptTokens), 'f', 1, 64) + "%"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", p.Pod, p.DPRank, p.MatchedBlocks, p.MatchedTokens, pct, tiers(p.Tiers), p.HashCheck, p.Health)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\n", api.EngineName(p.Pod, p.DPRank), p.MatchedBlocks, p.MatchedTokens, pct, tiers(p.Tiers), p.HashCheck, p.Health)
 	}
 	return tw.Flush()
 }
@@ -280,19 +299,25 @@ func newLookupCmd() *cobra.Command {
 	var (
 		cf     clientFlags
 		pf     promptFlags
+		pods   podFilter
 		asJSON bool
 	)
 	cmd := &cobra.Command{
 		Use:   "lookup (--tokens 1,2,3 | --tokens-file F | --prompt TEXT | --messages-file F)",
 		Short: "Show a prompt's blocks, their hashes and who holds each",
 		Long: `lookup prints, block by block, the prompt's block hash (the 64-bit key engines
-put in their events) and every engine holding it (pod/rank and medium).`,
+put in their events) and every engine holding it: pod, or pod/rank for a
+data-parallel rank above 0, then the medium in brackets, e.g. pod-a[GPU].
+--pod keeps only the holders of those pods.`,
 		Example: `  kvindex lookup --model Qwen/Qwen2.5-7B --tokens-file prompt.json
-  kvindex lookup --prompt "Hello" --json`,
-		Args: cobra.NoArgs,
+  kvindex lookup --prompt "Hello" --pod pod-a --json`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, err := pf.build()
 			if err != nil {
+				return err
+			}
+			if err := pods.validate(); err != nil {
 				return err
 			}
 			c, err := cf.dial(cmd.Context())
@@ -307,6 +332,9 @@ put in their events) and every engine holding it (pod/rank and medium).`,
 				return cf.callError(err)
 			}
 			out := api.LookupJSONOf(r)
+			for i := range out.Blocks {
+				out.Blocks[i].Holders = slices.DeleteFunc(out.Blocks[i].Holders, func(h api.HolderJSON) bool { return !pods.has(h.Pod) })
+			}
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
 			}
@@ -317,7 +345,7 @@ put in their events) and every engine holding it (pod/rank and medium).`,
 			for _, b := range out.Blocks {
 				holders := make([]string, len(b.Holders))
 				for i, h := range b.Holders {
-					holders[i] = fmt.Sprintf("%s/%d(%s)", h.Pod, h.DPRank, h.Medium)
+					holders[i] = api.EngineName(h.Pod, h.DPRank) + "[" + h.Medium + "]"
 				}
 				hs := strings.Join(holders, " ")
 				if hs == "" {
@@ -330,6 +358,7 @@ put in their events) and every engine holding it (pod/rank and medium).`,
 	}
 	cf.register(cmd.Flags())
 	pf.register(cmd.Flags())
+	pods.register(cmd.Flags(), "only holders on this pod; repeatable (default: every pod)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
@@ -351,7 +380,7 @@ gaps, replays and resets seen, the blocks it holds in the index, the hash check
 age of its last event.`,
 		Example: `  kvindex pods
   kvindex pods --server kvindex:50051 --model Qwen/Qwen2.5-7B --json`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := cf.dial(cmd.Context())
 			if err != nil {
@@ -374,14 +403,14 @@ age of its last event.`,
 				return err
 			}
 			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tMODEL\tENDPOINT\tCONNECTED\tHEALTH\tLAST SEQ\tGAPS\tREPLAYS OK/FAILED\tRESETS\tBLOCKS\tHASH CHECK\tLAST EVENT")
+			fmt.Fprintln(tw, "ENGINE\tMODEL\tENDPOINT\tCONNECTED\tHEALTH\tLAST SEQ\tGAPS\tREPLAYS OK/FAILED\tRESETS\tBLOCKS\tHASH CHECK\tLAST EVENT")
 			for _, p := range out.Pods {
 				age := "never"
 				if p.LastEventAgeSeconds != nil {
 					age = (time.Duration(*p.LastEventAgeSeconds * float64(time.Second))).Round(time.Second/10).String() + " ago"
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s\n",
-					engineName(p.Pod, p.DPRank), p.Model, cmpOr(p.Endpoint, "-"), yesNo(p.Connected), p.Health,
+					api.EngineName(p.Pod, p.DPRank), p.Model, cmpOr(p.Endpoint, "-"), yesNo(p.Connected), p.Health,
 					p.LastSeq, p.Gaps, p.ReplaysOK, p.ReplaysFailed, p.Resets, p.Blocks, p.HashCheck, age)
 			}
 			if err := tw.Flush(); err != nil {
@@ -389,7 +418,7 @@ age of its last event.`,
 			}
 			for _, p := range out.Pods {
 				if p.Message != "" {
-					fmt.Fprintf(w, "%s: %s\n", engineName(p.Pod, p.DPRank), p.Message)
+					fmt.Fprintf(w, "%s: %s\n", api.EngineName(p.Pod, p.DPRank), p.Message)
 				}
 			}
 			return nil
@@ -399,13 +428,6 @@ age of its last event.`,
 	cmd.Flags().StringVar(&model, "model", "", "only this model's engines")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
-}
-
-func engineName(pod string, rank uint32) string {
-	if rank == 0 {
-		return pod
-	}
-	return pod + "/dp" + strconv.FormatUint(uint64(rank), 10)
 }
 
 func yesNo(b bool) string {
@@ -418,20 +440,23 @@ func yesNo(b bool) string {
 func newTailCmd() *cobra.Command {
 	var (
 		cf   clientFlags
-		pods []string
+		pods podFilter
 	)
 	cmd := &cobra.Command{
 		Use:   "tail",
 		Short: "Print the events a running kvindex applies, as it applies them",
 		Long: `tail streams the KV-cache events kvindex applies, one line each:
-  TIME POD[/dpN] seq=N KIND n=HASHES first=HASH [parent=HASH] [tokens=N] [MEDIUM] [lora=NAME]
+  TIME ENGINE seq=N KIND n=HASHES first=HASH [parent=HASH] [tokens=N] [MEDIUM] [lora=NAME]
 Resets (an engine restarted, cleared or was removed) print as "Reset reason=...".
 When tail reads too slowly, kvindex drops events for it rather than slow down;
 the next line then says how many were dropped. Ctrl-C ends it.`,
 		Example: `  kvindex tail
   kvindex tail --server kvindex:50051 --pod pod-a --pod pod-b`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := pods.validate(); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			c, err := cf.dial(ctx)
@@ -451,7 +476,7 @@ the next line then says how many were dropped. Ctrl-C ends it.`,
 		},
 	}
 	cf.register(cmd.Flags())
-	cmd.Flags().StringArrayVar(&pods, "pod", nil, "only this pod's events; repeatable")
+	pods.register(cmd.Flags(), "only this pod's events; repeatable (default: every pod)")
 	return cmd
 }
 
@@ -462,7 +487,7 @@ func formatEvent(ev *kvindexv1.WatchResponse) string {
 		fmt.Fprintf(&b, "... %d events dropped (tail read too slowly)\n", n)
 	}
 	t := time.UnixMilli(ev.GetAppliedUnixMs())
-	fmt.Fprintf(&b, "%s %s seq=%d ", t.Format("15:04:05.000"), engineName(ev.GetPod(), ev.GetDpRank()), ev.GetSeq())
+	fmt.Fprintf(&b, "%s %s seq=%d ", t.Format("15:04:05.000"), api.EngineName(ev.GetPod(), ev.GetDpRank()), ev.GetSeq())
 	switch ev.GetKind() {
 	case kvindexv1.EventKind_EVENT_KIND_BLOCK_STORED:
 		b.WriteString("BlockStored")

@@ -1,27 +1,22 @@
 package main
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
-	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
-	"gopkg.in/yaml.v3"
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
-// serveFlags are kvindex serve's settings. Every flag can also be given as
-// a key of the same name in a YAML --config file; flags given on the
-// command line win over the file.
+// serveFlags are kvindex serve's settings. Every flag can also come from
+// the environment or the --config file (see applySettings).
 type serveFlags struct {
 	config         string
 	grpcAddr       string
@@ -32,7 +27,7 @@ type serveFlags struct {
 	topicPattern   string
 	replayTemplate string
 	hash           hashFlags
-	memoryBudget   string
+	memoryBudget   sizeValue
 	tokenizeURL    string
 	tokenizer      string
 	maxQueryTokens int
@@ -43,7 +38,7 @@ type serveFlags struct {
 }
 
 func (f *serveFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.config, "config", "", "YAML file of settings, keyed by flag name (e.g. grpc-addr: \":50051\"); flags override it")
+	fs.StringVar(&f.config, "config", "", "YAML file of settings keyed by flag name (e.g. grpc-addr: \":50051\"); the command line and KVINDEX_* variables override it")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", ":50051", "gRPC listen address")
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "HTTP listen address (JSON API, /metrics, /healthz, /readyz)")
 	fs.StringVar(&f.model, "model", "", "model of engines that name none, and of queries that name none")
@@ -51,8 +46,8 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.listen, "listen", "", "bind one SUB socket here for engines to connect to (bind mode), e.g. tcp://*:5557")
 	fs.StringVar(&f.topicPattern, "topic-pattern", kvevents.LLMDTopicPattern, "bind mode: how topics name engines, with {pod} and optionally {model}")
 	fs.StringVar(&f.replayTemplate, "replay-template", "", "bind mode: engines' replay endpoint, with {pod}, e.g. tcp://{pod}:5558 (default: no replay)")
-	f.hash.register(fs, "hash-algo", "hash-seed")
-	fs.StringVar(&f.memoryBudget, "memory-budget", "0", "cap on the index's memory, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited")
+	f.hash.register(fs)
+	fs.Var(&f.memoryBudget, "memory-budget", "cap on the index's memory, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited")
 	fs.StringVar(&f.tokenizeURL, "tokenize-url", "", "engine server root whose /tokenize tokenizes text and chat prompts, e.g. http://vllm:8000")
 	fs.StringVar(&f.tokenizer, "tokenizer", "", "local tokenizer.json (or .json.gz) for text prompts (completion form only)")
 	fs.IntVar(&f.maxQueryTokens, "max-query-tokens", api.DefaultMaxTokens, "largest prompt a query may carry, in tokens")
@@ -60,123 +55,6 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles under /debug/pprof/ on the HTTP address")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text|json")
-}
-
-// fileConfig is the YAML form of serveFlags. Pointers tell a key that is
-// absent from one set to its zero value.
-type fileConfig struct {
-	GRPCAddr       *string  `yaml:"grpc-addr"`
-	HTTPAddr       *string  `yaml:"http-addr"`
-	Model          *string  `yaml:"model"`
-	Engine         []string `yaml:"engine"`
-	Listen         *string  `yaml:"listen"`
-	TopicPattern   *string  `yaml:"topic-pattern"`
-	ReplayTemplate *string  `yaml:"replay-template"`
-	HashAlgo       *string  `yaml:"hash-algo"`
-	HashSeed       *string  `yaml:"hash-seed"`
-	BlockSize      *int     `yaml:"block-size"`
-	MemoryBudget   *string  `yaml:"memory-budget"`
-	TokenizeURL    *string  `yaml:"tokenize-url"`
-	Tokenizer      *string  `yaml:"tokenizer"`
-	MaxQueryTokens *int     `yaml:"max-query-tokens"`
-	ReadyGrace     *string  `yaml:"ready-grace"`
-	Pprof          *bool    `yaml:"pprof"`
-	LogLevel       *string  `yaml:"log-level"`
-	LogFormat      *string  `yaml:"log-format"`
-}
-
-// maxConfigFile bounds a --config file.
-const maxConfigFile = 1 << 20
-
-// applyConfigFile reads path and sets every flag it names that the
-// command line did not set, so that flags override the file. Unknown keys
-// are errors.
-func applyConfigFile(fs *pflag.FlagSet, path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return usagef("--config: %v", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxConfigFile+1))
-	if err != nil {
-		return usagef("--config %s: %v", path, err)
-	}
-	if len(data) > maxConfigFile {
-		return usagef("--config %s: larger than %d bytes", path, maxConfigFile)
-	}
-	var fc fileConfig
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
-		return usagef("--config %s: %s", path, yamlError(err))
-	}
-	set := func(name string, v string) error {
-		if fs.Changed(name) {
-			return nil
-		}
-		if err := fs.Set(name, v); err != nil {
-			return usagef("--config %s: %s: %v", path, name, err)
-		}
-		return nil
-	}
-	str := func(name string, p *string) error {
-		if p == nil {
-			return nil
-		}
-		return set(name, *p)
-	}
-	for _, e := range []error{
-		str("grpc-addr", fc.GRPCAddr), str("http-addr", fc.HTTPAddr), str("model", fc.Model),
-		str("listen", fc.Listen), str("topic-pattern", fc.TopicPattern), str("replay-template", fc.ReplayTemplate),
-		str("hash-algo", fc.HashAlgo), str("hash-seed", fc.HashSeed), str("memory-budget", fc.MemoryBudget),
-		str("tokenize-url", fc.TokenizeURL), str("tokenizer", fc.Tokenizer), str("ready-grace", fc.ReadyGrace),
-		str("log-level", fc.LogLevel), str("log-format", fc.LogFormat),
-	} {
-		if e != nil {
-			return e
-		}
-	}
-	if fc.BlockSize != nil {
-		if err := set("block-size", strconv.Itoa(*fc.BlockSize)); err != nil {
-			return err
-		}
-	}
-	if fc.MaxQueryTokens != nil {
-		if err := set("max-query-tokens", strconv.Itoa(*fc.MaxQueryTokens)); err != nil {
-			return err
-		}
-	}
-	if fc.Pprof != nil {
-		if err := set("pprof", strconv.FormatBool(*fc.Pprof)); err != nil {
-			return err
-		}
-	}
-	if !fs.Changed("engine") {
-		for _, e := range fc.Engine {
-			if err := fs.Set("engine", e); err != nil {
-				return usagef("--config %s: engine: %v", path, err)
-			}
-		}
-	}
-	return nil
-}
-
-// yamlError turns yaml.v3's multi-line errors into one line, naming
-// unknown keys as such.
-func yamlError(err error) string {
-	var parts []string
-	for _, l := range strings.Split(err.Error(), "\n") {
-		l = strings.TrimSpace(strings.TrimPrefix(l, "yaml: "))
-		if l == "" || l == "unmarshal errors:" {
-			continue
-		}
-		if i := strings.Index(l, ": field "); i >= 0 && strings.Contains(l, " not found in type ") {
-			key := l[i+len(": field ") : strings.Index(l, " not found in type ")]
-			l = l[:i] + ": unknown key " + strconv.Quote(key) + " (keys are serve's flag names)"
-		}
-		parts = append(parts, l)
-	}
-	return strings.Join(parts, "; ")
 }
 
 // parseEngine parses one --engine value:
@@ -276,6 +154,35 @@ func parseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("%q: too large", s)
 	}
 	return int64(bytes), nil
+}
+
+// sizeValue is a flag holding a byte count, written as parseSize accepts.
+type sizeValue int64
+
+func (v *sizeValue) Set(s string) error {
+	n, err := parseSize(s)
+	if err != nil {
+		return err
+	}
+	*v = sizeValue(n)
+	return nil
+}
+
+func (v *sizeValue) Type() string { return "size" }
+
+// String prints the size exactly, in the largest binary unit that divides
+// it, so the value reads back unchanged.
+func (v *sizeValue) String() string {
+	n := int64(*v)
+	for _, u := range []struct {
+		name  string
+		bytes int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n != 0 && n%u.bytes == 0 {
+			return fmt.Sprintf("%d%s", n/u.bytes, u.name)
+		}
+	}
+	return fmt.Sprintf("%d", n)
 }
 
 // formatSize prints a byte count for logs.

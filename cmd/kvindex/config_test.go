@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -96,9 +97,15 @@ func TestParseEngine(t *testing.T) {
 	}
 }
 
-// parseServe parses serve's flags (and config file) the way the command
-// does, without starting anything.
+// parseServe parses serve's flags, environment and config file the way
+// the command does, without starting anything.
 func parseServe(t *testing.T, args ...string) (*serveOptions, *serveFlags, error) {
+	t.Helper()
+	return parseServeEnv(t, nil, args...)
+}
+
+// parseServeEnv is parseServe with environment variables env.
+func parseServeEnv(t *testing.T, env map[string]string, args ...string) (*serveOptions, *serveFlags, error) {
 	t.Helper()
 	var f serveFlags
 	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
@@ -106,10 +113,9 @@ func parseServe(t *testing.T, args ...string) (*serveOptions, *serveFlags, error
 	if err := fs.Parse(args); err != nil {
 		return nil, nil, err
 	}
-	if f.config != "" {
-		if err := applyConfigFile(fs, f.config); err != nil {
-			return nil, nil, err
-		}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	if err := applyFlagSettings(fs, "kvindex serve", lookup); err != nil {
+		return nil, nil, err
 	}
 	o, err := f.options()
 	return o, &f, err
@@ -175,8 +181,14 @@ func TestServeConfigErrors(t *testing.T) {
 		err  string
 	}{
 		{"typo", "grpc-adr: \":1\"\n", nil, `--config ` /* path */},
-		{"typo key", "model: m\ngrpc-adr: \":1\"\n", nil, `line 2: unknown key "grpc-adr" (keys are serve's flag names)`},
-		{"bad type", "block-size: sixteen\n", nil, "cannot unmarshal"},
+		{"typo key", "model: m\ngrpc-adr: \":1\"\n", nil, `line 2: unknown key "grpc-adr" (keys are the flag names of kvindex serve)`},
+		{"bad type", "block-size: sixteen\n", nil, `line 1: block-size: invalid argument "sixteen"`},
+		{"bad size", "memory-budget: lots\n", nil, `line 1: memory-budget: invalid argument "lots"`},
+		{"list for one value", "model: [a, b]\n", nil, "line 1: model takes one value, not a list"},
+		{"mapping value", "model: {a: b}\n", nil, "line 1: model: want a plain value"},
+		{"twice", "model: a\nmodel: b\n", nil, `line 2: key "model" given twice`},
+		{"not a mapping", "- a\n", nil, "want a mapping of flag names to values"},
+		{"help is no setting", "help: true\n", nil, `unknown key "help"`},
 		{"bad value", "ready-grace: soon\n", nil, `ready-grace`},
 		{"not yaml", "engine: [\n", nil, "--config"},
 	}
@@ -198,31 +210,118 @@ func TestServeConfigErrors(t *testing.T) {
 	}
 }
 
-// Bad settings stop serve with exactly one line on stderr.
+// Bad settings stop serve with exit status 2 and exactly one line on
+// stderr, which ends by naming the help to read.
 func TestServeFlagErrors(t *testing.T) {
 	tests := []struct {
 		args []string
 		want string
 	}{
-		{[]string{"serve"}, "kvindex: no event source: give --engine NAME=ENDPOINT (connect mode) or --listen ENDPOINT (bind mode)\n"},
-		{[]string{"serve", "--engine", "a"}, "kvindex: --engine \"a\": missing \"=ENDPOINT\" (want NAME=ENDPOINT[,replay=ENDPOINT][,ranks=N][,model=M])\n"},
-		{[]string{"serve", "--model", "m", "--engine", "a=tcp://x:1", "--engine", "a=tcp://y:1"}, "kvindex: --engine \"a=tcp://y:1\": the name \"a\" is used twice\n"},
+		{[]string{"serve"}, "kvindex: no event source: give --engine NAME=ENDPOINT (connect mode) or --listen ENDPOINT (bind mode)"},
+		{[]string{"serve", "--engine", "a"}, "kvindex: --engine \"a\": missing \"=ENDPOINT\" (want NAME=ENDPOINT[,replay=ENDPOINT][,ranks=N][,model=M])"},
+		{[]string{"serve", "--model", "m", "--engine", "a=tcp://x:1", "--engine", "a=tcp://y:1"}, "kvindex: --engine \"a=tcp://y:1\": the name \"a\" is used twice"},
 		{[]string{"serve", "--listen", "tcp://*:1", "--hash-algo", "md5"}, "kvindex: unknown --hash-algo \"md5\""},
 		{[]string{"serve", "--listen", "tcp://*:1", "--block-size", "0"}, "kvindex: --block-size 0 out of range"},
-		{[]string{"serve", "--listen", "tcp://*:1", "--memory-budget", "lots"}, "kvindex: --memory-budget \"lots\""},
-		{[]string{"serve", "--listen", "tcp://*:1", "--log-level", "loud"}, "kvindex: --log-level \"loud\": want debug, info, warn or error\n"},
-		{[]string{"serve", "--listen", "tcp://*:1", "--log-format", "xml"}, "kvindex: --log-format \"xml\": want text or json\n"},
-		{[]string{"serve", "--listen", "tcp://*:1", "--grpc-addr", ":9", "--http-addr", ":9"}, "kvindex: --grpc-addr and --http-addr are both \":9\"\n"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--memory-budget", "lots"}, "kvindex: invalid argument \"lots\" for \"--memory-budget\" flag: \"lots\": want a size"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--log-level", "loud"}, "kvindex: --log-level \"loud\": want debug, info, warn or error"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--log-format", "xml"}, "kvindex: --log-format \"xml\": want text or json"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--grpc-addr", ":9", "--http-addr", ":9"}, "kvindex: --grpc-addr and --http-addr are both \":9\""},
 		{[]string{"serve", "--listen", "tcp://*:1", "--tokenizer", "/nonexistent/tokenizer.json", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --tokenizer /nonexistent/tokenizer.json: "},
 		{[]string{"serve", "--listen", "tcp://*:1", "--tokenize-url", "vllm:8000", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --tokenize-url: base URL \"vllm:8000\""},
-		{[]string{"serve", "--listen", "tcp://*:1", "--topic-pattern", "kv@{model}", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --topic-pattern: topic template \"kv@{model}\" has no {pod}\n"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--topic-pattern", "kv@{model}", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --topic-pattern: topic template \"kv@{model}\" has no {pod}"},
 		{[]string{"serve", "--listen", "tcp://*:1", "--replay-template", "tcp://x:1", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --replay-template: "},
 	}
 	for _, tc := range tests {
 		_, stderr, code := runCLI(t, tc.args...)
 		lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
-		if code != 1 || !strings.HasPrefix(stderr, tc.want) || len(lines) != 1 {
-			t.Errorf("%v: exit %d, stderr %q; want one line starting %q", tc.args, code, stderr, tc.want)
+		const hint = " (see 'kvindex serve --help')\n"
+		if code != exitUsage || !strings.HasPrefix(stderr, tc.want) || !strings.HasSuffix(stderr, hint) || len(lines) != 1 {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 and one line starting %q, ending %q", tc.args, code, stderr, tc.want, hint)
+		}
+	}
+}
+
+// The command line wins over the environment, which wins over the file.
+func TestServeSettingsPrecedence(t *testing.T) {
+	cfg := writeFile(t, "kvindex.yaml", "grpc-addr: \":6000\"\nhttp-addr: \":6001\"\nmodel: from-file\nmemory-budget: 1GiB\nlisten: tcp://*:5557\n")
+	env := map[string]string{
+		"KVINDEX_CONFIG":    cfg,
+		"KVINDEX_HTTP_ADDR": ":7001",
+		"KVINDEX_MODEL":     "from-env",
+		"KVINDEX_ENGINE":    "a=tcp://h:1\nb=tcp://h:2,ranks=2",
+		"KVINDEX_BOGUS":     "ignored: names no flag of serve",
+	}
+	o, _, err := parseServeEnv(t, env, "--model", "from-flag")
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case o.grpcAddr != ":6000":
+		t.Errorf("grpc-addr %q, want the file's", o.grpcAddr)
+	case o.httpAddr != ":7001":
+		t.Errorf("http-addr %q, want the environment's over the file's", o.httpAddr)
+	case o.model != "from-flag":
+		t.Errorf("model %q, want the command line's over the environment's", o.model)
+	case o.index.MemoryBudget != 1<<30:
+		t.Errorf("memory budget %d, want the file's 1GiB", o.index.MemoryBudget)
+	case len(o.engines) != 2 || o.engines[1].Name != "b" || o.engines[1].Ranks != 2 || o.engines[0].Model != "from-flag":
+		t.Errorf("engines %+v, want a and b from KVINDEX_ENGINE", o.engines)
+	}
+
+	_, _, err = parseServeEnv(t, map[string]string{"KVINDEX_BLOCK_SIZE": "big"}, "--listen", "tcp://*:1")
+	if err == nil || !strings.Contains(err.Error(), `KVINDEX_BLOCK_SIZE="big": invalid argument`) {
+		t.Errorf("bad environment value: %v, want an error naming the variable", err)
+	}
+}
+
+// Every serve flag can be set from the file and the environment: the
+// mapping walks the flag set, so no flag needs its own code.
+func TestServeEveryFlagSettable(t *testing.T) {
+	var f serveFlags
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	f.register(fs)
+	fs.VisitAll(func(fl *pflag.Flag) {
+		if fl.Name == "config" {
+			return
+		}
+		val := fl.DefValue
+		if repeatable(fl) {
+			val = "x=tcp://h:1"
+		}
+		for _, src := range []string{"env", "file"} {
+			var f2 serveFlags
+			fs2 := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+			f2.register(fs2)
+			env := map[string]string{}
+			if src == "env" {
+				env[envName(fl.Name)] = val
+			} else {
+				env["KVINDEX_CONFIG"] = writeFile(t, "c.yaml", fl.Name+": "+strconv.Quote(val)+"\n")
+			}
+			lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+			if err := applyFlagSettings(fs2, "kvindex serve", lookup); err != nil {
+				t.Errorf("%s from %s: %v", fl.Name, src, err)
+				continue
+			}
+			if !fs2.Lookup(fl.Name).Changed {
+				t.Errorf("%s from %s: not set", fl.Name, src)
+			}
+		}
+	})
+}
+
+func TestSizeValue(t *testing.T) {
+	for _, tc := range []struct{ in, out string }{{"0", "0"}, {"512MiB", "512MiB"}, {"1.5GiB", "1536MiB"}, {"1GB", "1000000000"}, {"4096", "4KiB"}} {
+		var v sizeValue
+		if err := v.Set(tc.in); err != nil {
+			t.Fatalf("Set(%q): %v", tc.in, err)
+		}
+		if got := v.String(); got != tc.out {
+			t.Errorf("Set(%q).String() = %q, want %q", tc.in, got, tc.out)
+		}
+		var back sizeValue
+		if err := back.Set(v.String()); err != nil || back != v {
+			t.Errorf("%q does not read back: %d vs %d (%v)", v.String(), back, v, err)
 		}
 	}
 }

@@ -98,7 +98,7 @@ wall-clock ZMQ latency is absorbed and results depend only on the flags.
 "extra_routers". --out DIR writes demo.svg (charts) and demo.html (a
 self-contained report). A progress bar goes to stderr when it is a terminal
 (not with --json).`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Cost.PrefillPerToken = time.Duration(prefillU * float64(time.Microsecond))
 			o.Cost.DecodePerToken = time.Duration(decodeMs * float64(time.Millisecond))

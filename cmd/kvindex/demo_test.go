@@ -84,21 +84,22 @@ func TestDemoBadFlags(t *testing.T) {
 		name string
 		args []string
 		want string
+		code int
 	}{
-		{"scenario", []string{"--scenario", "nope"}, "unknown scenario"},
-		{"pods", []string{"--pods", "0"}, "--pods"},
-		{"load", []string{"--load", "-1"}, "--load"},
-		{"seed", []string{"--seed", "0"}, "--seed"},
-		{"weights", []string{"--prefix-weight", "-1"}, "--prefix-weight"},
-		{"cost", []string{"--prefill-us", "0"}, "--prefill-us"},
-		{"delay", []string{"--delay-ms", "-1"}, "--delay-ms"},
-		{"capacity too small", []string{"--capacity", "5"}, "cannot hold the largest request"},
-		{"argument", []string{"extra"}, "unknown command"},
+		{"scenario", []string{"--scenario", "nope"}, "unknown scenario", exitRuntime},
+		{"pods", []string{"--pods", "0"}, "--pods", exitUsage},
+		{"load", []string{"--load", "-1"}, "--load", exitUsage},
+		{"seed", []string{"--seed", "0"}, "--seed", exitUsage},
+		{"weights", []string{"--prefix-weight", "-1"}, "--prefix-weight", exitUsage},
+		{"cost", []string{"--prefill-us", "0"}, "--prefill-us", exitUsage},
+		{"delay", []string{"--delay-ms", "-1"}, "--delay-ms", exitUsage},
+		{"capacity too small", []string{"--capacity", "5"}, "cannot hold the largest request", exitRuntime},
+		{"argument", []string{"extra"}, "takes no arguments", exitUsage},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, errOut, code := runCLI(t, append(append([]string{"demo"}, tiny...), tc.args...)...)
-			if code != 1 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
-				t.Fatalf("exit %d, stderr %q: want exit 1 and one line mentioning %q", code, errOut, tc.want)
+			if code != tc.code || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
+				t.Fatalf("exit %d, stderr %q: want exit %d and one line mentioning %q", code, errOut, tc.code, tc.want)
 			}
 		})
 	}

@@ -315,8 +315,8 @@ func TestE2E(t *testing.T) {
 		}
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		if len(lines) != 4 || !strings.HasPrefix(lines[0], "model (server default): 87 tokens (caller), 5 full blocks of 16 tokens") ||
-			!strings.HasPrefix(lines[1], "POD") || !regexpLine(lines[2], "pod-a", "0", "5", "80", "92.0%", "GPU:5", "verified", "ok") ||
-			!regexpLine(lines[3], "pod-b", "0", "3", "48", "55.2%", "GPU:3", "verified", "ok") {
+			!strings.HasPrefix(lines[1], "ENGINE") || !regexpLine(lines[2], "pod-a", "5", "80", "92.0%", "GPU:5", "verified", "ok") ||
+			!regexpLine(lines[3], "pod-b", "3", "48", "55.2%", "GPU:3", "verified", "ok") {
 			t.Errorf("query table:\n%s", out)
 		}
 	})
@@ -328,9 +328,16 @@ func TestE2E(t *testing.T) {
 		}
 		hs, _ := e2eHasher.Chain(nil, nil, 0, prompt[:4*e2eBlockSize], nil)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
-		if len(lines) != 6 || !regexpLine(lines[2], "0", fmt.Sprint(hs[0].Key), "pod-a/0(GPU)", "pod-b/0(GPU)") ||
-			!regexpLine(lines[5], "3", fmt.Sprint(hs[3].Key), "pod-a/0(GPU)") {
+		if len(lines) != 6 || !regexpLine(lines[2], "0", fmt.Sprint(hs[0].Key), "pod-a[GPU]", "pod-b[GPU]") ||
+			!regexpLine(lines[5], "3", fmt.Sprint(hs[3].Key), "pod-a[GPU]") {
 			t.Errorf("lookup:\n%s", out)
+		}
+
+		// --pod keeps only that pod's holders.
+		out, errOut, code = runCLI(t, "lookup", "--server", x.svc.grpcAddr, "--tokens", idsArg(prompt[:4*e2eBlockSize]), "--pod", "pod-b")
+		lines = strings.Split(strings.TrimSpace(out), "\n")
+		if code != 0 || len(lines) != 6 || !regexpLine(lines[2], "0", fmt.Sprint(hs[0].Key), "pod-b[GPU]") || !regexpLine(lines[5], "3", fmt.Sprint(hs[3].Key), "-") {
+			t.Errorf("lookup --pod pod-b: exit %d %s\n%s", code, errOut, out)
 		}
 
 		out, errOut, code = runCLI(t, "pods", "--server", x.svc.grpcAddr, "--json")
@@ -501,7 +508,7 @@ func TestE2EMissingTokenizer(t *testing.T) {
 	// A file that is not a tokenizer stops serve with one line.
 	bad := writeFile(t, "tokenizer.json", `{"model":{"type":"Unigram"}}`)
 	_, errOut, code = runCLI(t, "serve", "--listen", "tcp://127.0.0.1:*", "--tokenizer", bad, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
-	if code != 1 || !strings.HasPrefix(errOut, "kvindex: --tokenizer "+bad+": ") || strings.Count(errOut, "\n") != 1 {
+	if code != exitUsage || !strings.HasPrefix(errOut, "kvindex: --tokenizer "+bad+": ") || strings.Count(errOut, "\n") != 1 {
 		t.Errorf("bad tokenizer file: %q", errOut)
 	}
 }
@@ -524,19 +531,20 @@ func TestCLIPromptErrors(t *testing.T) {
 	tests := []struct {
 		args []string
 		want string
+		code int // 2: usage error; 1: the command ran and failed
 	}{
-		{[]string{"query"}, "kvindex: no prompt: give --tokens, --tokens-file, --prompt or --messages-file\n"},
-		{[]string{"query", "--tokens", "1", "--prompt", "x"}, "kvindex: give only one of --tokens/--tokens-file, --prompt\n"},
-		{[]string{"lookup", "--tokens", "1,-2"}, "kvindex: --tokens: token 1: \"-2\" is negative; token ids are non-negative integers\n"},
-		{[]string{"query", "--tokens", "1", "--legacy-mm"}, "kvindex: --legacy-mm applies to kvindex hash only\n"},
-		{[]string{"query", "--tokens", "1", "--mm", "img"}, "kvindex: --mm \"img\": want ID:OFFSET:LENGTH\n"},
-		{[]string{"query", "--messages-file", "/nonexistent.json"}, "kvindex: --messages-file: stat /nonexistent.json: no such file or directory\n"},
-		{[]string{"query", "--tokens", "1", "--candidates", "a,,b"}, "kvindex: --candidates: empty pod name\n"},
+		{[]string{"query"}, "kvindex: no prompt: give --tokens, --tokens-file, --prompt or --messages-file (see 'kvindex query --help')\n", 2},
+		{[]string{"query", "--tokens", "1", "--prompt", "x"}, "kvindex: give only one of --tokens/--tokens-file, --prompt (see 'kvindex query --help')\n", 2},
+		{[]string{"lookup", "--tokens", "1,-2"}, "kvindex: --tokens: token 1: \"-2\" is negative; token ids are non-negative integers (see 'kvindex lookup --help')\n", 2},
+		{[]string{"query", "--tokens", "1", "--legacy-mm"}, "kvindex: --legacy-mm applies to kvindex hash only (see 'kvindex query --help')\n", 2},
+		{[]string{"query", "--tokens", "1", "--mm", "img"}, "kvindex: --mm \"img\": want ID:OFFSET:LENGTH (see 'kvindex query --help')\n", 2},
+		{[]string{"query", "--messages-file", "/nonexistent.json"}, "kvindex: --messages-file: stat /nonexistent.json: no such file or directory\n", 1},
+		{[]string{"query", "--tokens", "1", "--pod", "a", "--pod", ""}, "kvindex: --pod: empty pod name (see 'kvindex query --help')\n", 2},
 	}
 	for _, tc := range tests {
 		_, errOut, code := runCLI(t, tc.args...)
-		if code != 1 || errOut != tc.want {
-			t.Errorf("%v: exit %d, %q; want %q", tc.args, code, errOut, tc.want)
+		if code != tc.code || errOut != tc.want {
+			t.Errorf("%v: exit %d, %q; want exit %d, %q", tc.args, code, errOut, tc.code, tc.want)
 		}
 	}
 	bad := writeFile(t, "m.json", `{"messages":"hi"}`)

@@ -11,33 +11,34 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// hashFlags select the engines' hashing scheme; serve shares them.
+// hashFlags select the engines' hashing scheme: --hash-algo, --hash-seed
+// and --block-size on every command that hashes.
 type hashFlags struct {
 	algo      string
 	seed      string
 	blockSize int
 }
 
-func (f *hashFlags) register(fs *pflag.FlagSet, algoFlag, seedFlag string) {
+func (f *hashFlags) register(fs *pflag.FlagSet) {
 	names := make([]string, len(blockhash.Algos))
 	for i, a := range blockhash.Algos {
 		names[i] = string(a)
 	}
-	fs.StringVar(&f.algo, algoFlag, string(blockhash.SHA256Pickle),
+	fs.StringVar(&f.algo, "hash-algo", string(blockhash.SHA256Pickle),
 		"block hash algorithm, as the engines' --prefix-caching-hash-algo: "+strings.Join(names, "|")+" (vLLM's default is sha256)")
-	fs.StringVar(&f.seed, seedFlag, blockhash.DefaultSeed,
+	fs.StringVar(&f.seed, "hash-seed", blockhash.DefaultSeed,
 		"the engines' PYTHONHASHSEED; vLLM uses \""+blockhash.DefaultSeed+"\" when it is unset (older vLLM: random, which cannot be mirrored)")
 	fs.IntVar(&f.blockSize, "block-size", blockhash.DefaultBlockSize, "tokens per KV-cache block, as the engines' --block-size")
 }
 
-func (f *hashFlags) hasher(algoFlag string) (*blockhash.Hasher, error) {
+func (f *hashFlags) hasher() (*blockhash.Hasher, error) {
 	algo := blockhash.Algo(f.algo)
 	known := false
 	for _, a := range blockhash.Algos {
 		known = known || a == algo
 	}
 	if !known {
-		return nil, usagef("unknown %s %q (want one of %v)", algoFlag, f.algo, blockhash.Algos)
+		return nil, usagef("unknown --hash-algo %q (want one of %v)", f.algo, blockhash.Algos)
 	}
 	if f.blockSize < 1 || f.blockSize > blockhash.MaxBlockSize {
 		return nil, usagef("--block-size %d out of range: want 1..%d", f.blockSize, blockhash.MaxBlockSize)
@@ -99,11 +100,11 @@ Plain output, one line per full block (a trailing partial block is not hashed):
   <index> <event int, unsigned decimal> <full digest, hex>
 With --json:
   {"none_hash":"<hex>","blocks":[{"index":0,"hash":"<hex>","event_int":N}]}`,
-		Example: `  kvindex hash --algo sha256_cbor --seed 0 --tokens $(seq -s, 0 47)
-  kvindex hash --algo sha256 --seed 42 --lora-name sql-lora --tokens-file prompt.json --json`,
-		Args: cobra.NoArgs,
+		Example: `  kvindex hash --hash-algo sha256_cbor --hash-seed 0 --tokens $(seq -s, 0 47)
+  kvindex hash --hash-algo sha256 --hash-seed 42 --lora-name sql-lora --tokens-file prompt.json --json`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			h, err := hf.hasher("--algo")
+			h, err := hf.hasher()
 			if err != nil {
 				return err
 			}
@@ -122,7 +123,7 @@ With --json:
 			return printHashes(cmd, h, hashes, asJSON)
 		},
 	}
-	hf.register(cmd.Flags(), "algo", "seed")
+	hf.register(cmd.Flags())
 	xf.register(cmd.Flags())
 	tf.register(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of lines")

@@ -33,19 +33,19 @@ func TestHashGolden(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"sha256_cbor seed 0", []string{"hash", "--algo", "sha256_cbor", "--seed", "0", "--block-size", "16", "--tokens", range48}, sha0},
-		{"json file", []string{"hash", "--algo", "sha256_cbor", "--seed", "0", "--tokens-file", jsonFile}, sha0},
-		{"whitespace file", []string{"hash", "--algo", "sha256_cbor", "--seed", "0", "--tokens-file", wsFile}, sha0},
-		{"lora", []string{"hash", "--algo", "sha256_cbor", "--seed", "42", "--lora-name", "sql-lora", "--tokens", range48},
+		{"sha256_cbor seed 0", []string{"hash", "--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16", "--tokens", range48}, sha0},
+		{"json file", []string{"hash", "--hash-algo", "sha256_cbor", "--hash-seed", "0", "--tokens-file", jsonFile}, sha0},
+		{"whitespace file", []string{"hash", "--hash-algo", "sha256_cbor", "--hash-seed", "0", "--tokens-file", wsFile}, sha0},
+		{"lora", []string{"hash", "--hash-algo", "sha256_cbor", "--hash-seed", "42", "--lora-name", "sql-lora", "--tokens", range48},
 			"0 8214087371883436700 827cb8ed980f55f82e059bbb4d1050e6eadb5c6d0b84e6a671fe4cf1d3225a9c\n" +
 				"1 14796880342763126230 06c4032dfa3460de4e4bc4261f33773dd9d2fd649b0d0d52cd591446465b3dd6\n" +
 				"2 5087286281818352452 95dc6e4e3bde90b4c5a945d359f13389a7c186836ba5a56e4699abeb72802b44\n"},
-		{"salt", []string{"hash", "--algo", "sha256_cbor", "--seed", "0", "--cache-salt", "tenant-a", "--tokens", range48},
+		{"salt", []string{"hash", "--hash-algo", "sha256_cbor", "--hash-seed", "0", "--cache-salt", "tenant-a", "--tokens", range48},
 			"0 8020952614053081591 a31aa6d7bd52d1db44c2e2c50ce6687164f2a198c45e6f9c6f5025e7d8dff1f7\n" +
 				"1 2326720499465815097 39f45a6b06306f789ee0b456170e79d009c2e4f00c40d6e0204a2bf77e478439\n" +
 				"2 16210581411607175761 59f83564ae58034a0fd88246f2d7be1b3554df85624a8854e0f78de811656251\n"},
-		{"partial block ignored", []string{"hash", "--algo", "sha256_cbor", "--seed", "0", "--tokens", "1,2,3"}, ""},
-		{"default algo is vLLM's sha256", []string{"hash", "--seed", "0", "--tokens", range48},
+		{"partial block ignored", []string{"hash", "--hash-algo", "sha256_cbor", "--hash-seed", "0", "--tokens", "1,2,3"}, ""},
+		{"default algo is vLLM's sha256", []string{"hash", "--hash-seed", "0", "--tokens", range48},
 			"0 7982712666671721126 "},
 	}
 	for _, tc := range tests {
@@ -62,7 +62,7 @@ func TestHashGolden(t *testing.T) {
 }
 
 func TestHashJSON(t *testing.T) {
-	out, errOut, code := runCLI(t, "hash", "--algo", "xxhash_cbor", "--seed", "0", "--tokens", range48, "--json")
+	out, errOut, code := runCLI(t, "hash", "--hash-algo", "xxhash_cbor", "--hash-seed", "0", "--tokens", range48, "--json")
 	if code != 0 {
 		t.Fatal(errOut)
 	}
@@ -97,27 +97,28 @@ func TestHashBadInput(t *testing.T) {
 		name string
 		args []string
 		want string // substring of the one-line error
+		code int    // 2: usage error, 1: the input's content is bad
 	}{
-		{"unknown algo", []string{"hash", "--algo", "md5", "--tokens", "1"}, `unknown --algo "md5"`},
-		{"block size 0", []string{"hash", "--block-size", "0", "--tokens", "1"}, "--block-size 0 out of range"},
-		{"negative block size", []string{"hash", "--block-size", "-4", "--tokens", "1"}, "--block-size -4"},
-		{"negative token", []string{"hash", "--tokens", "1,-2"}, `"-2" is negative`},
-		{"non-integer token", []string{"hash", "--tokens", "1,x"}, `"x" is not a non-negative integer`},
-		{"float token", []string{"hash", "--tokens-file", badJSON}, "element 1"},
-		{"overflowing token", []string{"hash", "--tokens", "18446744073709551616"}, "not a non-negative integer"},
-		{"empty file", []string{"hash", "--tokens-file", empty}, "is empty"},
-		{"empty array", []string{"hash", "--tokens-file", emptyArr}, "empty token array"},
-		{"missing file", []string{"hash", "--tokens-file", filepath.Join(dir, "nope")}, "no such file"},
-		{"no tokens", []string{"hash"}, "no tokens"},
-		{"both inputs", []string{"hash", "--tokens", "1", "--tokens-file", empty}, "mutually exclusive"},
-		{"bad mm", []string{"hash", "--tokens", "1", "--mm", "img:x:3"}, "--mm"},
-		{"sglang with lora", []string{"hash", "--algo", "sglang", "--lora-name", "a", "--tokens", range48}, "SGLang"},
+		{"unknown algo", []string{"hash", "--hash-algo", "md5", "--tokens", "1"}, `unknown --hash-algo "md5"`, 2},
+		{"block size 0", []string{"hash", "--block-size", "0", "--tokens", "1"}, "--block-size 0 out of range", 2},
+		{"negative block size", []string{"hash", "--block-size", "-4", "--tokens", "1"}, "--block-size -4", 2},
+		{"negative token", []string{"hash", "--tokens", "1,-2"}, `"-2" is negative`, 2},
+		{"non-integer token", []string{"hash", "--tokens", "1,x"}, `"x" is not a non-negative integer`, 2},
+		{"float token", []string{"hash", "--tokens-file", badJSON}, "element 1", 1},
+		{"overflowing token", []string{"hash", "--tokens", "18446744073709551616"}, "not a non-negative integer", 2},
+		{"empty file", []string{"hash", "--tokens-file", empty}, "is empty", 1},
+		{"empty array", []string{"hash", "--tokens-file", emptyArr}, "empty token array", 1},
+		{"missing file", []string{"hash", "--tokens-file", filepath.Join(dir, "nope")}, "no such file", 1},
+		{"no tokens", []string{"hash"}, "no tokens", 2},
+		{"both inputs", []string{"hash", "--tokens", "1", "--tokens-file", empty}, "mutually exclusive", 2},
+		{"bad mm", []string{"hash", "--tokens", "1", "--mm", "img:x:3"}, "--mm", 2},
+		{"sglang with lora", []string{"hash", "--hash-algo", "sglang", "--lora-name", "a", "--tokens", range48}, "SGLang", 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			out, errOut, code := runCLI(t, tc.args...)
-			if code == 0 {
-				t.Fatalf("exit 0, want non-zero (stdout %q)", out)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d (stdout %q, stderr %q)", code, tc.code, out, errOut)
 			}
 			if strings.Count(errOut, "\n") != 1 || !strings.HasPrefix(errOut, "kvindex: ") {
 				t.Errorf("stderr %q: want exactly one line starting with \"kvindex: \"", errOut)

@@ -8,29 +8,57 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kvindex/kvindex/internal/buildinfo"
 )
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// run executes the command line and returns the process exit code: 0 on
-// success, 1 on any error, which is printed as one line on stderr.
+// Exit codes.
+const (
+	exitOK      = 0
+	exitRuntime = 1 // the command ran and failed
+	exitUsage   = 2 // bad flags, arguments or settings: nothing was done
+)
+
+// run executes the command line and returns the process exit code. An
+// error is printed as one line on stderr; a usage error names the help
+// command to run.
 func run(args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd()
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	if err := root.Execute(); err != nil {
-		fmt.Fprintf(stderr, "kvindex: %v\n", oneLine(err))
-		return 1
+	cmd, err := root.ExecuteC()
+	if err == nil {
+		return exitOK
 	}
-	return 0
+	var ue usageError
+	if errors.As(err, &ue) || isCobraUsageError(err) {
+		if cmd == nil {
+			cmd = root
+		}
+		fmt.Fprintf(stderr, "kvindex: %s (see '%s --help')\n", oneLine(err), cmd.CommandPath())
+		return exitUsage
+	}
+	fmt.Fprintf(stderr, "kvindex: %s\n", oneLine(err))
+	return exitRuntime
+}
+
+// isCobraUsageError recognises the errors cobra itself returns for an
+// unknown subcommand; flag and argument errors are wrapped as usageError
+// where they arise (SetFlagErrorFunc, noArgs).
+func isCobraUsageError(err error) bool {
+	return strings.HasPrefix(err.Error(), "unknown command ")
 }
 
 func newRootCmd() *cobra.Command {
@@ -40,10 +68,23 @@ func newRootCmd() *cobra.Command {
 		Long: `kvindex subscribes to the KV-cache events of every inference engine (vLLM,
 SGLang) over ZMQ, keeps a fleet-wide block-hash -> holders index that mirrors
 the engines' own chained prefix-block hashing, and answers one question fast:
-for this prompt, how long a cached prefix does each pod hold?`,
+for this prompt, how long a cached prefix does each pod hold?
+
+Every flag can also be set by an environment variable KVINDEX_<FLAG_NAME>
+(e.g. KVINDEX_SERVER=kvindex:50051, KVINDEX_GRPC_ADDR=:50051); serve also
+reads a YAML --config file keyed by flag name. The command line wins over the
+environment, which wins over the file.
+
+Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
+		Version:       buildinfo.Read().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return applySettings(cmd, os.LookupEnv)
+		},
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{msg: err.Error()} })
 	root.AddCommand(newHashCmd())
 	root.AddCommand(newServeCmd())
 	root.AddCommand(newQueryCmd())
@@ -51,7 +92,28 @@ for this prompt, how long a cached prefix does each pod hold?`,
 	root.AddCommand(newPodsCmd())
 	root.AddCommand(newTailCmd())
 	root.AddCommand(newDemoCmd())
+	root.AddCommand(newVersionCmd())
 	return root
+}
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version, commit and Go version kvindex was built from",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, err := fmt.Fprintln(cmd.OutOrStdout(), buildinfo.Read().String())
+			return err
+		},
+	}
+}
+
+// noArgs rejects positional arguments as a usage error.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usagef("%s takes no arguments, got %q", cmd.CommandPath(), args[0])
+	}
+	return nil
 }
 
 // oneLine keeps an error message on a single line, as the CLI contract

@@ -48,13 +48,8 @@ flags on the command line override the file.`,
       --engine pod-b=tcp://10.0.0.6:5557,replay=tcp://10.0.0.6:5558,ranks=2
   kvindex serve --listen 'tcp://*:5557' --hash-algo sha256_cbor --tokenize-url http://vllm:8000
   kvindex serve --config kvindex.yaml --log-format json`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if f.config != "" {
-				if err := applyConfigFile(cmd.Flags(), f.config); err != nil {
-					return err
-				}
-			}
 			opts, err := f.options()
 			if err != nil {
 				return err
@@ -90,14 +85,11 @@ type serveOptions struct {
 
 // options validates the flags.
 func (f *serveFlags) options() (*serveOptions, error) {
-	h, err := f.hash.hasher("--hash-algo")
+	h, err := f.hash.hasher()
 	if err != nil {
 		return nil, err
 	}
-	budget, err := parseSize(f.memoryBudget)
-	if err != nil {
-		return nil, usagef("--memory-budget %v", err)
-	}
+	budget := int64(f.memoryBudget)
 	o := &serveOptions{
 		grpcAddr: f.grpcAddr, httpAddr: f.httpAddr, model: f.model,
 		listen: f.listen, topicPattern: f.topicPattern, replayTemplate: f.replayTemplate,

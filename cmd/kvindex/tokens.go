@@ -34,7 +34,11 @@ func (f *tokenFlags) load() ([]uint64, error) {
 	case f.list != "" && f.file != "":
 		return nil, usagef("--tokens and --tokens-file are mutually exclusive")
 	case f.list != "":
-		return parseTokenList(f.list, "--tokens")
+		ids, err := parseTokenList(f.list, "--tokens")
+		if err != nil {
+			return nil, usageError{msg: err.Error()} // a bad flag value, unlike a bad file
+		}
+		return ids, nil
 	case f.file != "":
 		return readTokensFile(f.file)
 	}
