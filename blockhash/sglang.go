@@ -19,4 +19,3 @@ func (sglangCodec) appendBlock(b []byte, parent []byte, tokens []uint64, _ Block
 	return b, nil
 }
 
-func (sglangCodec) appendSeed(b []byte, _ string) ([]byte, error) { return b, nil }

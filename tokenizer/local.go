@@ -131,7 +131,7 @@ func (l *Local) AppendTokenize(ctx context.Context, dst []uint64, _ string, in I
 // the text (such as <|im_start|>) become their ids either way. Invalid UTF-8
 // is read as U+FFFD per bad byte, as encoding/json decodes it.
 func (l *Local) Encode(text string, addSpecialTokens bool) []uint64 {
-	ids, _ := l.encode(nil, make([]uint64, 0, len(text)/3+4), text, addSpecialTokens)
+	ids, _ := l.encode(context.Background(), make([]uint64, 0, len(text)/3+4), text, addSpecialTokens)
 	return ids
 }
 
@@ -153,10 +153,8 @@ type encodeScratch struct {
 const ctxCheckEvery = 1024
 
 func (l *Local) encode(ctx context.Context, dst []uint64, text string, addSpecial bool) ([]uint64, error) {
-	if ctx != nil {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	if !utf8.ValidString(text) {
 		text = replaceInvalid(text)

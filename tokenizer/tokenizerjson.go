@@ -82,18 +82,6 @@ func (m *mergeJSON) UnmarshalJSON(data []byte) error {
 	return fmt.Errorf("merge %s is neither a string nor a pair", data)
 }
 
-type typed struct {
-	Type string `json:"type"`
-}
-
-func typeOf(raw json.RawMessage) (string, error) {
-	var t typed
-	if err := json.Unmarshal(raw, &t); err != nil {
-		return "", err
-	}
-	return t.Type, nil
-}
-
 func isNull(raw json.RawMessage) bool {
 	raw = bytes.TrimSpace(raw)
 	return len(raw) == 0 || string(raw) == "null"
