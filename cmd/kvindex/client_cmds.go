@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
 )
 
@@ -33,15 +33,15 @@ type clientFlags struct {
 }
 
 func (f *clientFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.server, "server", api.DefaultAddr, "address of the kvindex gRPC API")
+	fs.StringVar(&f.server, "server", client.DefaultAddr, "address of the kvindex gRPC API")
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "deadline for connecting and for the request")
 }
 
 // dial connects within the timeout.
-func (f *clientFlags) dial(ctx context.Context) (*api.Client, error) {
+func (f *clientFlags) dial(ctx context.Context) (*client.Client, error) {
 	dctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	return api.Dial(dctx, f.server)
+	return client.Dial(dctx, f.server)
 }
 
 // callError turns an RPC failure into the CLI's one line.
@@ -110,15 +110,15 @@ func (f *promptFlags) build() (*kvindexv1.Prompt, error) {
 		if err != nil {
 			return nil, err
 		}
-		p = api.TokensPrompt(ids)
+		p = client.TokensPrompt(ids)
 	case f.text != "":
-		p = api.TextPrompt(f.text)
+		p = client.TextPrompt(f.text)
 	default:
 		msgs, err := readMessagesFile(f.messagesFile)
 		if err != nil {
 			return nil, err
 		}
-		p = api.MessagesPrompt(msgs...)
+		p = client.MessagesPrompt(msgs...)
 	}
 	p.LoraName, p.CacheSalt = x.LoRAName, x.CacheSalt
 	for _, m := range x.MM {
@@ -129,7 +129,7 @@ func (f *promptFlags) build() (*kvindexv1.Prompt, error) {
 
 // readMessagesFile reads a JSON array of messages or an object holding
 // one under "messages" (an OpenAI chat request).
-func readMessagesFile(path string) ([]api.Message, error) {
+func readMessagesFile(path string) ([]client.Message, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("--messages-file: %w", err)
@@ -162,9 +162,9 @@ func readMessagesFile(path string) ([]api.Message, error) {
 	if len(msgs) == 0 {
 		return nil, fmt.Errorf("--messages-file %s: no messages", path)
 	}
-	out := make([]api.Message, len(msgs))
+	out := make([]client.Message, len(msgs))
 	for i, m := range msgs {
-		out[i] = api.Message{Role: m.Role, Content: m.Content}
+		out[i] = client.Message{Role: m.Role, Content: m.Content}
 	}
 	return out, nil
 }
@@ -208,11 +208,11 @@ pods sorted by matched_blocks, descending.`,
 			defer c.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
 			defer cancel()
-			r, err := c.LongestPrefix(ctx, pf.model, p, &api.QueryOptions{Candidates: candidates})
+			r, err := c.LongestPrefix(ctx, pf.model, p, &client.QueryOptions{Candidates: candidates})
 			if err != nil {
 				return cf.callError(err)
 			}
-			out := api.LongestPrefixJSONOf(r)
+			out := client.LongestPrefixJSONOf(r)
 			sort.SliceStable(out.Pods, func(i, j int) bool { return out.Pods[i].MatchedBlocks > out.Pods[j].MatchedBlocks })
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
@@ -227,10 +227,10 @@ pods sorted by matched_blocks, descending.`,
 	return cmd
 }
 
-func printQuery(w io.Writer, model string, r api.LongestPrefixJSON) error {
+func printQuery(w io.Writer, model string, r client.LongestPrefixJSON) error {
 	promptTokens := r.PromptTokens
 	what := fmt.Sprintf("%d tokens (%s)", r.PromptTokens, r.TokenSource)
-	if r.TokenSource == api.SourceHashes {
+	if r.TokenSource == client.SourceHashes {
 		promptTokens = r.BlocksTotal * r.BlockSize
 		what = "block hashes"
 	}
@@ -306,7 +306,7 @@ put in their events) and every engine holding it (pod/rank and medium).`,
 			if err != nil {
 				return cf.callError(err)
 			}
-			out := api.LookupJSONOf(r)
+			out := client.LookupJSONOf(r)
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
 			}
@@ -364,7 +364,7 @@ age of its last event.`,
 			if err != nil {
 				return cf.callError(err)
 			}
-			out := api.PodsJSONOf(r, time.Now())
+			out := client.PodsJSONOf(r, time.Now())
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
 			}
