@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
 )
 
@@ -33,15 +33,15 @@ type clientFlags struct {
 }
 
 func (f *clientFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.server, "server", api.DefaultAddr, "address of the kvindex gRPC API")
+	fs.StringVar(&f.server, "server", client.DefaultAddr, "address of the kvindex gRPC API")
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "deadline for connecting and for the request")
 }
 
 // dial connects within the timeout.
-func (f *clientFlags) dial(ctx context.Context) (*api.Client, error) {
+func (f *clientFlags) dial(ctx context.Context) (*client.Client, error) {
 	dctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	return api.Dial(dctx, f.server)
+	return client.Dial(dctx, f.server)
 }
 
 // callError turns an RPC failure into the CLI's one line.
@@ -110,15 +110,15 @@ func (f *promptFlags) build() (*kvindexv1.Prompt, error) {
 		if err != nil {
 			return nil, err
 		}
-		p = api.TokensPrompt(ids)
+		p = client.TokensPrompt(ids)
 	case f.text != "":
-		p = api.TextPrompt(f.text)
+		p = client.TextPrompt(f.text)
 	default:
 		msgs, err := readMessagesFile(f.messagesFile)
 		if err != nil {
 			return nil, err
 		}
-		p = api.MessagesPrompt(msgs...)
+		p = client.MessagesPrompt(msgs...)
 	}
 	p.LoraName, p.CacheSalt = x.LoRAName, x.CacheSalt
 	for _, m := range x.MM {
@@ -129,7 +129,7 @@ func (f *promptFlags) build() (*kvindexv1.Prompt, error) {
 
 // readMessagesFile reads a JSON array of messages or an object holding
 // one under "messages" (an OpenAI chat request).
-func readMessagesFile(path string) ([]api.Message, error) {
+func readMessagesFile(path string) ([]client.Message, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("--messages-file: %w", err)
@@ -162,9 +162,9 @@ func readMessagesFile(path string) ([]api.Message, error) {
 	if len(msgs) == 0 {
 		return nil, fmt.Errorf("--messages-file %s: no messages", path)
 	}
-	out := make([]api.Message, len(msgs))
+	out := make([]client.Message, len(msgs))
 	for i, m := range msgs {
-		out[i] = api.Message{Role: m.Role, Content: m.Content}
+		out[i] = client.Message{Role: m.Role, Content: m.Content}
 	}
 	return out, nil
 }
@@ -206,11 +206,11 @@ pods sorted by matched_blocks, descending.`,
 			defer c.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
 			defer cancel()
-			r, err := c.LongestPrefix(ctx, pf.model, p, &api.QueryOptions{Candidates: pods})
+			r, err := c.LongestPrefix(ctx, pf.model, p, &client.QueryOptions{Candidates: pods})
 			if err != nil {
 				return cf.callError(err)
 			}
-			out := api.LongestPrefixJSONOf(r)
+			out := client.LongestPrefixJSONOf(r)
 			sort.SliceStable(out.Pods, func(i, j int) bool { return out.Pods[i].MatchedBlocks > out.Pods[j].MatchedBlocks })
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
@@ -246,10 +246,10 @@ func (p podFilter) validate() error {
 // every pod through).
 func (p podFilter) has(pod string) bool { return len(p) == 0 || slices.Contains(p, pod) }
 
-func printQuery(w io.Writer, model string, r api.LongestPrefixJSON) error {
+func printQuery(w io.Writer, model string, r client.LongestPrefixJSON) error {
 	promptTokens := r.PromptTokens
 	what := fmt.Sprintf("%d tokens (%s)", r.PromptTokens, r.TokenSource)
-	if r.TokenSource == api.SourceHashes {
+	if r.TokenSource == client.SourceHashes {
 		promptTokens = r.BlocksTotal * r.BlockSize
 		what = "block hashes"
 	}
@@ -268,7 +268,7 @@ func printQuery(w io.Writer, model string, r api.LongestPrefixJSON) error {
 		if promptTokens > 0 {
 			pct = strconv.FormatFloat(100*float64(p.MatchedTokens)/float64(promptTokens), 'f', 1, 64) + "%"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\n", api.EngineName(p.Pod, p.DPRank), p.MatchedBlocks, p.MatchedTokens, pct, tiers(p.Tiers), p.HashCheck, p.Health)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\n", client.EngineName(p.Pod, p.DPRank), p.MatchedBlocks, p.MatchedTokens, pct, tiers(p.Tiers), p.HashCheck, p.Health)
 	}
 	return tw.Flush()
 }
@@ -331,9 +331,9 @@ data-parallel rank above 0, then the medium in brackets, e.g. pod-a[GPU].
 			if err != nil {
 				return cf.callError(err)
 			}
-			out := api.LookupJSONOf(r)
+			out := client.LookupJSONOf(r)
 			for i := range out.Blocks {
-				out.Blocks[i].Holders = slices.DeleteFunc(out.Blocks[i].Holders, func(h api.HolderJSON) bool { return !pods.has(h.Pod) })
+				out.Blocks[i].Holders = slices.DeleteFunc(out.Blocks[i].Holders, func(h client.HolderJSON) bool { return !pods.has(h.Pod) })
 			}
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
@@ -345,7 +345,7 @@ data-parallel rank above 0, then the medium in brackets, e.g. pod-a[GPU].
 			for _, b := range out.Blocks {
 				holders := make([]string, len(b.Holders))
 				for i, h := range b.Holders {
-					holders[i] = api.EngineName(h.Pod, h.DPRank) + "[" + h.Medium + "]"
+					holders[i] = client.EngineName(h.Pod, h.DPRank) + "[" + h.Medium + "]"
 				}
 				hs := strings.Join(holders, " ")
 				if hs == "" {
@@ -393,7 +393,7 @@ age of its last event.`,
 			if err != nil {
 				return cf.callError(err)
 			}
-			out := api.PodsJSONOf(r, time.Now())
+			out := client.PodsJSONOf(r, time.Now())
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
 			}
@@ -410,7 +410,7 @@ age of its last event.`,
 					age = (time.Duration(*p.LastEventAgeSeconds * float64(time.Second))).Round(time.Second/10).String() + " ago"
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s\n",
-					api.EngineName(p.Pod, p.DPRank), p.Model, cmpOr(p.Endpoint, "-"), yesNo(p.Connected), p.Health,
+					client.EngineName(p.Pod, p.DPRank), p.Model, cmpOr(p.Endpoint, "-"), yesNo(p.Connected), p.Health,
 					p.LastSeq, p.Gaps, p.ReplaysOK, p.ReplaysFailed, p.Resets, p.Blocks, p.HashCheck, age)
 			}
 			if err := tw.Flush(); err != nil {
@@ -418,7 +418,7 @@ age of its last event.`,
 			}
 			for _, p := range out.Pods {
 				if p.Message != "" {
-					fmt.Fprintf(w, "%s: %s\n", api.EngineName(p.Pod, p.DPRank), p.Message)
+					fmt.Fprintf(w, "%s: %s\n", client.EngineName(p.Pod, p.DPRank), p.Message)
 				}
 			}
 			return nil
@@ -487,7 +487,7 @@ func formatEvent(ev *kvindexv1.WatchResponse) string {
 		fmt.Fprintf(&b, "... %d events dropped (tail read too slowly)\n", n)
 	}
 	t := time.UnixMilli(ev.GetAppliedUnixMs())
-	fmt.Fprintf(&b, "%s %s seq=%d ", t.Format("15:04:05.000"), api.EngineName(ev.GetPod(), ev.GetDpRank()), ev.GetSeq())
+	fmt.Fprintf(&b, "%s %s seq=%d ", t.Format("15:04:05.000"), client.EngineName(ev.GetPod(), ev.GetDpRank()), ev.GetSeq())
 	switch ev.GetKind() {
 	case kvindexv1.EventKind_EVENT_KIND_BLOCK_STORED:
 		b.WriteString("BlockStored")

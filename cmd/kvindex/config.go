@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -50,8 +50,8 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.Var(&f.memoryBudget, "memory-budget", "cap on the index's memory, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited")
 	fs.StringVar(&f.tokenizeURL, "tokenize-url", "", "engine server root whose /tokenize tokenizes text and chat prompts, e.g. http://vllm:8000")
 	fs.StringVar(&f.tokenizer, "tokenizer", "", "local tokenizer.json (or .json.gz) for text prompts (completion form only)")
-	fs.IntVar(&f.maxQueryTokens, "max-query-tokens", api.DefaultMaxTokens, "largest prompt a query may carry, in tokens")
-	fs.DurationVar(&f.readyGrace, "ready-grace", api.DefaultReadyGrace, "report ready after this long even if some engines never connected")
+	fs.IntVar(&f.maxQueryTokens, "max-query-tokens", server.DefaultMaxTokens, "largest prompt a query may carry, in tokens")
+	fs.DurationVar(&f.readyGrace, "ready-grace", server.DefaultReadyGrace, "report ready after this long even if some engines never connected")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles under /debug/pprof/ on the HTTP address")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text|json")

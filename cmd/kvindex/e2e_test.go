@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
@@ -53,7 +53,7 @@ func (s *syncBuffer) String() string {
 type e2e struct {
 	t       *testing.T
 	svc     *service
-	client  *api.Client
+	client  *client.Client
 	engines map[string]*enginesim.Engine
 	logs    *syncBuffer
 	salt    uint64 // makes warm-up prompts unique
@@ -104,7 +104,7 @@ func startE2E(t *testing.T, pods []string, extra ...string) *e2e {
 	})
 	dctx, dcancel := context.WithTimeout(context.Background(), e2eDeadline)
 	defer dcancel()
-	x.client, err = api.Dial(dctx, svc.grpcAddr)
+	x.client, err = client.Dial(dctx, svc.grpcAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +240,7 @@ func TestE2E(t *testing.T) {
 	}
 
 	t.Run("grpc", func(t *testing.T) {
-		r, err := x.client.LongestPrefixTokens(context.Background(), e2eModel, prompt, &api.QueryOptions{Candidates: []string{"pod-b"}})
+		r, err := x.client.LongestPrefixTokens(context.Background(), e2eModel, prompt, &client.QueryOptions{Candidates: []string{"pod-b"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -261,7 +261,7 @@ func TestE2E(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		var got api.LongestPrefixJSON
+		var got client.LongestPrefixJSON
 		if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || resp.StatusCode != 200 {
 			t.Fatalf("%d %v", resp.StatusCode, err)
 		}
@@ -344,7 +344,7 @@ func TestE2E(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("exit %d: %s", code, errOut)
 		}
-		var pods api.PodsJSON
+		var pods client.PodsJSON
 		if err := json.Unmarshal([]byte(out), &pods); err != nil {
 			t.Fatal(err)
 		}
@@ -478,7 +478,7 @@ func TestE2ETokenizer(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	var a, b api.LongestPrefixJSON
+	var a, b client.LongestPrefixJSON
 	json.Unmarshal([]byte(byText), &a)
 	json.Unmarshal([]byte(byIDs), &b)
 	if len(a.Pods) != 1 || a.Pods[0].MatchedBlocks != want || a.TokenSource != "local" || b.TokenSource != "caller" ||
@@ -567,7 +567,7 @@ func TestE2EHashMismatch(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	var pods api.PodsJSON
+	var pods client.PodsJSON
 	if err := json.Unmarshal([]byte(out), &pods); err != nil || len(pods.Pods) != 1 {
 		t.Fatalf("%v: %s", err, out)
 	}

@@ -16,7 +16,8 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
-	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/tokenizer"
@@ -132,7 +133,7 @@ type service struct {
 	log      *slog.Logger
 	index    *indexer.Index
 	sub      *kvevents.Subscriber
-	api      *api.Server
+	api      *server.Server
 	grpc     *grpc.Server
 	http     *http.Server
 	grpcAddr string // resolved listen addresses
@@ -162,7 +163,7 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 	if err != nil {
 		return nil, err
 	}
-	hub := api.NewHub(ix)
+	hub := server.NewHub(ix)
 	scfg := kvevents.SubscriberConfig{
 		Engines: o.engines, Listen: o.listen, TopicPattern: o.topicPattern,
 		Model: o.model, ReplayTemplate: o.replayTemplate,
@@ -179,7 +180,7 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 	if grace == 0 {
 		grace = time.Nanosecond // ready at once
 	}
-	srv, err := api.NewServer(api.Config{
+	srv, err := server.New(server.Config{
 		Index: ix, BlockSize: o.index.Hasher.BlockSize(), Tokenizers: toks, Hub: hub, Streams: sub,
 		DefaultModel: o.model, MaxTokens: o.maxQueryTokens, ExpectStreams: expect, ReadyGrace: grace,
 		Logger: log.With("component", "api"),
@@ -212,7 +213,7 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 	s := &service{
 		log: log, index: ix, sub: sub, api: srv,
 		grpc:     srv.NewGRPCServer(),
-		http:     &http.Server{Handler: srv.Handler(api.HTTPOptions{Pprof: o.pprof}), ReadHeaderTimeout: 10 * time.Second},
+		http:     &http.Server{Handler: srv.Handler(server.HTTPOptions{Pprof: o.pprof}), ReadHeaderTimeout: 10 * time.Second},
 		grpcAddr: grpcLis.Addr().String(),
 		httpAddr: httpLis.Addr().String(),
 		done:     make(chan struct{}),
@@ -286,21 +287,21 @@ func (s *service) wait() error {
 
 // buildTokenizers opens the configured tokenizer backends: the engine's
 // /tokenize first (exact, with chat templates), then a local file.
-func buildTokenizers(o *serveOptions) ([]api.NamedTokenizer, error) {
-	var out []api.NamedTokenizer
+func buildTokenizers(o *serveOptions) ([]server.NamedTokenizer, error) {
+	var out []server.NamedTokenizer
 	if o.tokenizeURL != "" {
 		t, err := tokenizer.NewHTTP(tokenizer.HTTPConfig{BaseURL: o.tokenizeURL})
 		if err != nil {
 			return nil, usagef("--tokenize-url: %s", strings.TrimPrefix(err.Error(), "tokenizer: "))
 		}
-		out = append(out, api.NamedTokenizer{Source: api.SourceEngine, Tokenizer: t})
+		out = append(out, server.NamedTokenizer{Source: client.SourceEngine, Tokenizer: t})
 	}
 	if o.tokenizerFile != "" {
 		t, err := tokenizer.LoadFile(o.tokenizerFile)
 		if err != nil {
 			return nil, usagef("--tokenizer %s: %s", o.tokenizerFile, strings.TrimPrefix(err.Error(), "tokenizer: "))
 		}
-		out = append(out, api.NamedTokenizer{Source: api.SourceLocal, Tokenizer: t})
+		out = append(out, server.NamedTokenizer{Source: client.SourceLocal, Tokenizer: t})
 	}
 	return out, nil
 }

@@ -1,0 +1,231 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvindex/kvindex/api/indexerv1"
+	"github.com/kvindex/kvindex/api/internal/wire"
+	"github.com/kvindex/kvindex/api/kvindexv1"
+)
+
+// DefaultAddr is where a kvindex serves gRPC by default.
+const DefaultAddr = "localhost:50051"
+
+// clientMaxMsgSize bounds the messages a Client sends and receives:
+// 64 MiB holds a Lookup of the longest prompt.
+const clientMaxMsgSize = 64 << 20
+
+// Client is a kvindex gRPC client. Its typed helpers cover the common
+// calls; Index and Indexer expose the raw generated clients.
+type Client struct {
+	conn *grpc.ClientConn
+	addr string
+
+	// Index is the kvindex.v1 API.
+	Index kvindexv1.IndexServiceClient
+	// Indexer is llm-d's indexer.v1 API.
+	Indexer indexerv1.IndexerServiceClient
+}
+
+// Dial connects to the kvindex at addr ("host:port") and checks that it
+// answers, within ctx. The connection is plaintext unless opts say
+// otherwise; opts are applied after the defaults. A kvindex that cannot be
+// reached gives an error reading "cannot reach kvindex at ADDR: ...".
+func Dial(ctx context.Context, addr string, opts ...grpc.DialOption) (*Client, error) {
+	base := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(clientMaxMsgSize), grpc.MaxCallSendMsgSize(clientMaxMsgSize),
+			grpc.ForceCodecV2(codec{})),
+		experimental.WithBufferPool(wire.Buffers), // see wire.BufferPool
+		grpc.WithInitialWindowSize(wire.WindowSize),
+		grpc.WithInitialConnWindowSize(wire.ConnWindowSize),
+		grpc.WithReadBufferSize(wire.IOBufferSize),
+		grpc.WithWriteBufferSize(wire.IOBufferSize),
+	}
+	conn, err := grpc.NewClient(addr, append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach kvindex at %s: %w", addr, err)
+	}
+	// The health service answers before the server is ready, so this
+	// checks reachability, not readiness.
+	_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil && status.Code(err) != codes.Unimplemented {
+		conn.Close()
+		return nil, fmt.Errorf("cannot reach kvindex at %s: %s", addr, dialMessage(err))
+	}
+	return &Client{
+		conn:    conn,
+		addr:    addr,
+		Index:   kvindexv1.NewIndexServiceClient(conn),
+		Indexer: indexerv1.NewIndexerServiceClient(conn),
+	}, nil
+}
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// Conn is the underlying connection.
+func (c *Client) Conn() *grpc.ClientConn { return c.conn }
+
+// Addr is the address the client dialed.
+func (c *Client) Addr() string { return c.addr }
+
+// Ready reports whether the server is ready (every engine connected, or
+// its grace period over), from the standard health service.
+func (c *Client) Ready(ctx context.Context) (bool, error) {
+	r, err := healthpb.NewHealthClient(c.conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		return false, err
+	}
+	return r.GetStatus() == healthpb.HealthCheckResponse_SERVING, nil
+}
+
+// QueryOptions are the optional inputs of a query.
+type QueryOptions struct {
+	LoRAName  string
+	CacheSalt string
+	// MMItems are the multimodal inputs, sorted by offset.
+	MMItems []*kvindexv1.MultimodalItem
+	// Candidates restricts a LongestPrefix answer to these pods.
+	Candidates []string
+}
+
+// TokensPrompt is a prompt given by its token ids.
+func TokensPrompt(ids []uint64) *kvindexv1.Prompt {
+	return &kvindexv1.Prompt{Input: &kvindexv1.Prompt_Tokens{Tokens: &kvindexv1.TokenIds{Ids: ids}}}
+}
+
+// TextPrompt is a completion prompt, tokenized by the server.
+func TextPrompt(text string) *kvindexv1.Prompt {
+	return &kvindexv1.Prompt{Input: &kvindexv1.Prompt_Text{Text: text}}
+}
+
+// Message is one chat message.
+type Message struct{ Role, Content string }
+
+// MessagesPrompt is a chat conversation, rendered and tokenized by the
+// server (which needs the engine's /tokenize for that).
+func MessagesPrompt(msgs ...Message) *kvindexv1.Prompt {
+	pm := make([]*kvindexv1.ChatMessage, len(msgs))
+	for i, m := range msgs {
+		pm[i] = &kvindexv1.ChatMessage{Role: m.Role, Content: m.Content}
+	}
+	return &kvindexv1.Prompt{Input: &kvindexv1.Prompt_Messages{Messages: &kvindexv1.ChatMessages{Messages: pm}}}
+}
+
+// HashesPrompt is a prompt given by precomputed block hashes.
+func HashesPrompt(hashes []uint64) *kvindexv1.Prompt {
+	return &kvindexv1.Prompt{Input: &kvindexv1.Prompt_BlockHashes{BlockHashes: &kvindexv1.BlockHashes{Hashes: hashes}}}
+}
+
+func withOptions(p *kvindexv1.Prompt, o *QueryOptions) *kvindexv1.Prompt {
+	if o != nil {
+		p.LoraName, p.CacheSalt, p.MmItems = o.LoRAName, o.CacheSalt, o.MMItems
+	}
+	return p
+}
+
+func candidates(o *QueryOptions) []string {
+	if o == nil {
+		return nil
+	}
+	return o.Candidates
+}
+
+// LongestPrefix asks which engines hold the prompt's leading blocks; o
+// may be nil.
+func (c *Client) LongestPrefix(ctx context.Context, model string, p *kvindexv1.Prompt, o *QueryOptions) (*kvindexv1.LongestPrefixResponse, error) {
+	return c.Index.LongestPrefix(ctx, &kvindexv1.LongestPrefixRequest{
+		Model: model, Prompt: withOptions(p, o), CandidatePods: candidates(o),
+	})
+}
+
+// LongestPrefixTokens is LongestPrefix for token ids.
+func (c *Client) LongestPrefixTokens(ctx context.Context, model string, ids []uint64, o *QueryOptions) (*kvindexv1.LongestPrefixResponse, error) {
+	return c.LongestPrefix(ctx, model, TokensPrompt(ids), o)
+}
+
+// LongestPrefixText is LongestPrefix for a completion prompt.
+func (c *Client) LongestPrefixText(ctx context.Context, model, text string, o *QueryOptions) (*kvindexv1.LongestPrefixResponse, error) {
+	return c.LongestPrefix(ctx, model, TextPrompt(text), o)
+}
+
+// LongestPrefixMessages is LongestPrefix for a chat conversation.
+func (c *Client) LongestPrefixMessages(ctx context.Context, model string, msgs []Message, o *QueryOptions) (*kvindexv1.LongestPrefixResponse, error) {
+	return c.LongestPrefix(ctx, model, MessagesPrompt(msgs...), o)
+}
+
+// LongestPrefixHashes is LongestPrefix for precomputed block hashes.
+func (c *Client) LongestPrefixHashes(ctx context.Context, model string, hashes []uint64, candidatePods []string) (*kvindexv1.LongestPrefixResponse, error) {
+	return c.LongestPrefix(ctx, model, HashesPrompt(hashes), &QueryOptions{Candidates: candidatePods})
+}
+
+// Lookup returns every block of the prompt with its holders; o may be
+// nil (its Candidates are ignored).
+func (c *Client) Lookup(ctx context.Context, model string, p *kvindexv1.Prompt, o *QueryOptions) (*kvindexv1.LookupResponse, error) {
+	return c.Index.Lookup(ctx, &kvindexv1.LookupRequest{Model: model, Prompt: withOptions(p, o)})
+}
+
+// LookupTokens is Lookup for token ids.
+func (c *Client) LookupTokens(ctx context.Context, model string, ids []uint64, o *QueryOptions) (*kvindexv1.LookupResponse, error) {
+	return c.Lookup(ctx, model, TokensPrompt(ids), o)
+}
+
+// ListPods returns the engines the server follows ("" model: all).
+func (c *Client) ListPods(ctx context.Context, model string) ([]*kvindexv1.PodInfo, error) {
+	r, err := c.Index.ListPods(ctx, &kvindexv1.ListPodsRequest{Model: model})
+	return r.GetPods(), err
+}
+
+// PodScores is llm-d's GetPodScores: each pod's count of leading blocks
+// of the tokenized prompt.
+func (c *Client) PodScores(ctx context.Context, model, prompt string, pods []string) ([]*indexerv1.PodScore, error) {
+	r, err := c.Indexer.GetPodScores(ctx, &indexerv1.GetPodScoresRequest{Prompt: prompt, ModelName: model, PodIdentifiers: pods})
+	return r.GetScores(), err
+}
+
+// Watch streams the events the server applies (of the given pods; all if
+// none) to fn until ctx is done (nil), the server ends the stream (nil),
+// fn returns an error (that error) or the stream fails.
+func (c *Client) Watch(ctx context.Context, pods []string, fn func(*kvindexv1.WatchResponse) error) error {
+	stream, err := c.Index.Watch(ctx, &kvindexv1.WatchRequest{Pods: pods})
+	if err != nil {
+		return err
+	}
+	for {
+		ev, err := stream.Recv()
+		switch {
+		case err == nil:
+		case errors.Is(err, io.EOF):
+			return nil
+		case ctx.Err() != nil && status.Code(err) == codes.Canceled:
+			return nil
+		default:
+			return err
+		}
+		if err := fn(ev); err != nil {
+			return err
+		}
+	}
+}
+
+// dialMessage shortens gRPC's connection errors to their cause
+// ("dial tcp 127.0.0.1:50051: connect: connection refused").
+func dialMessage(err error) string {
+	msg := status.Convert(err).Message()
+	if i := strings.Index(msg, "Error while dialing: "); i >= 0 {
+		msg = strings.TrimSuffix(msg[i+len("Error while dialing: "):], `"`)
+	}
+	return msg
+}

@@ -1,0 +1,336 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/pprof"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/kvindexv1"
+)
+
+// HTTPOptions configures Handler.
+type HTTPOptions struct {
+	// Pprof serves net/http/pprof under /debug/pprof/.
+	Pprof bool
+}
+
+// Handler returns the HTTP/JSON API:
+//
+//	POST /v1/longest-prefix  LongestPrefix
+//	POST /v1/lookup          Lookup
+//	GET  /v1/pods            ListPods (?model=M)
+//	GET  /metrics            Prometheus metrics
+//	GET  /healthz            200 while the process runs
+//	GET  /readyz             200 once ready, else 503
+//	     /debug/pprof/       profiles, if opts.Pprof
+//
+// Errors are JSON objects {"error": "..."} with a 4xx status for client
+// mistakes.
+func (s *Server) Handler(opts HTTPOptions) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/v1/longest-prefix", s.method(http.MethodPost, s.httpLongestPrefix))
+	mux.Handle("/v1/lookup", s.method(http.MethodPost, s.httpLookup))
+	mux.Handle("/v1/pods", s.method(http.MethodGet, s.httpPods))
+	mux.Handle("/metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if s.Ready() {
+			writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+			return
+		}
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": s.notReadyReason()})
+	})
+	if opts.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+// notReadyReason explains /readyz's 503.
+func (s *Server) notReadyReason() string {
+	if s.cfg.ExpectStreams <= 0 {
+		return "no engine event applied yet (bind mode)"
+	}
+	connected := 0
+	if s.cfg.Streams != nil {
+		for _, st := range s.cfg.Streams.Streams() {
+			if st.Connected && !st.Bind {
+				connected++
+			}
+		}
+	}
+	return fmt.Sprintf("%d of %d engine streams connected", connected, s.cfg.ExpectStreams)
+}
+
+// httpFunc handles a request and reports the status it answered with.
+type httpFunc func(w http.ResponseWriter, r *http.Request) error
+
+// method restricts h to one HTTP method and records its latency.
+func (s *Server) method(m string, h httpFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != m {
+			w.Header().Set("Allow", m)
+			writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("%s %s: use %s", r.Method, r.URL.Path, m))
+			return
+		}
+		start := time.Now()
+		err := h(w, r)
+		s.metrics.observe("http", strings.TrimPrefix(r.URL.Path, "/v1/"), start, err)
+	})
+}
+
+// maxBodyBytes bounds a request body: MaxTokens ids of up to 20 digits
+// and a separator, plus room for the other fields.
+func (s *Server) maxBodyBytes() int64 { return int64(s.cfg.MaxTokens)*21 + 1<<20 }
+
+// promptJSON is the prompt part of the HTTP requests.
+type promptJSON struct {
+	Model       string        `json:"model"`
+	Tokens      idList        `json:"tokens"`
+	Prompt      *string       `json:"prompt"`
+	Messages    []messageJSON `json:"messages"`
+	BlockHashes idList        `json:"block_hashes"`
+	LoraName    string        `json:"lora_name"`
+	CacheSalt   string        `json:"cache_salt"`
+	MMItems     []mmItemJSON  `json:"mm_items"`
+}
+
+type messageJSON struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type mmItemJSON struct {
+	Identifier string `json:"identifier"`
+	Offset     uint32 `json:"offset"`
+	Length     uint32 `json:"length"`
+}
+
+type longestPrefixRequestJSON struct {
+	promptJSON
+	CandidatePods []string `json:"candidate_pods"`
+}
+
+// toProto converts the prompt, checking that exactly one input is given.
+func (p *promptJSON) toProto() (*kvindexv1.Prompt, error) {
+	var given []string
+	out := &kvindexv1.Prompt{LoraName: p.LoraName, CacheSalt: p.CacheSalt}
+	if p.Tokens.set {
+		given = append(given, "tokens")
+		out.Input = &kvindexv1.Prompt_Tokens{Tokens: &kvindexv1.TokenIds{Ids: p.Tokens.ids}}
+	}
+	if p.Prompt != nil {
+		given = append(given, "prompt")
+		out.Input = &kvindexv1.Prompt_Text{Text: *p.Prompt}
+	}
+	if p.Messages != nil {
+		given = append(given, "messages")
+		msgs := make([]*kvindexv1.ChatMessage, len(p.Messages))
+		for i, m := range p.Messages {
+			msgs[i] = &kvindexv1.ChatMessage{Role: m.Role, Content: m.Content}
+		}
+		out.Input = &kvindexv1.Prompt_Messages{Messages: &kvindexv1.ChatMessages{Messages: msgs}}
+	}
+	if p.BlockHashes.set {
+		given = append(given, "block_hashes")
+		out.Input = &kvindexv1.Prompt_BlockHashes{BlockHashes: &kvindexv1.BlockHashes{Hashes: p.BlockHashes.ids}}
+	}
+	switch len(given) {
+	case 0:
+		return nil, status.Error(codes.InvalidArgument, "the request needs one of tokens, prompt, messages or block_hashes")
+	case 1:
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "give only one of tokens, prompt, messages or block_hashes (got %s)", strings.Join(given, " and "))
+	}
+	for _, m := range p.MMItems {
+		out.MmItems = append(out.MmItems, &kvindexv1.MultimodalItem{Identifier: m.Identifier, Offset: m.Offset, Length: m.Length})
+	}
+	return out, nil
+}
+
+func (s *Server) httpLongestPrefix(w http.ResponseWriter, r *http.Request) error {
+	t := tokenIDs.Get().(*kvindexv1.TokenIds) // a pooled buffer for the ids
+	var body longestPrefixRequestJSON
+	body.Tokens = idList{name: "tokens", ids: t.Ids[:0]}
+	defer func() {
+		t.Ids = body.Tokens.ids
+		putTokenIDs(t)
+	}()
+	body.BlockHashes = idList{name: "block_hashes"}
+	if err := s.decodeBody(w, r, &body); err != nil {
+		return err
+	}
+	prompt, err := body.toProto()
+	if err != nil {
+		return writeStatus(w, err)
+	}
+	req := &kvindexv1.LongestPrefixRequest{Model: body.Model, Prompt: prompt, CandidatePods: body.CandidatePods}
+	resp, err := s.longestPrefix(r.Context(), req)
+	if err != nil {
+		return writeStatus(w, err)
+	}
+	out := client.LongestPrefixJSONOf(resp)
+	putPrefixResponse(resp)
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) httpLookup(w http.ResponseWriter, r *http.Request) error {
+	var body promptJSON
+	body.Tokens = idList{name: "tokens"}
+	body.BlockHashes = idList{name: "block_hashes"}
+	if err := s.decodeBody(w, r, &body); err != nil {
+		return err
+	}
+	prompt, err := body.toProto()
+	if err != nil {
+		return writeStatus(w, err)
+	}
+	resp, err := s.Lookup(r.Context(), &kvindexv1.LookupRequest{Model: body.Model, Prompt: prompt})
+	if err != nil {
+		return writeStatus(w, err)
+	}
+	writeJSON(w, http.StatusOK, client.LookupJSONOf(resp))
+	return nil
+}
+
+func (s *Server) httpPods(w http.ResponseWriter, r *http.Request) error {
+	resp, err := s.ListPods(r.Context(), &kvindexv1.ListPodsRequest{Model: r.URL.Query().Get("model")})
+	if err != nil {
+		return writeStatus(w, err)
+	}
+	writeJSON(w, http.StatusOK, client.PodsJSONOf(resp, s.now()))
+	return nil
+}
+
+// decodeBody decodes one JSON object from the request body into v, with
+// unknown fields rejected and the size bounded; on failure it writes the
+// 4xx answer and returns its status error.
+func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	limit := s.maxBodyBytes()
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		if _, extra := dec.Token(); extra != io.EOF {
+			err = errors.New("unexpected data after the JSON object")
+			var mbe *http.MaxBytesError
+			if errors.As(extra, &mbe) {
+				err = extra
+			}
+		}
+	}
+	if err == nil {
+		return nil
+	}
+	code, msg := http.StatusBadRequest, bodyError(err)
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		code, msg = http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds the %d-byte limit", limit)
+	}
+	writeError(w, code, msg)
+	return status.Error(codes.InvalidArgument, msg)
+}
+
+// bodyError turns a JSON decoding error into a message for the client.
+func bodyError(err error) string {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.Is(err, io.EOF):
+		return "empty request body: want a JSON object"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "malformed JSON: unexpected end of the body"
+	case errors.As(err, &se):
+		return fmt.Sprintf("malformed JSON at byte %d: %v", se.Offset, se)
+	case errors.As(err, &te):
+		if te.Field == "" {
+			return fmt.Sprintf("the body must be a JSON object, not %s", te.Value)
+		}
+		field := strings.TrimPrefix(te.Field, "promptJSON.") // the embedded struct
+		return fmt.Sprintf("field %s: got %s, want %s", field, te.Value, jsonType(te.Type.Kind().String()))
+	}
+	msg := strings.TrimPrefix(err.Error(), "json: ")
+	if strings.HasPrefix(msg, "unknown field") {
+		return msg + " (known: model, tokens, prompt, messages, block_hashes, lora_name, cache_salt, mm_items, candidate_pods)"
+	}
+	return msg
+}
+
+func jsonType(kind string) string {
+	switch kind {
+	case "string":
+		return "a string"
+	case "slice":
+		return "an array"
+	case "struct", "map":
+		return "an object"
+	case "bool":
+		return "a boolean"
+	}
+	return "a number"
+}
+
+// httpStatus maps a gRPC status code to the HTTP status answering it.
+func httpStatus(c codes.Code) int {
+	switch c {
+	case codes.OK:
+		return http.StatusOK
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
+		return http.StatusBadRequest
+	case codes.NotFound:
+		return http.StatusNotFound
+	case codes.ResourceExhausted:
+		return http.StatusRequestEntityTooLarge
+	case codes.Unimplemented:
+		return http.StatusNotImplemented
+	case codes.Unavailable, codes.Canceled:
+		return http.StatusServiceUnavailable
+	case codes.DeadlineExceeded:
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}
+
+// writeStatus answers with err's status and returns err.
+func writeStatus(w http.ResponseWriter, err error) error {
+	st := status.Convert(err)
+	writeError(w, httpStatus(st.Code()), st.Message())
+	return err
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]string{"error": msg})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(v); err != nil {
+		code = http.StatusInternalServerError
+		buf.Reset()
+		buf.WriteString(`{"error":"encoding the response failed"}` + "\n")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(buf.Bytes())
+}

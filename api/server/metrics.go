@@ -1,0 +1,258 @@
+package server
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/tokenizer"
+)
+
+// metrics are the server's Prometheus metrics. Request metrics are
+// observed as requests finish; everything else (ingest counters, index
+// size, verification, watchers) is read from its owner at scrape time, so
+// the ingest path carries no metric updates of its own.
+type metrics struct {
+	s        *Server
+	duration *prometheus.HistogramVec
+	errors   *prometheus.CounterVec
+	tokenize *prometheus.CounterVec
+
+	observers sync.Map // "api/method" -> prometheus.Observer
+}
+
+// httpTokenizerStats is implemented by the engine /tokenize backend
+// (*tokenizer.HTTP), whose request and cache counters are exported.
+type httpTokenizerStats interface {
+	Stats() tokenizer.HTTPStats
+}
+
+func newMetrics(s *Server, reg *prometheus.Registry) (*metrics, error) {
+	m := &metrics{
+		s: s,
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvindex_query_duration_seconds",
+			Help: "Time to answer a query, by API (grpc, http) and method.",
+			// 25 µs .. ~0.4 s: queries are expected well below a millisecond.
+			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 15),
+		}, []string{"api", "method"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvindex_query_errors_total",
+			Help: "Queries that failed, by API, method and gRPC status code.",
+		}, []string{"api", "method", "code"}),
+		tokenize: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvindex_tokenize_requests_total",
+			Help: "Tokenizations by backend (engine, local) and result (ok, error).",
+		}, []string{"source", "result"}),
+	}
+	for _, c := range []prometheus.Collector{
+		m.duration, m.errors, m.tokenize, stateCollector{m},
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) observer(api, method string) prometheus.Observer {
+	key := api + "/" + method
+	if o, ok := m.observers.Load(key); ok {
+		return o.(prometheus.Observer)
+	}
+	o := m.duration.WithLabelValues(api, method)
+	m.observers.Store(key, o)
+	return o
+}
+
+// observe records one finished query.
+func (m *metrics) observe(api, method string, start time.Time, err error) {
+	m.observer(api, method).Observe(time.Since(start).Seconds())
+	if err != nil {
+		m.errors.WithLabelValues(api, method, status.Code(err).String()).Inc()
+	}
+}
+
+func (m *metrics) observeTokenize(source string, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.tokenize.WithLabelValues(source, result).Inc()
+}
+
+// unaryInterceptor times the API's unary methods (not health checks).
+func (m *metrics) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if !strings.HasPrefix(info.FullMethod, "/kvindex.v1.") && !strings.HasPrefix(info.FullMethod, "/indexer.v1.") {
+		return handler(ctx, req)
+	}
+	start := time.Now()
+	resp, err := handler(ctx, req)
+	m.observe("grpc", shortMethod(info.FullMethod), start, err)
+	if err != nil && status.Code(err) == codes.Unknown {
+		m.s.log.Warn("request failed without a status code", "method", info.FullMethod, "err", err)
+	}
+	return resp, err
+}
+
+// shortMethod turns "/kvindex.v1.IndexService/LongestPrefix" into
+// "LongestPrefix".
+func shortMethod(full string) string {
+	for i := len(full) - 1; i >= 0; i-- {
+		if full[i] == '/' {
+			return full[i+1:]
+		}
+	}
+	return full
+}
+
+var (
+	engineLabels = []string{"pod", "dp_rank", "model"}
+
+	descBatches       = newDesc("kvindex_ingest_batches_total", "Event batches applied.", engineLabels)
+	descEvents        = newDesc("kvindex_ingest_events_total", "Events applied.", engineLabels)
+	descDecodeErrors  = newDesc("kvindex_ingest_decode_errors_total", "Batches or frames dropped as undecodable.", engineLabels)
+	descUnknownEvents = newDesc("kvindex_ingest_unknown_events_total", "Events skipped for an unknown tag.", engineLabels)
+	descGaps          = newDesc("kvindex_ingest_gaps_total", "Sequence gaps detected on the live stream.", engineLabels)
+	descLost          = newDesc("kvindex_ingest_lost_batches_total", "Batches lost for good (not replayed).", engineLabels)
+	descReplays       = newDesc("kvindex_ingest_replays_total", "Replays of missed batches, by result (ok, failed).", append(engineLabels, "result"))
+	descRestarts      = newDesc("kvindex_ingest_restarts_total", "Engine restarts detected (sequence went back).", engineLabels)
+	descResets        = newDesc("kvindex_ingest_resets_total", "Losses of an engine's state: restarts plus AllBlocksCleared.", engineLabels)
+	descLastSeq       = newDesc("kvindex_ingest_last_seq", "Sequence number of the last applied batch.", engineLabels)
+	descLastEvent     = newDesc("kvindex_ingest_last_event_timestamp_seconds", "When the last batch was applied (Unix time); 0 if never.", engineLabels)
+	descConnected     = newDesc("kvindex_ingest_connected", "1 if the engine's event socket is connected.", engineLabels)
+	descDegraded      = newDesc("kvindex_ingest_degraded", "1 if batches were lost and not recovered: the engine's entries may be stale.", engineLabels)
+
+	listenerLabels   = []string{"endpoint"}
+	descLsnPeers     = newDesc("kvindex_listener_peers", "Engines connected to the listen socket.", listenerLabels)
+	descLsnMessages  = newDesc("kvindex_listener_messages_total", "Messages received on the listen socket.", listenerLabels)
+	descLsnRejected  = newDesc("kvindex_listener_rejected_total", "Listen-socket messages not attributable to an engine, by reason.", append(listenerLabels, "reason"))
+	descEngineBlocks = newDesc("kvindex_engine_blocks", "Blocks the engine holds in the index (all media and groups).", engineLabels)
+	descHashCheck    = newDesc("kvindex_engine_hash_check", "Hash verification state of the engine: 1 for the current state (verified, mismatch, unknown).", append(engineLabels, "state"))
+	descHashVerified = newDesc("kvindex_engine_hash_verified_blocks_total", "Blocks whose recomputed hash matched the engine's.", engineLabels)
+	descHashMismatch = newDesc("kvindex_engine_hash_mismatch_blocks_total", "Blocks whose recomputed hash differed from the engine's.", engineLabels)
+	descFallback     = newDesc("kvindex_engine_fallback_keys", "1 if the engine's blocks are keyed by kvindex's own hashes after a mismatch.", engineLabels)
+	descUnverifiable = newDesc("kvindex_engine_unverifiable_events_total", "Sampled events that could not be verified (parent digest unknown).", engineLabels)
+	descEngDropped   = newDesc("kvindex_engine_dropped_blocks_total", "Blocks that could not be keyed (fallback with an unknown parent).", engineLabels)
+	descMalformed    = newDesc("kvindex_engine_malformed_events_total", "Events ignored as invalid (lengths, sizes, fields).", engineLabels)
+	descRemoveMisses = newDesc("kvindex_engine_remove_misses_total", "Removals of blocks the index did not hold.", engineLabels)
+	descIndexBytes   = newDesc("kvindex_index_bytes", "Estimated memory held by the index.", nil)
+	descIndexHolders = newDesc("kvindex_index_holder_blocks", "Block copies held, summed over engines.", nil)
+	descIndexBlocks  = newDesc("kvindex_index_blocks", "Distinct block keys in the index.", nil)
+	descIndexEngines = newDesc("kvindex_index_engines", "Engines with entries in the index.", nil)
+	descIndexModels  = newDesc("kvindex_index_models", "Models with entries in the index.", nil)
+	descEvictions    = newDesc("kvindex_index_evictions_total", "Entries evicted to stay within the memory budget.", nil)
+	descWatchers     = newDesc("kvindex_watchers", "Open Watch streams.", nil)
+	descWatchSent    = newDesc("kvindex_watch_events_total", "Events queued to Watch streams.", nil)
+	descWatchDropped = newDesc("kvindex_watch_dropped_events_total", "Events dropped for Watch streams that read too slowly.", nil)
+	descReady        = newDesc("kvindex_ready", "1 once the server is ready.", nil)
+	descTokHits      = newDesc("kvindex_tokenizer_cache_hits_total", "Tokenizations answered from the tokenizer's cache, by backend.", []string{"source"})
+	descTokRequests  = newDesc("kvindex_tokenizer_backend_requests_total", "Requests sent to the engine's /tokenize, by backend.", []string{"source"})
+	descTokErrors    = newDesc("kvindex_tokenizer_backend_errors_total", "Tokenizer calls that failed, by backend.", []string{"source"})
+	descTokEntries   = newDesc("kvindex_tokenizer_cache_entries", "Entries in the tokenizer's cache, by backend.", []string{"source"})
+	descTokBytes     = newDesc("kvindex_tokenizer_cache_bytes", "Accounted bytes of the tokenizer's cache, by backend.", []string{"source"})
+)
+
+func newDesc(name, help string, labels []string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, labels, nil)
+}
+
+// stateCollector reads the server's state at scrape time. It is an
+// unchecked collector (Describe sends nothing): the set of engines changes.
+type stateCollector struct{ m *metrics }
+
+func (stateCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.m.s
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	if s.cfg.Streams != nil {
+		for _, st := range s.cfg.Streams.Streams() {
+			l := []string{st.Engine.Pod, strconv.Itoa(st.Engine.DPRank), st.Engine.Model}
+			counter(descBatches, st.Batches, l...)
+			counter(descEvents, st.Events, l...)
+			counter(descDecodeErrors, st.DecodeErrors, l...)
+			counter(descUnknownEvents, st.UnknownEvents, l...)
+			counter(descGaps, st.Gaps, l...)
+			counter(descLost, st.LostBatches, l...)
+			counter(descReplays, st.ReplaysOK, append(l, "ok")...)
+			counter(descReplays, st.ReplaysFailed, append(l, "failed")...)
+			counter(descRestarts, st.Restarts, l...)
+			counter(descResets, st.Resets, l...)
+			gauge(descLastSeq, float64(st.LastSeq), l...)
+			gauge(descLastEvent, float64(st.LastEventUnixNano)/1e9, l...)
+			gauge(descConnected, b2f(st.Connected), l...)
+			gauge(descDegraded, b2f(st.Degraded), l...)
+		}
+		if ls, ok := s.cfg.Streams.(ListenerSource); ok {
+			if st, ok := ls.ListenerStats(); ok {
+				gauge(descLsnPeers, float64(st.Peers), st.Endpoint)
+				counter(descLsnMessages, st.Messages, st.Endpoint)
+				counter(descLsnRejected, st.MalformedFrames, st.Endpoint, "malformed")
+				counter(descLsnRejected, st.UnknownTopics, st.Endpoint, "unknown_topic")
+				counter(descLsnRejected, st.DecodeErrors, st.Endpoint, "decode_error")
+				counter(descLsnRejected, st.BadRanks, st.Endpoint, "bad_rank")
+				counter(descLsnRejected, st.Conflicts, st.Endpoint, "conflict")
+			}
+		}
+	}
+	for _, e := range s.index.Engines() {
+		l := []string{e.Engine.Pod, strconv.Itoa(e.Engine.DPRank), e.Engine.Model}
+		gauge(descEngineBlocks, float64(e.HolderBlocks), l...)
+		for _, hc := range []indexer.HashCheck{indexer.HashVerified, indexer.HashMismatch, indexer.HashUnknown} {
+			gauge(descHashCheck, b2f(e.HashCheck == hc), append(l, hc.String())...)
+		}
+		counter(descHashVerified, e.Verified, l...)
+		counter(descHashMismatch, e.Mismatches, l...)
+		gauge(descFallback, b2f(e.Fallback), l...)
+		counter(descUnverifiable, e.Unverifiable, l...)
+		counter(descEngDropped, e.Dropped, l...)
+		counter(descMalformed, e.Malformed, l...)
+		counter(descRemoveMisses, e.RemoveMisses, l...)
+	}
+	st := s.index.Stats()
+	gauge(descIndexBytes, float64(st.Bytes))
+	gauge(descIndexHolders, float64(st.HolderBlocks))
+	gauge(descIndexBlocks, float64(st.Blocks))
+	gauge(descIndexEngines, float64(st.Engines))
+	gauge(descIndexModels, float64(st.Models))
+	counter(descEvictions, st.Evictions)
+	if h := s.cfg.Hub; h != nil {
+		gauge(descWatchers, float64(h.Watchers()))
+		counter(descWatchSent, h.Delivered())
+		counter(descWatchDropped, h.Dropped())
+	}
+	gauge(descReady, b2f(s.Ready()))
+	for _, t := range s.cfg.Tokenizers {
+		if hs, ok := t.Tokenizer.(httpTokenizerStats); ok {
+			st := hs.Stats()
+			counter(descTokHits, st.CacheHits, t.Source)
+			counter(descTokRequests, st.Requests, t.Source)
+			counter(descTokErrors, st.Errors, t.Source)
+			gauge(descTokEntries, float64(st.CacheEntries), t.Source)
+			gauge(descTokBytes, float64(st.CacheBytes), t.Source)
+		}
+	}
+}

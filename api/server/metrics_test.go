@@ -1,0 +1,95 @@
+package server
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/kvevents"
+)
+
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("scrape: %d %v", resp.StatusCode, err)
+	}
+	return string(b)
+}
+
+func TestMetrics(t *testing.T) {
+	streams := &fakeStreams{}
+	streams.set(kvevents.StreamStats{
+		Engine: engine("a", 0), Connected: true, Batches: 10, Events: 25, DecodeErrors: 2, UnknownEvents: 3,
+		Gaps: 4, ReplaysOK: 5, ReplaysFailed: 6, Resets: 7, LastSeq: 99, Degraded: true, LastEventUnixNano: 1_500_000_000_000_000_000,
+	})
+	ids := seqTokens(1, 32)
+	engineTok := engineTokenizer(t, vllmTokenize(t, ids, http.StatusOK).URL)
+	f := newFixture(t, func(c *Config) {
+		c.Streams = streams
+		c.Tokenizers = []NamedTokenizer{{client.SourceEngine, engineTok}}
+	})
+	loadThree(t, f, seqTokens(1, 64))
+	ctx := context.Background()
+	if _, err := f.client.LongestPrefixTokens(ctx, testModel, ids, nil); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := f.client.LongestPrefixText(ctx, testModel, "same text", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.client.LongestPrefixTokens(ctx, testModel, ids, &client.QueryOptions{Candidates: []string{""}}) // InvalidArgument
+	post(t, f.url+"/v1/longest-prefix", `{"tokens":[1,2]}`)
+
+	text := scrape(t, f.url)
+	engineL := `dp_rank="0",model="qwen",pod="a"`
+	for _, want := range []string{
+		`kvindex_ingest_batches_total{` + engineL + `} 10`,
+		`kvindex_ingest_events_total{` + engineL + `} 25`,
+		`kvindex_ingest_decode_errors_total{` + engineL + `} 2`,
+		`kvindex_ingest_unknown_events_total{` + engineL + `} 3`,
+		`kvindex_ingest_gaps_total{` + engineL + `} 4`,
+		`kvindex_ingest_replays_total{` + engineL + `,result="ok"} 5`,
+		`kvindex_ingest_replays_total{` + engineL + `,result="failed"} 6`,
+		`kvindex_ingest_resets_total{` + engineL + `} 7`,
+		`kvindex_ingest_last_seq{` + engineL + `} 99`,
+		`kvindex_ingest_connected{` + engineL + `} 1`,
+		`kvindex_ingest_degraded{` + engineL + `} 1`,
+		`kvindex_ingest_last_event_timestamp_seconds{` + engineL + `} 1.5e+09`,
+		`kvindex_engine_blocks{` + engineL + `} 4`,
+		`kvindex_engine_hash_check{` + engineL + `,state="verified"} 1`,
+		`kvindex_engine_hash_check{` + engineL + `,state="mismatch"} 0`,
+		`kvindex_index_holder_blocks 9`,
+		`kvindex_index_blocks 4`,
+		`kvindex_index_engines 3`,
+		`kvindex_index_evictions_total 0`,
+		`kvindex_query_duration_seconds_count{api="grpc",method="LongestPrefix"} 4`,
+		`kvindex_query_duration_seconds_count{api="http",method="longest-prefix"} 1`,
+		`kvindex_query_errors_total{api="grpc",code="InvalidArgument",method="LongestPrefix"} 1`,
+		`kvindex_tokenize_requests_total{result="ok",source="engine"} 2`,
+		`kvindex_tokenizer_cache_hits_total{source="engine"} 1`,
+		`kvindex_tokenizer_backend_requests_total{source="engine"} 1`,
+		`kvindex_watchers 0`,
+		`kvindex_watch_dropped_events_total 0`,
+		`kvindex_ready 1`,
+	} {
+		if !strings.Contains(text, want+"\n") {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if !strings.Contains(text, "kvindex_index_bytes ") || strings.Contains(text, "kvindex_index_bytes 0\n") {
+		t.Error("kvindex_index_bytes missing or zero")
+	}
+	if !strings.Contains(text, "go_goroutines ") || !strings.Contains(text, "process_cpu_seconds_total ") {
+		t.Error("runtime metrics missing")
+	}
+}

@@ -1,0 +1,162 @@
+package server
+
+import (
+	"slices"
+	"testing"
+
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/internal/wiretest"
+	"github.com/kvindex/kvindex/api/kvindexv1"
+)
+
+func roundTrip(t *testing.T, in proto.Message, out proto.Message) {
+	t.Helper()
+	b, err := proto.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (poolingCodec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, out); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The pooling codec decodes exactly what the standard one does.
+func TestPoolingCodec(t *testing.T) {
+	text := client.TextPrompt("hi")
+	text.LoraName = "l"
+	tests := []struct {
+		name string
+		in   *kvindexv1.LongestPrefixRequest
+	}{
+		{"tokens", &kvindexv1.LongestPrefixRequest{Model: "m", Prompt: client.TokensPrompt([]uint64{1, 2, 1 << 40}), CandidatePods: []string{"a"}}},
+		{"empty tokens", &kvindexv1.LongestPrefixRequest{Model: "m", Prompt: client.TokensPrompt(nil)}},
+		{"no prompt", &kvindexv1.LongestPrefixRequest{Model: "m"}},
+		{"text", &kvindexv1.LongestPrefixRequest{Model: "m", Prompt: text}},
+		{"hashes", &kvindexv1.LongestPrefixRequest{Prompt: client.HashesPrompt([]uint64{7})}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for range 3 { // again with recycled buffers
+				var got kvindexv1.LongestPrefixRequest
+				roundTrip(t, tc.in, &got)
+				if !proto.Equal(&got, tc.in) || got.GetPrompt() == nil && tc.in.GetPrompt() != nil {
+					t.Fatalf("decoded %v, want %v", &got, tc.in)
+				}
+				releaseRequestTokens(got.GetPrompt())
+			}
+		})
+	}
+}
+
+// A oneof whose tokens are followed by text on the wire ends as text (the
+// last field wins), as the standard codec decides.
+func TestPoolingCodecOneofOrder(t *testing.T) {
+	a, _ := proto.Marshal(&kvindexv1.LongestPrefixRequest{Prompt: client.TokensPrompt([]uint64{1, 2})})
+	b, _ := proto.Marshal(&kvindexv1.LongestPrefixRequest{Prompt: client.TextPrompt("x")})
+	wire := append(a, b...) // two prompt fields: messages merge
+	var want, got kvindexv1.LongestPrefixRequest
+	if err := proto.Unmarshal(wire, &want); err != nil {
+		t.Fatal(err)
+	}
+	if err := (poolingCodec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(wire)}, &got); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(&got, &want) || got.GetPrompt().GetText() != "x" {
+		t.Errorf("got %v, want %v", &got, &want)
+	}
+}
+
+// The pooling codec decodes a request split over several buffers, as
+// gRPC hands them over.
+func TestPoolingCodecSplit(t *testing.T) {
+	in := &kvindexv1.LongestPrefixRequest{Model: "m", Prompt: client.TokensPrompt(seqTokens(0, 20000))}
+	b, err := proto.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out kvindexv1.LongestPrefixRequest
+	if err := (poolingCodec{}).Unmarshal(wiretest.Split(mem.BufferSlice{mem.SliceBuffer(b)}), &out); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(&out, in) {
+		t.Error("decoded message differs")
+	}
+	releaseRequestTokens(out.GetPrompt())
+}
+
+func TestPoolingCodecLookup(t *testing.T) {
+	in := &kvindexv1.LookupRequest{Model: "m", Prompt: client.TokensPrompt(seqTokens(0, 1000))}
+	var got kvindexv1.LookupRequest
+	roundTrip(t, in, &got)
+	if !slices.Equal(got.GetPrompt().GetTokens().GetIds(), in.GetPrompt().GetTokens().GetIds()) {
+		t.Error("lookup tokens differ")
+	}
+}
+
+func FuzzPoolingCodec(f *testing.F) {
+	for _, m := range []*kvindexv1.LongestPrefixRequest{
+		{Model: "m", Prompt: client.TokensPrompt([]uint64{1, 2, 3})},
+		{Prompt: client.TextPrompt("t")},
+		{Prompt: client.MessagesPrompt(client.Message{Role: "user", Content: "x"})},
+	} {
+		b, _ := proto.Marshal(m)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var want, got kvindexv1.LongestPrefixRequest
+		wantErr := proto.Unmarshal(b, &want)
+		gotErr := (poolingCodec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &got)
+		if (wantErr == nil) != (gotErr == nil) {
+			t.Fatalf("errors differ: standard %v, pooling %v", wantErr, gotErr)
+		}
+		wiretest.DiscardUnknown(want.ProtoReflect())
+		if wantErr == nil && !proto.Equal(&got, &want) {
+			t.Fatalf("decoded %v, want %v", &got, &want)
+		}
+		releaseRequestTokens(got.GetPrompt())
+	})
+}
+
+// Pooled buffers are reused: decoding the same request again allocates
+// no new id storage.
+func TestPoolingCodecReusesBuffers(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops items under the race detector")
+	}
+	b, _ := proto.Marshal(&kvindexv1.LongestPrefixRequest{Model: "m", Prompt: client.TokensPrompt(seqTokens(0, 16384))})
+	data := mem.BufferSlice{mem.SliceBuffer(b)}
+	allocs := testing.AllocsPerRun(100, func() {
+		var m kvindexv1.LongestPrefixRequest
+		if err := (poolingCodec{}).Unmarshal(data, &m); err != nil {
+			t.Fatal(err)
+		}
+		releaseRequestTokens(m.GetPrompt())
+	})
+	// The model string, the Prompt and its oneof wrapper; never the ids.
+	if allocs > 4 {
+		t.Errorf("%v allocations per decode, want <= 4", allocs)
+	}
+}
+
+// BenchmarkDecodeIDs measures the token-id decoding of a 16,384-token
+// prompt (ids below 150,000: 1 to 3 bytes each).
+func BenchmarkDecodeIDs(b *testing.B) {
+	ids := make([]uint64, 16384)
+	for i := range ids {
+		ids[i] = uint64(i*7919) % 150_000
+	}
+	wire, _ := proto.Marshal(&kvindexv1.TokenIds{Ids: ids})
+	dst := make([]uint64, 0, len(ids))
+	b.SetBytes(int64(len(wire)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var err error
+		if dst, err = decodeIDs(wire, dst[:0]); err != nil || len(dst) != len(ids) {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ids)), "ns/id")
+}

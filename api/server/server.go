@@ -1,0 +1,629 @@
+package server
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/experimental"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvindex/kvindex/api/indexerv1"
+	"github.com/kvindex/kvindex/api/internal/wire"
+	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/kvevents"
+)
+
+// Defaults of Config.
+const (
+	// DefaultMaxTokens bounds the token ids of one query: 1 Mi tokens is
+	// far beyond any model's context.
+	DefaultMaxTokens  = 1 << 20
+	DefaultReadyGrace = 30 * time.Second
+)
+
+// Index is what the server needs from the index; *indexer.Index
+// implements it.
+type Index interface {
+	LongestPrefix(q *indexer.Query, res *indexer.Result) error
+	Lookup(q *indexer.Query) ([]indexer.BlockHolders, error)
+	Engines() []indexer.EngineInfo
+	Stats() indexer.Stats
+}
+
+var _ Index = (*indexer.Index)(nil)
+
+// Config configures a Server.
+type Config struct {
+	// Index answers the queries. Required.
+	Index Index
+	// BlockSize is the fleet's tokens per block (the hasher's), reported
+	// by queries by block hashes. Required.
+	BlockSize int
+	// Tokenizers turn text and chat messages into token ids, tried in
+	// order (typically the engine's /tokenize, then a local
+	// tokenizer.json). None: such prompts fail with FailedPrecondition.
+	Tokenizers []NamedTokenizer
+	// Hub feeds Watch; nil disables Watch (Unavailable).
+	Hub *Hub
+	// Streams reports ingest state for ListPods, health and metrics; nil
+	// means no ingest.
+	Streams StreamSource
+	// DefaultModel is the model of requests that name none.
+	DefaultModel string
+	// MaxTokens bounds a query's token ids (and block hashes, as blocks
+	// of BlockSize tokens); DefaultMaxTokens if 0.
+	MaxTokens int
+	// ExpectStreams is the number of streams that must be connected for
+	// readiness (connect mode: every configured engine rank). 0 (bind
+	// mode): ready at the first applied event.
+	ExpectStreams int
+	// ReadyGrace makes the server ready after this long in any case;
+	// DefaultReadyGrace if 0, never if negative.
+	ReadyGrace time.Duration
+	// WatchBuffer is each watcher's buffer in events
+	// (DefaultWatchBuffer if 0).
+	WatchBuffer int
+	// Registry receives the server's metrics; a new one if nil.
+	Registry *prometheus.Registry
+	// Logger logs the server's noteworthy events; slog.Default if nil.
+	Logger *slog.Logger
+	// Now is the clock (time.Now if nil).
+	Now func() time.Time
+}
+
+// Server implements kvindex.v1.IndexService and llm-d's
+// indexer.v1.IndexerService over an Index, and serves the same answers
+// over HTTP/JSON (Handler).
+type Server struct {
+	kvindexv1.UnimplementedIndexServiceServer
+	indexerv1.UnimplementedIndexerServiceServer
+
+	cfg     Config
+	index   Index
+	log     *slog.Logger
+	now     func() time.Time
+	start   time.Time
+	metrics *metrics
+	health  *health.Server
+
+	ready     atomic.Bool
+	readyOnce sync.Once
+	readyCh   chan struct{}
+
+	view      atomic.Pointer[healthView]
+	refreshMu sync.Mutex
+}
+
+// NamedTokenizer is one tokenizer backend and the token_source name its
+// answers carry ("engine" for the engine's /tokenize, "local" for a
+// tokenizer.json).
+type NamedTokenizer struct {
+	Source    string
+	Tokenizer Tokenizer
+}
+
+// New returns a Server for cfg.
+func New(cfg Config) (*Server, error) {
+	if cfg.Index == nil {
+		return nil, errors.New("server: Config.Index is required")
+	}
+	if cfg.BlockSize < 1 {
+		return nil, errors.New("server: Config.BlockSize must be >= 1")
+	}
+	if cfg.MaxTokens <= 0 {
+		cfg.MaxTokens = DefaultMaxTokens
+	}
+	if cfg.ReadyGrace == 0 {
+		cfg.ReadyGrace = DefaultReadyGrace
+	}
+	if cfg.WatchBuffer <= 0 {
+		cfg.WatchBuffer = DefaultWatchBuffer
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	for i, t := range cfg.Tokenizers {
+		if t.Tokenizer == nil || t.Source == "" {
+			return nil, fmt.Errorf("server: Config.Tokenizers[%d] needs a Source and a Tokenizer", i)
+		}
+	}
+	s := &Server{
+		cfg:     cfg,
+		index:   cfg.Index,
+		log:     cfg.Logger,
+		now:     cfg.Now,
+		start:   cfg.Now(),
+		health:  health.NewServer(),
+		readyCh: make(chan struct{}),
+	}
+	m, err := newMetrics(s, cfg.Registry)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics = m
+	for _, svc := range healthServices {
+		s.health.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
+	}
+	return s, nil
+}
+
+// healthServices are the names the gRPC health service reports on: the
+// whole server ("") and each API.
+var healthServices = []string{"", kvindexv1.IndexService_ServiceDesc.ServiceName, indexerv1.IndexerService_ServiceDesc.ServiceName}
+
+// Registry is the registry holding the server's metrics.
+func (s *Server) Registry() *prometheus.Registry { return s.cfg.Registry }
+
+// MaxRecvMsgSize is the gRPC message size a query of MaxTokens token ids
+// needs: ten bytes per id at most (a varint), plus room for the rest.
+func (s *Server) MaxRecvMsgSize() int { return s.cfg.MaxTokens*10 + 1<<20 }
+
+// NewGRPCServer returns a gRPC server with the kvindex and indexer APIs,
+// the standard health service (NOT_SERVING until Ready) and reflection
+// registered. Its codec decodes prompts into pooled buffers; opts are
+// appended to the server's own options.
+func (s *Server) NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
+	base := []grpc.ServerOption{
+		grpc.ForceServerCodecV2(poolingCodec{}),
+		experimental.BufferPool(wire.Buffers),   // see wire.BufferPool
+		grpc.InitialWindowSize(wire.WindowSize), // see wire.WindowSize
+		grpc.InitialConnWindowSize(wire.ConnWindowSize),
+		grpc.ReadBufferSize(wire.IOBufferSize),
+		grpc.WriteBufferSize(wire.IOBufferSize),
+
+		grpc.MaxRecvMsgSize(s.MaxRecvMsgSize()),
+		grpc.ChainUnaryInterceptor(s.metrics.unaryInterceptor),
+	}
+	gs := grpc.NewServer(append(base, opts...)...)
+	s.Register(gs)
+	healthpb.RegisterHealthServer(gs, s.health)
+	reflection.Register(gs)
+	return gs
+}
+
+// Register registers the kvindex and indexer APIs on gs (without health,
+// reflection or the pooling codec; NewGRPCServer adds those).
+func (s *Server) Register(gs grpc.ServiceRegistrar) {
+	kvindexv1.RegisterIndexServiceServer(gs, s)
+	indexerv1.RegisterIndexerServiceServer(gs, s)
+}
+
+// Run drives readiness until ctx is done: it flips the gRPC health
+// service to SERVING once Ready, and to NOT_SERVING when ctx ends. Meanwhile
+// it logs each engine the index flags (a hash mismatch), once per message.
+func (s *Server) Run(ctx context.Context) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var first <-chan struct{}
+	if s.cfg.Hub != nil {
+		first = s.cfg.Hub.FirstEvent()
+	}
+	for !s.Ready() {
+		select {
+		case <-ctx.Done():
+			s.Shutdown()
+			return
+		case <-first:
+			first = nil
+		case <-tick.C:
+		}
+	}
+	flagged := map[kvevents.EngineID]string{}
+	check := time.NewTicker(engineCheckInterval)
+	defer check.Stop()
+	for {
+		s.logFlagged(flagged)
+		select {
+		case <-ctx.Done():
+			s.Shutdown()
+			return
+		case <-check.C:
+		}
+	}
+}
+
+// engineCheckInterval is how often Run looks for newly flagged engines.
+const engineCheckInterval = 2 * time.Second
+
+// logFlagged warns about engines whose flag message is new.
+func (s *Server) logFlagged(logged map[kvevents.EngineID]string) {
+	for _, e := range s.index.Engines() {
+		if e.Message == "" || logged[e.Engine] == e.Message {
+			continue
+		}
+		logged[e.Engine] = e.Message
+		s.log.Warn("engine flagged", "pod", e.Engine.Pod, "dp_rank", e.Engine.DPRank, "model", e.Engine.Model,
+			"hash_check", e.HashCheck.String(), "message", e.Message)
+	}
+}
+
+// Shutdown reports NOT_SERVING on the health service and ends every Watch
+// stream, so that a graceful stop of the gRPC server can complete.
+func (s *Server) Shutdown() {
+	s.health.Shutdown()
+	if s.cfg.Hub != nil {
+		s.cfg.Hub.Close()
+	}
+}
+
+// Ready reports whether the server is ready: every expected stream has
+// connected (bind mode: an event was applied), or the grace period has
+// passed. Once ready it stays ready.
+func (s *Server) Ready() bool {
+	if s.ready.Load() {
+		return true
+	}
+	if !s.computeReady() {
+		return false
+	}
+	s.readyOnce.Do(func() {
+		s.ready.Store(true)
+		close(s.readyCh)
+		for _, svc := range healthServices {
+			s.health.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
+		}
+		s.log.Info("ready", "after", s.now().Sub(s.start).Round(time.Millisecond).String())
+	})
+	return true
+}
+
+// ReadyC is closed once the server is ready.
+func (s *Server) ReadyC() <-chan struct{} { return s.readyCh }
+
+func (s *Server) computeReady() bool {
+	if g := s.cfg.ReadyGrace; g > 0 && s.now().Sub(s.start) >= g {
+		return true
+	}
+	if s.cfg.ExpectStreams <= 0 {
+		return s.cfg.Hub != nil && s.cfg.Hub.SawEvent()
+	}
+	if s.cfg.Streams == nil {
+		return false
+	}
+	connected := 0
+	for _, st := range s.cfg.Streams.Streams() {
+		if st.Connected && !st.Bind {
+			connected++
+		}
+	}
+	return connected >= s.cfg.ExpectStreams
+}
+
+// healthView caches the engines' stream health for queries, which must
+// not snapshot every stream each time.
+type healthView struct {
+	at     time.Time
+	health map[kvevents.EngineID]kvindexv1.EngineHealth
+}
+
+// healthViewTTL bounds how stale the health a query reports may be.
+const healthViewTTL = 250 * time.Millisecond
+
+func (s *Server) healthOf() *healthView {
+	v := s.view.Load()
+	if v != nil && s.now().Sub(v.at) < healthViewTTL {
+		return v
+	}
+	if !s.refreshMu.TryLock() {
+		if v != nil {
+			return v // another query is refreshing it
+		}
+		s.refreshMu.Lock()
+	}
+	defer s.refreshMu.Unlock()
+	if nv := s.view.Load(); nv != v && nv != nil {
+		return nv
+	}
+	nv := &healthView{at: s.now(), health: make(map[kvevents.EngineID]kvindexv1.EngineHealth)}
+	if s.cfg.Streams != nil {
+		for _, st := range s.cfg.Streams.Streams() {
+			nv.health[st.Engine] = streamHealth(&st)
+		}
+	}
+	s.view.Store(nv)
+	return nv
+}
+
+// model resolves a request's model.
+func (s *Server) model(m string) (string, error) {
+	if m != "" {
+		return m, nil
+	}
+	if s.cfg.DefaultModel != "" {
+		return s.cfg.DefaultModel, nil
+	}
+	return "", status.Error(codes.InvalidArgument, "model is required (this kvindex has no default model; see --model)")
+}
+
+// LongestPrefix implements kvindex.v1.IndexService.
+func (s *Server) LongestPrefix(ctx context.Context, req *kvindexv1.LongestPrefixRequest) (*kvindexv1.LongestPrefixResponse, error) {
+	defer releaseRequestTokens(req.GetPrompt())
+	return s.longestPrefix(ctx, req)
+}
+
+func (s *Server) longestPrefix(ctx context.Context, req *kvindexv1.LongestPrefixRequest) (*kvindexv1.LongestPrefixResponse, error) {
+	st := getQueryState()
+	defer putQueryState(st)
+	model, err := s.model(req.GetModel())
+	if err != nil {
+		return nil, err
+	}
+	for i, c := range req.GetCandidatePods() {
+		if c == "" {
+			return nil, status.Errorf(codes.InvalidArgument, "candidate_pods[%d] is empty", i)
+		}
+	}
+	p, err := s.resolvePrompt(ctx, req.GetPrompt(), model, &st.q, &st.x)
+	if err != nil {
+		return nil, err
+	}
+	st.q.Model = model
+	st.q.Candidates = req.GetCandidatePods()
+	if err := s.index.LongestPrefix(&st.q, &st.res); err != nil {
+		return nil, indexStatus(err)
+	}
+	return s.prefixResponse(&st.res, p), nil
+}
+
+// prefixResponse converts res into a pooled response message.
+func (s *Server) prefixResponse(res *indexer.Result, p resolved) *kvindexv1.LongestPrefixResponse {
+	out := getPrefixResponse()
+	out.BlocksTotal = uint32(res.BlocksTotal)
+	out.BlockSize = uint32(res.BlockSize)
+	if out.BlockSize == 0 {
+		out.BlockSize = uint32(s.cfg.BlockSize)
+	}
+	out.PromptTokens = uint32(p.tokens)
+	out.TokenSource = p.source
+	hv := s.healthOf()
+	out.Pods = growPods(out.Pods, len(res.Pods))
+	for i := range res.Pods {
+		m := &res.Pods[i]
+		pm := out.Pods[i]
+		pm.Pod = m.Engine.Pod
+		pm.DpRank = uint32(m.Engine.DPRank)
+		pm.MatchedBlocks = uint32(m.MatchedBlocks)
+		pm.MatchedTokens = uint32(m.MatchedTokens)
+		pm.HashCheck = hashCheck(m.HashCheck)
+		pm.Health = hv.health[m.Engine]
+		clear(pm.Tiers)
+		for _, t := range m.Tiers {
+			if t.Blocks <= 0 {
+				continue
+			}
+			if pm.Tiers == nil {
+				pm.Tiers = make(map[string]uint32, len(m.Tiers))
+			}
+			pm.Tiers[t.Medium] = uint32(t.Blocks)
+		}
+	}
+	return out
+}
+
+// Lookup implements kvindex.v1.IndexService.
+func (s *Server) Lookup(ctx context.Context, req *kvindexv1.LookupRequest) (*kvindexv1.LookupResponse, error) {
+	defer releaseRequestTokens(req.GetPrompt())
+	st := getQueryState()
+	defer putQueryState(st)
+	model, err := s.model(req.GetModel())
+	if err != nil {
+		return nil, err
+	}
+	p, err := s.resolvePrompt(ctx, req.GetPrompt(), model, &st.q, &st.x)
+	if err != nil {
+		return nil, err
+	}
+	st.q.Model = model
+	blocks, err := s.index.Lookup(&st.q)
+	if err != nil {
+		return nil, indexStatus(err)
+	}
+	out := &kvindexv1.LookupResponse{
+		BlockSize:    uint32(s.cfg.BlockSize),
+		Blocks:       make([]*kvindexv1.BlockInfo, len(blocks)),
+		PromptTokens: uint32(p.tokens),
+		TokenSource:  p.source,
+	}
+	for i, b := range blocks {
+		bi := &kvindexv1.BlockInfo{Index: uint32(b.Index), Hash: b.Key, Holders: make([]*kvindexv1.Holder, len(b.Holders))}
+		for j, h := range b.Holders {
+			bi.Holders[j] = &kvindexv1.Holder{
+				Pod: h.Engine.Pod, DpRank: uint32(h.Engine.DPRank), Medium: h.Medium,
+				GroupIdx: uint32(h.GroupIdx), Refs: uint32(h.Refs),
+			}
+		}
+		out.Blocks[i] = bi
+	}
+	return out, nil
+}
+
+// ListPods implements kvindex.v1.IndexService: the engines known to the
+// subscriber or the index, sorted by pod and rank.
+func (s *Server) ListPods(_ context.Context, req *kvindexv1.ListPodsRequest) (*kvindexv1.ListPodsResponse, error) {
+	byEngine := make(map[kvevents.EngineID]*kvindexv1.PodInfo)
+	get := func(e kvevents.EngineID) *kvindexv1.PodInfo {
+		p := byEngine[e]
+		if p == nil {
+			p = &kvindexv1.PodInfo{Pod: e.Pod, DpRank: uint32(e.DPRank), Model: e.Model}
+			byEngine[e] = p
+		}
+		return p
+	}
+	want := func(e kvevents.EngineID) bool { return req.GetModel() == "" || e.Model == req.GetModel() }
+	if s.cfg.Streams != nil {
+		for _, st := range s.cfg.Streams.Streams() {
+			if !want(st.Engine) {
+				continue
+			}
+			p := get(st.Engine)
+			p.Endpoint = st.Endpoint
+			p.Connected = st.Connected
+			p.Health = streamHealth(&st)
+			p.LastSeq = st.LastSeq
+			p.Batches = st.Batches
+			p.Events = st.Events
+			p.Gaps = st.Gaps
+			p.ReplaysOk = st.ReplaysOK
+			p.ReplaysFailed = st.ReplaysFailed
+			p.Resets = st.Resets
+			p.DecodeErrors = st.DecodeErrors
+			p.UnknownEvents = st.UnknownEvents
+			if st.LastEventUnixNano > 0 {
+				p.LastEventUnixMs = st.LastEventUnixNano / int64(time.Millisecond)
+			}
+		}
+	}
+	for _, e := range s.index.Engines() {
+		if !want(e.Engine) {
+			continue
+		}
+		p := get(e.Engine)
+		p.Blocks = uint64(max(e.HolderBlocks, 0))
+		p.HashCheck = hashCheck(e.HashCheck)
+		p.Message = e.Message
+	}
+	out := &kvindexv1.ListPodsResponse{Pods: make([]*kvindexv1.PodInfo, 0, len(byEngine))}
+	for _, p := range byEngine {
+		out.Pods = append(out.Pods, p)
+	}
+	slices.SortFunc(out.Pods, func(a, b *kvindexv1.PodInfo) int {
+		return cmp.Or(cmp.Compare(a.Pod, b.Pod), cmp.Compare(a.DpRank, b.DpRank), cmp.Compare(a.Model, b.Model))
+	})
+	return out, nil
+}
+
+// Watch implements kvindex.v1.IndexService: it streams applied events
+// until the client leaves or the server shuts down.
+func (s *Server) Watch(req *kvindexv1.WatchRequest, stream kvindexv1.IndexService_WatchServer) error {
+	if s.cfg.Hub == nil {
+		return status.Error(codes.Unavailable, "this kvindex has no event stream to watch")
+	}
+	for i, p := range req.GetPods() {
+		if p == "" {
+			return status.Errorf(codes.InvalidArgument, "pods[%d] is empty", i)
+		}
+	}
+	w, err := s.cfg.Hub.Subscribe(req.GetPods(), s.cfg.WatchBuffer)
+	if err != nil {
+		return status.Error(codes.Unavailable, "kvindex is shutting down")
+	}
+	defer func() {
+		w.Close()
+		if n := w.Dropped(); n > 0 {
+			s.log.Info("watcher fell behind", "dropped_events", n)
+		}
+	}()
+	ctx := stream.Context()
+	for {
+		select {
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case m, ok := <-w.Events():
+			if !ok {
+				return nil // the server is shutting down
+			}
+			if err := stream.Send(m); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// GetPodScores implements llm-d's indexer.v1.IndexerService: the prompt
+// is tokenized (completion form), and each pod scores the number of
+// leading blocks it holds (its best data-parallel rank). Every pod of the
+// answer and every pod asked about is listed, zeros included, the best
+// first.
+func (s *Server) GetPodScores(ctx context.Context, req *indexerv1.GetPodScoresRequest) (*indexerv1.GetPodScoresResponse, error) {
+	st := getQueryState()
+	defer putQueryState(st)
+	model, err := s.model(req.GetModelName())
+	if err != nil {
+		return nil, err
+	}
+	for i, c := range req.GetPodIdentifiers() {
+		if c == "" {
+			return nil, status.Errorf(codes.InvalidArgument, "pod_identifiers[%d] is empty", i)
+		}
+	}
+	prompt := &kvindexv1.Prompt{Input: &kvindexv1.Prompt_Text{Text: req.GetPrompt()}}
+	if _, err := s.resolvePrompt(ctx, prompt, model, &st.q, &st.x); err != nil {
+		return nil, err
+	}
+	st.q.Model = model
+	st.q.Candidates = req.GetPodIdentifiers()
+	if err := s.index.LongestPrefix(&st.q, &st.res); err != nil {
+		return nil, indexStatus(err)
+	}
+	return podScores(&st.res, req.GetPodIdentifiers()), nil
+}
+
+// podScores folds ranks into pods: a pod scores its best rank. Candidate
+// pods the index does not know score 0, so that every pod asked about
+// has a score.
+func podScores(res *indexer.Result, candidates []string) *indexerv1.GetPodScoresResponse {
+	out := &indexerv1.GetPodScoresResponse{}
+	seen := make(map[string]*indexerv1.PodScore, len(res.Pods)+len(candidates))
+	add := func(pod string) *indexerv1.PodScore {
+		ps := seen[pod]
+		if ps == nil {
+			ps = &indexerv1.PodScore{Pod: pod}
+			seen[pod] = ps
+			out.Scores = append(out.Scores, ps)
+		}
+		return ps
+	}
+	for i := range res.Pods {
+		m := &res.Pods[i]
+		ps := add(m.Engine.Pod)
+		ps.Score = max(ps.Score, float64(m.MatchedBlocks))
+	}
+	for _, c := range candidates {
+		add(c)
+	}
+	slices.SortStableFunc(out.Scores, func(a, b *indexerv1.PodScore) int {
+		return cmp.Or(cmp.Compare(b.Score, a.Score), cmp.Compare(a.Pod, b.Pod))
+	})
+	return out
+}
+
+func hashCheck(c indexer.HashCheck) kvindexv1.HashCheck {
+	switch c {
+	case indexer.HashVerified:
+		return kvindexv1.HashCheck_HASH_CHECK_VERIFIED
+	case indexer.HashMismatch:
+		return kvindexv1.HashCheck_HASH_CHECK_MISMATCH
+	}
+	return kvindexv1.HashCheck_HASH_CHECK_UNSPECIFIED
+}
+
+// indexStatus maps an index error. The index validates what the request
+// validation cannot know (block sizes, extra keys against the prompt), so
+// its errors are the caller's unless they say otherwise.
+func indexStatus(err error) error {
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	}
+	return status.Error(codes.Internal, "index: "+err.Error())
+}

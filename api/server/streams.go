@@ -1,0 +1,32 @@
+package server
+
+import (
+	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/kvevents"
+)
+
+// StreamSource reports the event subscriber's per-stream ingest
+// counters; the ZMQ subscriber implements it. The server depends on this
+// interface only, not on a transport. The returned slice belongs to the
+// caller.
+type StreamSource interface {
+	Streams() []kvevents.StreamStats
+}
+
+// ListenerSource is implemented by sources that may have a bind-mode
+// listen socket (the ZMQ subscriber); its counters are exported as
+// metrics.
+type ListenerSource interface {
+	ListenerStats() (kvevents.ListenerStats, bool)
+}
+
+// streamHealth maps a stream's state to the API's health.
+func streamHealth(st *kvevents.StreamStats) kvindexv1.EngineHealth {
+	switch {
+	case !st.Connected:
+		return kvindexv1.EngineHealth_ENGINE_HEALTH_DISCONNECTED
+	case st.Degraded:
+		return kvindexv1.EngineHealth_ENGINE_HEALTH_DEGRADED
+	}
+	return kvindexv1.EngineHealth_ENGINE_HEALTH_OK
+}
