@@ -1,6 +1,7 @@
 # kvindex developer commands. The two that matter:
 #   make demo   run kvindex's main job on its embedded default (no external servers)
-#   make test   gofmt and go vet checks, then every test with the race detector
+#   make test   the checks (gofmt, go vet, staticcheck, the cgo-free build), every
+#               test with the race detector, then the race-shortened tests without it
 
 GO      ?= go
 PKGS    := ./...
@@ -8,6 +9,16 @@ BENCH   ?= .
 # System packages the build and tests need (Debian names): libzmq for the ZMQ
 # transport (cgo), Python's zmq and msgpack for the interop test.
 DEB_PKGS := libzmq3-dev pkg-config python3-zmq python3-msgpack
+
+# The packages that must build without cgo (no libzmq, no C compiler): the
+# core and the Go client.
+CGO_FREE := ./blockhash/... ./kvevents ./kvevents/enginesim ./indexer/... ./api/client ./tokenizer/...
+# Packages whose tests skip or shrink under the race detector (they carry a
+# `//go:build race` file); their tests also run once without it.
+NORACE_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^//go:build race' .)))
+STATICCHECK_VERSION := v0.8.2
+TOOLS := $(CURDIR)/bin/tools
+STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 
 .PHONY: all build demo test check bench deps proto clean
 
@@ -29,13 +40,20 @@ build: deps
 demo: build
 	./bin/kvindex demo
 
-check:
+$(STATICCHECK):
+	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	mv $(TOOLS)/staticcheck $@
+
+check: $(STATICCHECK)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(STATICCHECK) $(PKGS)
+	CGO_ENABLED=0 $(GO) build $(CGO_FREE)
 
 test: deps check
 	$(GO) test -race -count=1 $(PKGS)
+	$(GO) test -count=1 $(NORACE_PKGS)
 
 # Benchmarks the issues ask for; BENCH narrows them (make bench BENCH=Chain).
 bench: deps
@@ -47,7 +65,6 @@ clean:
 # Regenerate api/ from proto/ with Debian's protoc (3.21.12) and pinned plugins.
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
-TOOLS := $(CURDIR)/bin/tools
 proto:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
