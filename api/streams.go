@@ -6,14 +6,14 @@ import (
 )
 
 // StreamSource reports the subscriber's per-stream ingest counters;
-// *kvevents.Subscriber implements it. The returned slice belongs to the
+// *zmqtransport.Subscriber implements it. The returned slice belongs to the
 // caller.
 type StreamSource interface {
 	Streams() []kvevents.StreamStats
 }
 
 // ListenerSource is implemented by sources that may have a bind-mode
-// listen socket (*kvevents.Subscriber); its counters are exported as
+// listen socket (*zmqtransport.Subscriber); its counters are exported as
 // metrics.
 type ListenerSource interface {
 	ListenerStats() (kvevents.ListenerStats, bool)

@@ -15,6 +15,11 @@ type EngineID struct {
 	DPRank int
 }
 
+// MaxDPRank bounds data-parallel ranks: an EngineID's DPRank is in
+// [0, MaxDPRank), and a batch claiming a rank outside it is treated as
+// malformed.
+const MaxDPRank = 1024
+
 // String formats the engine as "pod" for rank 0 and "pod/dpN" otherwise.
 func (e EngineID) String() string {
 	if e.DPRank == 0 {
