@@ -11,8 +11,8 @@ BENCH   ?= .
 DEB_PKGS := libzmq3-dev pkg-config python3-zmq python3-msgpack
 
 # The packages that must build without cgo (no libzmq, no C compiler): the
-# core and the Go client.
-CGO_FREE := ./blockhash/... ./kvevents ./kvevents/enginesim ./indexer/... ./api/client ./tokenizer/...
+# core, the Go client and the server (only kvevents/zmqtransport needs libzmq).
+CGO_FREE := ./blockhash/... ./kvevents ./kvevents/enginesim ./indexer/... ./api/client ./api/server ./tokenizer/...
 # Packages whose tests skip or shrink under the race detector (they carry a
 # `//go:build race` file); their tests also run once without it.
 NORACE_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^//go:build race' .)))

@@ -95,7 +95,7 @@
 // # The precise router's event path
 //
 // precise takes the real path: enginesim PUB socket (ZMQ, msgpack) ->
-// kvevents.Subscriber (sequencing, replay) -> a delay line ->
+// zmqtransport.Subscriber (sequencing, replay) -> a delay line ->
 // indexer.Index -> LongestPrefix. A batch published at simulated time t
 // becomes visible to the router at t + Delay (default 20 ms): the delay
 // line holds what the subscriber delivers and, before a decision at

@@ -11,6 +11,7 @@ import (
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
 // model is the model name the simulated fleet serves.
@@ -20,14 +21,14 @@ const model = "demo-32b"
 func podName(i int) string { return "pod-" + strconv.Itoa(i) }
 
 // fleet is one router run's engines, plus, for the precise router, the
-// event path: engines' PUB sockets -> kvevents.Subscriber -> delay line ->
-// indexer.Index.
+// event path: engines' PUB sockets -> zmqtransport.Subscriber -> delay
+// line -> indexer.Index.
 type fleet struct {
-	sims    []*enginesim.Engine
+	sims    []*zmqtransport.SimEngine
 	engines []engine
 	names   []string
 
-	sub  *kvevents.Subscriber
+	sub  *zmqtransport.Subscriber
 	line *delayLine
 	ix   *indexer.Index
 }
@@ -35,7 +36,7 @@ type fleet struct {
 // simEngine adapts an enginesim engine to the simulation and, when the
 // event path is on, tells the delay line when each batch was published.
 type simEngine struct {
-	e    *enginesim.Engine
+	e    *zmqtransport.SimEngine
 	id   kvevents.EngineID
 	bs   int
 	line *delayLine
@@ -76,18 +77,19 @@ func newFleet(h *blockhash.Hasher, n, capacity int, events bool, timeout time.Du
 		}
 		f.line = newDelayLine(f.ix, timeout)
 	}
-	var cfgs []kvevents.EngineConfig
+	var cfgs []zmqtransport.EngineConfig
 	for i := range n {
 		// Without the event path nobody listens: keep one batch for
 		// replay rather than the default 10,000 payloads. With it, the
 		// run never lets the subscriber fall behind by more than the
 		// batches of one decision, so a short buffer covers any replay.
 		cfg := enginesim.Config{Pod: podName(i), Model: model, Hasher: h, CapacityBlocks: capacity, BufferSteps: 1}
+		var pcfg zmqtransport.PublisherConfig
 		if events {
-			cfg.ReplayEndpoint = "tcp://127.0.0.1:*"
+			pcfg.ReplayEndpoint = "tcp://127.0.0.1:*"
 			cfg.BufferSteps = 1024
 		}
-		e, err := enginesim.New(cfg)
+		e, err := zmqtransport.NewSimEngine(cfg, pcfg)
 		if err != nil {
 			return nil, fmt.Errorf("engine %s: %w", podName(i), err)
 		}
@@ -97,7 +99,7 @@ func newFleet(h *blockhash.Hasher, n, capacity int, events bool, timeout time.Du
 		if events {
 			se.line = f.line
 			f.line.register(se.id)
-			cfgs = append(cfgs, kvevents.EngineConfig{
+			cfgs = append(cfgs, zmqtransport.EngineConfig{
 				Name: podName(i), Model: model, Endpoint: e.PubEndpoint(), ReplayEndpoint: e.ReplayEndpoint(),
 			})
 		}
@@ -106,7 +108,7 @@ func newFleet(h *blockhash.Hasher, n, capacity int, events bool, timeout time.Du
 	if !events {
 		return f, nil
 	}
-	f.sub, err = kvevents.NewSubscriber(kvevents.SubscriberConfig{Engines: cfgs, Pollers: 1}, f.line, slog.New(slog.DiscardHandler))
+	f.sub, err = zmqtransport.NewSubscriber(zmqtransport.SubscriberConfig{Engines: cfgs, Pollers: 1}, f.line, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return nil, fmt.Errorf("subscriber: %w", err)
 	}

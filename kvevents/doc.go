@@ -1,15 +1,21 @@
-// Package kvevents takes in the KV-cache events inference engines publish
-// and turns them into one ordered, gap-free stream per engine.
+// Package kvevents turns the KV-cache event batches inference engines
+// publish into one ordered, gap-free stream of typed events per engine,
+// without touching any transport: the event model, its msgpack codec and
+// the sequencer.
 //
-// The data path:
+// The data path, with the transport in package kvevents/zmqtransport:
 //
-//	engine PUB --[topic, seq u64 BE, msgpack EventBatch]--> subscriber
-//	  -> decode (every vLLM wire version, SGLang)     -> typed Events
-//	  -> sequencer per (engine, dp rank): gap -> replay over DEALER;
+//	engine PUB --[topic, seq u64 BE, msgpack EventBatch]--> transport
+//	  -> Decoder (every vLLM wire version, SGLang)    -> typed Events
+//	  -> Sequencer per (engine, dp rank): gap -> replay request;
 //	     sequence going backwards -> Reset
 //	  -> Sink.Apply(engine, seq, events)
 //
-// The package knows nothing about the index beyond the Sink interface.
+// The package has no sockets, goroutines, clocks or cgo (it builds with
+// CGO_ENABLED=0), and knows nothing about the index beyond the Sink
+// interface. StreamStats and ListenerStats, the counter snapshots a
+// transport reports, live here so that their readers (the API server's
+// metrics) need no transport.
 //
 // # Wire decoding
 //
@@ -31,18 +37,16 @@
 // byte for byte as vLLM's msgspec does (ShapeV090, ShapeArray, ShapeMap),
 // for tests, the simulated engine (package enginesim) and relays.
 //
-// # Transport
+// # Sequencing
 //
-// Subscriber owns the sockets (github.com/pebbe/zmq4 over libzmq). In
-// connect mode it runs one SUB per engine and data-parallel rank (rank r
-// publishes on port+r) and a DEALER for the engine's replay ROUTER; in
-// bind mode one SUB that many engines connect to, naming each engine from
-// its topic (llm-d's kv@<pod>@<model>, a template or a regexp). A pure
-// state machine per (engine, rank), the sequencer, turns the 8-byte
-// sequence numbers into actions: apply in order; on a gap, replay from the
-// engine's buffer (both reply layouts, before and after vLLM v0.26); when
-// replay cannot close the gap, mark the stream degraded and go on, keeping
-// the index state; when the sequence goes backwards, report a restart
-// (Sink.Reset) before the new process's events. Per-stream counters
-// (StreamStats) feed the service's metrics.
+// A Sequencer is a pure state machine per (engine, rank), in the manner of
+// etcd's raft: its caller feeds it what arrived (a live batch, a replayed
+// batch, the replay end marker, a connection, the time as a value) and it
+// answers synchronously through a SequencerOutput: deliver this batch in
+// order, reset the engine, request or cancel a replay. On a gap it asks
+// for a replay from the engine's buffer; when replay cannot close the gap
+// it marks the stream degraded and goes on, keeping the index state; when
+// the sequence goes backwards it reports a restart (Reset) before the new
+// process's batches. Every deviation from "deliver in order" is also
+// reported as a Note, which the transport turns into counters and logs.
 package kvevents

@@ -16,6 +16,11 @@ type EngineID struct {
 	DPRank int
 }
 
+// MaxDPRank bounds data-parallel ranks: an EngineID's DPRank is in
+// [0, MaxDPRank), and a batch claiming a rank outside it is treated as
+// malformed.
+const MaxDPRank = 1024
+
 // String formats the engine the one way kvindex prints engines: "pod" for
 // data-parallel rank 0 (the only rank of an engine without data
 // parallelism), "pod/N" for rank N.

@@ -1,4 +1,4 @@
-package kvevents
+package kvevents_test
 
 import (
 	"encoding/binary"
@@ -7,47 +7,51 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvindex/kvindex/kvevents"
 )
 
-// seqRecorder is a seqOutput that writes every call as one line.
+// seqRecorder is a SequencerOutput that writes every call as one line.
 type seqRecorder struct {
 	log       []string
 	replayOK  bool     // what requestReplay answers
 	delivered []uint64 // seqs since the last reset
 	epochs    [][]uint64
-	notes     []seqNote
+	notes     []kvevents.Note
+	requested uint64 // the last RequestReplay's from
 }
 
-func (r *seqRecorder) deliver(seq uint64, payload []byte) {
+func (r *seqRecorder) Deliver(seq uint64, payload []byte) {
 	r.log = append(r.log, fmt.Sprintf("deliver %d %s", seq, payload))
 	r.delivered = append(r.delivered, seq)
 }
 
-func (r *seqRecorder) reset(reason ResetReason) {
+func (r *seqRecorder) Reset(reason kvevents.ResetReason) {
 	r.log = append(r.log, "reset "+string(reason))
 	r.epochs = append(r.epochs, r.delivered)
 	r.delivered = nil
 }
 
-func (r *seqRecorder) requestReplay(from uint64) bool {
+func (r *seqRecorder) RequestReplay(from uint64) bool {
+	r.requested = from
 	r.log = append(r.log, fmt.Sprintf("request %d", from))
 	return r.replayOK
 }
 
-func (r *seqRecorder) cancelReplay() { r.log = append(r.log, "cancel") }
+func (r *seqRecorder) CancelReplay() { r.log = append(r.log, "cancel") }
 
-func (r *seqRecorder) note(n seqNote) {
+func (r *seqRecorder) Note(n kvevents.Note) {
 	r.notes = append(r.notes, n)
-	s := "note " + n.kind.String()
-	switch n.kind {
-	case noteGap, noteLost, noteRestart, noteTruncated, noteReplayDone:
-		s += fmt.Sprintf(" %d-%d", n.from, n.to)
-	case noteReplayStart, noteDuplicate, noteJoin, noteStray:
-		s += fmt.Sprintf(" %d", n.from)
-	case noteReplayFailed:
-		s += " " + n.reason.String()
+	s := "note " + n.Kind.String()
+	switch n.Kind {
+	case kvevents.NoteGap, kvevents.NoteLost, kvevents.NoteRestart, kvevents.NoteTruncated, kvevents.NoteReplayDone:
+		s += fmt.Sprintf(" %d-%d", n.From, n.To)
+	case kvevents.NoteReplayStart, kvevents.NoteDuplicate, kvevents.NoteJoin, kvevents.NoteStray:
+		s += fmt.Sprintf(" %d", n.From)
+	case kvevents.NoteReplayFailed:
+		s += " " + n.Reason.String()
 	}
-	if n.bootstrap {
+	if n.Bootstrap {
 		s += " bootstrap"
 	}
 	r.log = append(r.log, s)
@@ -57,7 +61,7 @@ func (r *seqRecorder) note(n seqNote) {
 // "R5" replayed seq 5, "E" replay end marker, "T100" tick at now=100.
 type step string
 
-func runSteps(t *testing.T, s *sequencer, steps []step) {
+func runSteps(t *testing.T, s *kvevents.Sequencer, steps []step) {
 	t.Helper()
 	for _, st := range steps {
 		var n uint64
@@ -69,13 +73,13 @@ func runSteps(t *testing.T, s *sequencer, steps []step) {
 		payload := []byte(fmt.Sprintf("p%d", n))
 		switch st[0] {
 		case 'L':
-			s.live(n, payload, 0)
+			s.Live(n, payload, 0)
 		case 'R':
-			s.replayed(n, payload, 0)
+			s.Replayed(n, payload, 0)
 		case 'E':
-			s.replayEnd(0)
+			s.ReplayEnd(0)
 		case 'T':
-			s.tick(int64(n))
+			s.Tick(int64(n))
 		default:
 			t.Fatalf("bad step %q", st)
 		}
@@ -358,14 +362,13 @@ func TestSequencer(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rec := &seqRecorder{replayOK: tt.cfg.replayOK}
-			var s sequencer
-			s.init(rec, tt.cfg.canReplay, tt.cfg.maxHeld, 1e9)
-			runSteps(t, &s, tt.steps)
+			s := kvevents.NewSequencer(rec, kvevents.SequencerConfig{CanReplay: tt.cfg.canReplay, MaxHeld: tt.cfg.maxHeld, ReplayTimeout: 1e9})
+			runSteps(t, s, tt.steps)
 			if !slices.Equal(rec.log, tt.want) {
 				t.Errorf("got:\n\t%s\nwant:\n\t%s", strings.Join(rec.log, "\n\t"), strings.Join(tt.want, "\n\t"))
 			}
-			if s.degraded != tt.degraded {
-				t.Errorf("degraded = %v, want %v", s.degraded, tt.degraded)
+			if s.Degraded() != tt.degraded {
+				t.Errorf("degraded = %v, want %v", s.Degraded(), tt.degraded)
 			}
 			checkOrdered(t, rec)
 		})
@@ -376,19 +379,19 @@ func TestSequencerConnected(t *testing.T) {
 	tests := []struct {
 		name      string
 		canReplay bool
-		steps     func(s *sequencer)
+		steps     func(s *kvevents.Sequencer)
 		want      []string
 	}{
 		{
 			name: "fresh stream replays the engine's buffer on connect", canReplay: true,
-			steps: func(s *sequencer) {
-				s.connected(0)
-				s.live(3, []byte("p3"), 0) // held
-				s.replayed(0, []byte("p0"), 0)
-				s.replayed(1, []byte("p1"), 0)
-				s.replayed(2, []byte("p2"), 0)
-				s.replayEnd(0)
-				s.live(4, []byte("p4"), 0)
+			steps: func(s *kvevents.Sequencer) {
+				s.Connected(0)
+				s.Live(3, []byte("p3"), 0) // held
+				s.Replayed(0, []byte("p0"), 0)
+				s.Replayed(1, []byte("p1"), 0)
+				s.Replayed(2, []byte("p2"), 0)
+				s.ReplayEnd(0)
+				s.Live(4, []byte("p4"), 0)
 			},
 			want: []string{
 				"note replay-start 0 bootstrap", "request 0",
@@ -398,22 +401,22 @@ func TestSequencerConnected(t *testing.T) {
 		},
 		{
 			name: "empty engine", canReplay: true,
-			steps: func(s *sequencer) {
-				s.connected(0)
-				s.replayEnd(0)
-				s.live(0, []byte("p0"), 0)
+			steps: func(s *kvevents.Sequencer) {
+				s.Connected(0)
+				s.ReplayEnd(0)
+				s.Live(0, []byte("p0"), 0)
 			},
 			want: []string{"note replay-start 0 bootstrap", "request 0", "note replay-done 0-0 bootstrap", "deliver 0 p0"},
 		},
 		{
 			name: "replayed batches still in flight live are duplicates", canReplay: true,
-			steps: func(s *sequencer) {
-				s.connected(0)
-				s.replayed(0, []byte("p0"), 0)
-				s.replayed(1, []byte("p1"), 0)
-				s.replayEnd(0)
-				s.live(1, []byte("p1"), 0)
-				s.live(2, []byte("p2"), 0)
+			steps: func(s *kvevents.Sequencer) {
+				s.Connected(0)
+				s.Replayed(0, []byte("p0"), 0)
+				s.Replayed(1, []byte("p1"), 0)
+				s.ReplayEnd(0)
+				s.Live(1, []byte("p1"), 0)
+				s.Live(2, []byte("p2"), 0)
 			},
 			want: []string{
 				"note replay-start 0 bootstrap", "request 0", "deliver 0 p0", "deliver 1 p1",
@@ -422,13 +425,13 @@ func TestSequencerConnected(t *testing.T) {
 		},
 		{
 			name: "an idle engine known only from its replay restarts", canReplay: true,
-			steps: func(s *sequencer) {
-				s.connected(0)
-				s.replayed(0, []byte("p0"), 0)
-				s.replayed(1, []byte("p1"), 0)
-				s.replayEnd(0)
+			steps: func(s *kvevents.Sequencer) {
+				s.Connected(0)
+				s.Replayed(0, []byte("p0"), 0)
+				s.Replayed(1, []byte("p1"), 0)
+				s.ReplayEnd(0)
 				// Seq 1 again, but another batch: a new process.
-				s.live(1, []byte("new1"), 0)
+				s.Live(1, []byte("new1"), 0)
 			},
 			want: []string{
 				"note replay-start 0 bootstrap", "request 0", "deliver 0 p0", "deliver 1 p1",
@@ -438,16 +441,16 @@ func TestSequencerConnected(t *testing.T) {
 		},
 		{
 			name: "a batch unlike the replayed one under its seq is a restart", canReplay: true,
-			steps: func(s *sequencer) {
-				s.live(0, []byte("p0"), 0)
-				s.live(2, []byte("p2"), 0)
-				s.replayed(1, []byte("p1"), 0)
-				s.replayed(2, []byte("p2"), 0)
-				s.replayed(3, []byte("p3"), 0)
-				s.replayEnd(0)
-				s.live(3, []byte("p3"), 0) // in flight: a duplicate
-				s.live(4, []byte("p4"), 0)
-				s.live(4, []byte("x4"), 0) // below the live high mark
+			steps: func(s *kvevents.Sequencer) {
+				s.Live(0, []byte("p0"), 0)
+				s.Live(2, []byte("p2"), 0)
+				s.Replayed(1, []byte("p1"), 0)
+				s.Replayed(2, []byte("p2"), 0)
+				s.Replayed(3, []byte("p3"), 0)
+				s.ReplayEnd(0)
+				s.Live(3, []byte("p3"), 0) // in flight: a duplicate
+				s.Live(4, []byte("p4"), 0)
+				s.Live(4, []byte("x4"), 0) // below the live high mark
 			},
 			want: []string{
 				"deliver 0 p0", "note gap 1-2", "note replay-start 1", "request 1",
@@ -458,29 +461,28 @@ func TestSequencerConnected(t *testing.T) {
 		},
 		{
 			name: "reconnect of a stream with history does nothing", canReplay: true,
-			steps: func(s *sequencer) {
-				s.live(0, []byte("p0"), 0)
-				s.connected(0)
-				s.live(1, []byte("p1"), 0)
+			steps: func(s *kvevents.Sequencer) {
+				s.Live(0, []byte("p0"), 0)
+				s.Connected(0)
+				s.Live(1, []byte("p1"), 0)
 			},
 			want: []string{"deliver 0 p0", "deliver 1 p1"},
 		},
 		{
 			name: "no replay endpoint", canReplay: false,
-			steps: func(s *sequencer) { s.connected(0) },
+			steps: func(s *kvevents.Sequencer) { s.Connected(0) },
 			want:  nil,
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rec := &seqRecorder{replayOK: true}
-			var s sequencer
-			s.init(rec, tt.canReplay, 10, 1e9)
-			tt.steps(&s)
+			s := kvevents.NewSequencer(rec, kvevents.SequencerConfig{CanReplay: tt.canReplay, MaxHeld: 10, ReplayTimeout: 1e9})
+			tt.steps(s)
 			if !slices.Equal(rec.log, tt.want) {
 				t.Errorf("got:\n\t%s\nwant:\n\t%s", strings.Join(rec.log, "\n\t"), strings.Join(tt.want, "\n\t"))
 			}
-			if s.degraded {
+			if s.Degraded() {
 				t.Error("degraded")
 			}
 		})
@@ -489,14 +491,13 @@ func TestSequencerConnected(t *testing.T) {
 
 func TestSequencerCleared(t *testing.T) {
 	rec := &seqRecorder{}
-	var s sequencer
-	s.init(rec, false, 10, 1e9)
-	runSteps(t, &s, []step{"L0", "L3"})
-	if !s.degraded {
+	s := kvevents.NewSequencer(rec, kvevents.SequencerConfig{CanReplay: false, MaxHeld: 10, ReplayTimeout: 1e9})
+	runSteps(t, s, []step{"L0", "L3"})
+	if !s.Degraded() {
 		t.Fatal("gap without replay did not degrade the stream")
 	}
-	s.cleared()
-	if s.degraded {
+	s.Cleared()
+	if s.Degraded() {
 		t.Fatal("AllBlocksCleared did not heal the stream")
 	}
 	if got := rec.log[len(rec.log)-1]; got != "note healthy" {
@@ -506,31 +507,30 @@ func TestSequencerCleared(t *testing.T) {
 
 func TestSequencerReplayDeadline(t *testing.T) {
 	rec := &seqRecorder{replayOK: true}
-	var s sequencer
-	s.init(rec, true, 10, 500)
-	if _, ok := s.replayDeadline(); ok {
+	s := kvevents.NewSequencer(rec, kvevents.SequencerConfig{CanReplay: true, MaxHeld: 10, ReplayTimeout: 500})
+	if _, ok := s.ReplayDeadline(); ok {
 		t.Fatal("deadline reported without a replay")
 	}
-	s.live(0, nil, 1000)
-	s.live(2, nil, 1000)
-	d, ok := s.replayDeadline()
+	s.Live(0, nil, 1000)
+	s.Live(2, nil, 1000)
+	d, ok := s.ReplayDeadline()
 	if !ok || d != 1500 {
 		t.Fatalf("deadline = %d, %v; want 1500, true", d, ok)
 	}
-	s.tick(1499)
-	if !s.replaying {
+	s.Tick(1499)
+	if !s.Replaying() {
 		t.Fatal("replay failed before its deadline")
 	}
-	s.replayed(1, nil, 1400) // progress moves the deadline
-	if d, _ := s.replayDeadline(); d != 1900 {
+	s.Replayed(1, nil, 1400) // progress moves the deadline
+	if d, _ := s.ReplayDeadline(); d != 1900 {
 		t.Fatalf("deadline after a reply = %d, want 1900", d)
 	}
-	s.tick(1899)
-	if !s.replaying {
+	s.Tick(1899)
+	if !s.Replaying() {
 		t.Fatal("replay failed before its extended deadline")
 	}
-	s.tick(1900)
-	if s.replaying || !s.degraded {
+	s.Tick(1900)
+	if s.Replaying() || !s.Degraded() {
 		t.Fatal("replay survived its deadline")
 	}
 }
@@ -575,19 +575,18 @@ func TestSequencerLossyStream(t *testing.T) {
 		rng := rand.New(rand.NewPCG(seed, 0))
 		pub := &simPublisher{keep: 1 << 20}
 		rec := &seqRecorder{replayOK: true}
-		var s sequencer
-		s.init(rec, true, 1<<20, 1e9)
+		s := kvevents.NewSequencer(rec, kvevents.SequencerConfig{CanReplay: true, MaxHeld: 1 << 20, ReplayTimeout: 1e9})
 		var inflight []uint64 // published, not yet received live
 		serveIn := -1         // steps until the outstanding request is served
 		const total = 3000
 		serve := func() {
-			from := s.replayFrom
+			from := rec.requested
 			for _, b := range pub.buffer {
 				if b >= from {
-					s.replayed(b, nil, 0)
+					s.Replayed(b, nil, 0)
 				}
 			}
-			s.replayEnd(0)
+			s.ReplayEnd(0)
 		}
 		for pub.next < total || len(inflight) > 0 {
 			switch r := rng.IntN(10); {
@@ -597,10 +596,10 @@ func TestSequencerLossyStream(t *testing.T) {
 				seq := inflight[0]
 				inflight = inflight[1:]
 				if rng.IntN(8) != 0 { // 12.5% live loss
-					s.live(seq, nil, 0)
+					s.Live(seq, nil, 0)
 				}
 			}
-			if s.replaying && serveIn < 0 {
+			if s.Replaying() && serveIn < 0 {
 				serveIn = rng.IntN(6)
 			}
 			if serveIn == 0 {
@@ -610,7 +609,7 @@ func TestSequencerLossyStream(t *testing.T) {
 				serveIn--
 			}
 		}
-		for s.replaying {
+		for s.Replaying() {
 			serve()
 		}
 		if len(rec.epochs) != 0 {
@@ -626,7 +625,7 @@ func TestSequencerLossyStream(t *testing.T) {
 		if len(rec.delivered) < total/2 {
 			t.Fatalf("seed %d: only %d of %d delivered", seed, len(rec.delivered), total)
 		}
-		if s.degraded {
+		if s.Degraded() {
 			t.Fatalf("seed %d: degraded although every hole was replayable", seed)
 		}
 	}
@@ -640,8 +639,8 @@ func FuzzSequencer(f *testing.F) {
 	f.Add([]byte{0, 9, 3, 9, 0, 0, 2, 0})
 	f.Fuzz(func(t *testing.T, script []byte) {
 		rec := &seqRecorder{replayOK: len(script)%2 == 0}
-		var s sequencer
-		s.init(rec, len(script)%3 != 0, 4, 10)
+		const maxHeld = 4
+		s := kvevents.NewSequencer(rec, kvevents.SequencerConfig{CanReplay: len(script)%3 != 0, MaxHeld: maxHeld, ReplayTimeout: 10})
 		var now int64
 		for i := 0; i+1 < len(script); i += 2 {
 			arg := uint64(script[i+1])
@@ -650,17 +649,17 @@ func FuzzSequencer(f *testing.F) {
 			}
 			switch script[i] % 4 {
 			case 0:
-				s.live(arg, nil, now)
+				s.Live(arg, nil, now)
 			case 1:
-				s.replayed(arg, nil, now)
+				s.Replayed(arg, nil, now)
 			case 2:
-				s.replayEnd(now)
+				s.ReplayEnd(now)
 			case 3:
 				now += int64(arg)
-				s.tick(now)
+				s.Tick(now)
 			}
-			if len(s.held) > s.maxHeld {
-				t.Fatalf("holding %d batches, bound %d", len(s.held), s.maxHeld)
+			if s.Held() > maxHeld {
+				t.Fatalf("holding %d batches, bound %d", s.Held(), maxHeld)
 			}
 		}
 		checkOrdered(t, rec)

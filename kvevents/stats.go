@@ -1,14 +1,10 @@
 package kvevents
 
-import (
-	"cmp"
-	"sync/atomic"
-)
-
 // StreamStats is a snapshot of one stream's counters: one engine's
-// data-parallel rank. Counters only grow (a restart does not zero them), so
-// they export directly as Prometheus counters; Connected, Degraded,
-// Replaying, LastSeq and LastEventUnixNano are gauges.
+// data-parallel rank, as a transport (package zmqtransport) reports it.
+// Counters only grow (a restart does not zero them), so they export
+// directly as Prometheus counters; Connected, Degraded, Replaying, LastSeq
+// and LastEventUnixNano are gauges.
 type StreamStats struct {
 	Engine EngineID
 	// Endpoint is the SUB endpoint the stream is read from: the engine's
@@ -55,93 +51,4 @@ type ListenerStats struct {
 	DecodeErrors    uint64 // payload undecodable, so its rank is unknown
 	BadRanks        uint64 // dp_rank outside [0, MaxDPRank)
 	Conflicts       uint64 // identity already owned by a configured engine
-}
-
-// streamCounters are a stream's live counters. The stream's goroutine
-// writes them; Stats readers load them without locks.
-type streamCounters struct {
-	engine         atomic.Pointer[EngineID]
-	endpoint       string
-	replayEndpoint string
-	bind           bool
-	listener       *listenerCounters // bind mode: for Connected
-
-	batches, events, decodeErrors, unknownEvents atomic.Uint64
-	gaps, lost, duplicates                       atomic.Uint64
-	replaysOK, replaysFailed                     atomic.Uint64
-	restarts, resets, rankMismatches             atomic.Uint64
-	lastSeq                                      atomic.Uint64
-	lastEvent                                    atomic.Int64
-	connected, degraded, replaying               atomic.Bool
-}
-
-func (c *streamCounters) snapshot() StreamStats {
-	st := StreamStats{
-		Engine:            *c.engine.Load(),
-		Endpoint:          c.endpoint,
-		ReplayEndpoint:    c.replayEndpoint,
-		Bind:              c.bind,
-		Batches:           c.batches.Load(),
-		Events:            c.events.Load(),
-		DecodeErrors:      c.decodeErrors.Load(),
-		UnknownEvents:     c.unknownEvents.Load(),
-		Gaps:              c.gaps.Load(),
-		LostBatches:       c.lost.Load(),
-		Duplicates:        c.duplicates.Load(),
-		ReplaysOK:         c.replaysOK.Load(),
-		ReplaysFailed:     c.replaysFailed.Load(),
-		Restarts:          c.restarts.Load(),
-		Resets:            c.resets.Load(),
-		RankMismatches:    c.rankMismatches.Load(),
-		LastSeq:           c.lastSeq.Load(),
-		LastEventUnixNano: c.lastEvent.Load(),
-		Connected:         c.connected.Load(),
-		Degraded:          c.degraded.Load(),
-		Replaying:         c.replaying.Load(),
-	}
-	if c.listener != nil {
-		st.Connected = c.listener.peers.Load() > 0
-	}
-	return st
-}
-
-// listenerCounters are a listen socket's live counters.
-type listenerCounters struct {
-	endpoint                                      atomic.Pointer[string]
-	peers                                         atomic.Int64
-	messages, malformed, unknownTopics, decodeErr atomic.Uint64
-	badRanks, conflicts                           atomic.Uint64
-}
-
-func (c *listenerCounters) snapshot() ListenerStats {
-	ls := ListenerStats{
-		Peers:           c.peers.Load(),
-		Messages:        c.messages.Load(),
-		MalformedFrames: c.malformed.Load(),
-		UnknownTopics:   c.unknownTopics.Load(),
-		DecodeErrors:    c.decodeErr.Load(),
-		BadRanks:        c.badRanks.Load(),
-		Conflicts:       c.conflicts.Load(),
-	}
-	if ep := c.endpoint.Load(); ep != nil {
-		ls.Endpoint = *ep
-	}
-	return ls
-}
-
-// compareStreams orders snapshots by pod, rank, model, then endpoint.
-func compareStreams(a, b StreamStats) int {
-	return cmp.Or(
-		cmp.Compare(a.Engine.Pod, b.Engine.Pod),
-		cmp.Compare(a.Engine.DPRank, b.Engine.DPRank),
-		cmp.Compare(a.Engine.Model, b.Engine.Model),
-		cmp.Compare(a.Endpoint, b.Endpoint),
-	)
-}
-
-// logEvery reports whether the n-th occurrence of a repetitive problem
-// should be logged: the first few, then one in every thousand.
-func logEvery(n uint64) bool {
-	const first, every = 10, 1000
-	return n <= first || n%every == 0
 }

@@ -5,16 +5,15 @@ import (
 	"github.com/kvindex/kvindex/kvevents"
 )
 
-// StreamSource reports the event subscriber's per-stream ingest
-// counters; the ZMQ subscriber implements it. The server depends on this
-// interface only, not on a transport. The returned slice belongs to the
+// StreamSource reports the subscriber's per-stream ingest counters;
+// *zmqtransport.Subscriber implements it. The returned slice belongs to the
 // caller.
 type StreamSource interface {
 	Streams() []kvevents.StreamStats
 }
 
 // ListenerSource is implemented by sources that may have a bind-mode
-// listen socket (the ZMQ subscriber); its counters are exported as
+// listen socket (*zmqtransport.Subscriber); its counters are exported as
 // metrics.
 type ListenerSource interface {
 	ListenerStats() (kvevents.ListenerStats, bool)

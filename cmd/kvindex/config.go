@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/kvevents"
+	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
 // serveFlags are kvindex serve's settings. Every flag can also come from
@@ -44,7 +45,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.model, "model", "", "model of engines that name none, and of queries that name none")
 	fs.StringArrayVar(&f.engines, "engine", nil, "engine to connect to (connect mode): NAME=ENDPOINT[,replay=ENDPOINT][,ranks=N][,model=M][,topic=PREFIX]; repeatable")
 	fs.StringVar(&f.listen, "listen", "", "bind one SUB socket here for engines to connect to (bind mode), e.g. tcp://*:5557")
-	fs.StringVar(&f.topicPattern, "topic-pattern", kvevents.LLMDTopicPattern, "bind mode: how topics name engines, with {pod} and optionally {model}")
+	fs.StringVar(&f.topicPattern, "topic-pattern", zmqtransport.LLMDTopicPattern, "bind mode: how topics name engines, with {pod} and optionally {model}")
 	fs.StringVar(&f.replayTemplate, "replay-template", "", "bind mode: engines' replay endpoint, with {pod}, e.g. tcp://{pod}:5558 (default: no replay)")
 	f.hash.register(fs)
 	fs.Var(&f.memoryBudget, "memory-budget", "cap on the index's memory, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited")
@@ -60,8 +61,8 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 // parseEngine parses one --engine value:
 // NAME=ENDPOINT[,replay=ENDPOINT][,ranks=N][,model=M][,topic=PREFIX].
 // An endpoint without a scheme is taken as tcp://.
-func parseEngine(s, defaultModel string) (kvevents.EngineConfig, error) {
-	var ec kvevents.EngineConfig
+func parseEngine(s, defaultModel string) (zmqtransport.EngineConfig, error) {
+	var ec zmqtransport.EngineConfig
 	name, rest, ok := strings.Cut(s, "=")
 	if !ok || rest == "" {
 		return ec, usagef("--engine %q: missing \"=ENDPOINT\" (want NAME=ENDPOINT[,replay=ENDPOINT][,ranks=N][,model=M])", s)

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/blockhash"
-	"github.com/kvindex/kvindex/kvevents"
+	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
 func TestParseSize(t *testing.T) {
@@ -65,22 +65,22 @@ func TestParseEngine(t *testing.T) {
 	tests := []struct {
 		in    string
 		model string
-		want  kvevents.EngineConfig
+		want  zmqtransport.EngineConfig
 		err   string
 	}{
-		{"a=tcp://10.0.0.5:5557", "m", kvevents.EngineConfig{Name: "a", Model: "m", Endpoint: "tcp://10.0.0.5:5557", Ranks: 1}, ""},
+		{"a=tcp://10.0.0.5:5557", "m", zmqtransport.EngineConfig{Name: "a", Model: "m", Endpoint: "tcp://10.0.0.5:5557", Ranks: 1}, ""},
 		{"a=10.0.0.5:5557,replay=10.0.0.5:5558,ranks=4,model=x,topic=kv@", "",
-			kvevents.EngineConfig{Name: "a", Model: "x", Endpoint: "tcp://10.0.0.5:5557", ReplayEndpoint: "tcp://10.0.0.5:5558", Ranks: 4, Topic: "kv@"}, ""},
-		{"a=ipc:///tmp/kv.sock", "m", kvevents.EngineConfig{Name: "a", Model: "m", Endpoint: "ipc:///tmp/kv.sock", Ranks: 1}, ""},
-		{"a", "m", kvevents.EngineConfig{}, `--engine "a": missing "=ENDPOINT"`},
-		{"a=", "m", kvevents.EngineConfig{}, `--engine "a=": missing "=ENDPOINT"`},
-		{"=tcp://x:1", "m", kvevents.EngineConfig{}, "the name must be non-empty"},
-		{"a=tcp://x:1", "", kvevents.EngineConfig{}, "no model: add ,model=M or set --model"},
-		{"a=tcp://x:1,ranks=0", "m", kvevents.EngineConfig{}, "ranks=0: want an integer in 1..1024"},
-		{"a=tcp://x:1,ranks=two", "m", kvevents.EngineConfig{}, "ranks=two"},
-		{"a=tcp://x:1,replay", "m", kvevents.EngineConfig{}, `option "replay": want KEY=VALUE`},
-		{"a=tcp://x:1,color=red", "m", kvevents.EngineConfig{}, `unknown option "color"`},
-		{"a=,replay=tcp://x:2", "m", kvevents.EngineConfig{}, "empty endpoint"},
+			zmqtransport.EngineConfig{Name: "a", Model: "x", Endpoint: "tcp://10.0.0.5:5557", ReplayEndpoint: "tcp://10.0.0.5:5558", Ranks: 4, Topic: "kv@"}, ""},
+		{"a=ipc:///tmp/kv.sock", "m", zmqtransport.EngineConfig{Name: "a", Model: "m", Endpoint: "ipc:///tmp/kv.sock", Ranks: 1}, ""},
+		{"a", "m", zmqtransport.EngineConfig{}, `--engine "a": missing "=ENDPOINT"`},
+		{"a=", "m", zmqtransport.EngineConfig{}, `--engine "a=": missing "=ENDPOINT"`},
+		{"=tcp://x:1", "m", zmqtransport.EngineConfig{}, "the name must be non-empty"},
+		{"a=tcp://x:1", "", zmqtransport.EngineConfig{}, "no model: add ,model=M or set --model"},
+		{"a=tcp://x:1,ranks=0", "m", zmqtransport.EngineConfig{}, "ranks=0: want an integer in 1..1024"},
+		{"a=tcp://x:1,ranks=two", "m", zmqtransport.EngineConfig{}, "ranks=two"},
+		{"a=tcp://x:1,replay", "m", zmqtransport.EngineConfig{}, `option "replay": want KEY=VALUE`},
+		{"a=tcp://x:1,color=red", "m", zmqtransport.EngineConfig{}, `unknown option "color"`},
+		{"a=,replay=tcp://x:2", "m", zmqtransport.EngineConfig{}, "empty endpoint"},
 	}
 	for _, tc := range tests {
 		got, err := parseEngine(tc.in, tc.model)

@@ -17,6 +17,7 @@ import (
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/tokenizer"
 )
 
@@ -54,7 +55,7 @@ type e2e struct {
 	t       *testing.T
 	svc     *service
 	client  *client.Client
-	engines map[string]*enginesim.Engine
+	engines map[string]*zmqtransport.SimEngine
 	logs    *syncBuffer
 	salt    uint64 // makes warm-up prompts unique
 }
@@ -63,14 +64,13 @@ type e2e struct {
 // following them, with extra serve flags appended.
 func startE2E(t *testing.T, pods []string, extra ...string) *e2e {
 	t.Helper()
-	x := &e2e{t: t, engines: map[string]*enginesim.Engine{}, logs: &syncBuffer{}}
+	x := &e2e{t: t, engines: map[string]*zmqtransport.SimEngine{}, logs: &syncBuffer{}}
 	args := []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
 		"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16", "--ready-grace", "1m"}
 	for _, pod := range pods {
-		e, err := enginesim.New(enginesim.Config{
+		e, err := zmqtransport.NewSimEngine(enginesim.Config{
 			Pod: pod, Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096,
-			ReplayEndpoint: "tcp://127.0.0.1:*",
-		})
+		}, zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
 		if err != nil {
 			t.Fatal(err)
 		}

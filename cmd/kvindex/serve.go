@@ -19,7 +19,7 @@ import (
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/indexer"
-	"github.com/kvindex/kvindex/kvevents"
+	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/tokenizer"
 )
 
@@ -72,7 +72,7 @@ flags on the command line override the file.`,
 type serveOptions struct {
 	grpcAddr, httpAddr string
 	model              string
-	engines            []kvevents.EngineConfig
+	engines            []zmqtransport.EngineConfig
 	listen             string
 	topicPattern       string
 	replayTemplate     string
@@ -132,7 +132,7 @@ func (f *serveFlags) options() (*serveOptions, error) {
 type service struct {
 	log      *slog.Logger
 	index    *indexer.Index
-	sub      *kvevents.Subscriber
+	sub      *zmqtransport.Subscriber
 	api      *server.Server
 	grpc     *grpc.Server
 	http     *http.Server
@@ -164,11 +164,11 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		return nil, err
 	}
 	hub := server.NewHub(ix)
-	scfg := kvevents.SubscriberConfig{
+	scfg := zmqtransport.SubscriberConfig{
 		Engines: o.engines, Listen: o.listen, TopicPattern: o.topicPattern,
 		Model: o.model, ReplayTemplate: o.replayTemplate,
 	}
-	sub, err := kvevents.NewSubscriber(scfg, hub, log.With("component", "kvevents"))
+	sub, err := zmqtransport.NewSubscriber(scfg, hub, log.With("component", "kvevents"))
 	if err != nil {
 		return nil, subscriberConfigError(err)
 	}
@@ -208,7 +208,7 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 	if err := sub.Start(); err != nil {
 		grpcLis.Close()
 		httpLis.Close()
-		return nil, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "kvevents: "))
+		return nil, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "zmqtransport: "))
 	}
 	s := &service{
 		log: log, index: ix, sub: sub, api: srv,
@@ -330,7 +330,7 @@ func cmpOr(s, def string) string {
 // subscriberConfigError names the flag a subscriber configuration error
 // comes from.
 func subscriberConfigError(err error) error {
-	msg := strings.TrimPrefix(err.Error(), "kvevents: ")
+	msg := strings.TrimPrefix(err.Error(), "zmqtransport: ")
 	switch {
 	case strings.HasPrefix(msg, "replay template"):
 		return usagef("--replay-template: %s", msg)

@@ -1,12 +1,16 @@
 // Package enginesim simulates the KV-cache side of one vLLM engine (one
-// data-parallel rank): a block pool with prefix caching that publishes
-// real KV events over real ZMQ sockets, byte for byte as vLLM does.
+// data-parallel rank): a block pool with prefix caching that emits the KV
+// event batches vLLM would, byte for byte, in sequence, with a replay
+// buffer.
 //
 // It exists so that kvindex's ingestion, index and routing can be tested,
-// benchmarked and demonstrated end to end without GPUs: a test connects a
-// SUB socket (or a kvevents subscriber) to Engine.PubEndpoint, drives
-// requests through Engine.Process, and compares what the index believes
-// with Engine.Lookup, the engine's true cache state.
+// benchmarked and demonstrated end to end without GPUs. The model has no
+// sockets and no cgo: each batch goes to the Config's Publisher, and
+// Engine.Buffered is what a replay request is answered with.
+// zmqtransport.NewSimEngine puts an engine on real ZMQ sockets (a PUB and
+// a replay ROUTER); a test then connects a subscriber to its endpoints,
+// drives requests through Engine.Process, and compares what the index
+// believes with Engine.Lookup, the engine's true cache state.
 //
 // What is mirrored from vLLM (v1 BlockPool, KVCacheManager, ZmqEventPublisher):
 //
@@ -23,11 +27,11 @@
 //     can be held (and later removed) twice.
 //   - Release: a request's blocks are freed as soon as it is processed, in
 //     reverse order (its tail is evicted first), and stay cached.
-//   - Transport: one EventBatch per Process call as the 3-frame message
-//     [topic, seq u64 big-endian, payload], seq from 0 per process; a
-//     replay buffer of the last BufferSteps batches served by a ROUTER
-//     socket, in the pre-v0.26 layout or, with ReplayWithTopic, the v0.26
-//     layout whose frames carry the topic.
+//   - Publishing: one EventBatch per Process call (none for a full hit),
+//     handed to the Publisher with its seq, from 0 per process; a replay
+//     buffer of the last BufferSteps batches (DropNext keeps batches out of
+//     the live stream but not out of the buffer, as a lossy PUB socket
+//     would).
 //   - Restart: a new process empties the cache, the replay buffer and the
 //     sequence without announcing anything (no AllBlocksCleared).
 //
@@ -35,7 +39,7 @@
 // one step (no decode, no partial blocks, no preemption); a request that
 // needs more blocks than are free or evictable caches only the leading
 // blocks that fit; there is one KV-cache group; lora_id is not sent (vLLM
-// deprecated it in favour of lora_name); the PUB socket outlives Restart
+// deprecated it in favour of lora_name); the Publisher outlives Restart
 // (subscribers see the sequence go back to 0 rather than a reconnect).
 //
 // Engines are safe for concurrent use. Process is cheap enough to run

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"iter"
 	"sync"
 	"time"
 
@@ -26,24 +27,28 @@ type Config struct {
 	BytesHashes bool           // send digests, as VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 does
 	Medium      string         // medium of stored and removed blocks (default "GPU")
 
-	Topic string // topic frame of every message (vLLM's default is "")
-	// PubEndpoint is where the PUB socket binds (default
-	// "tcp://127.0.0.1:*": a free port, see Engine.PubEndpoint). tcp and
-	// ipc endpoints are supported. Endpoints are used as given: vLLM adds
-	// the DP rank to both ports, so pass the offset ports for rank > 0.
-	PubEndpoint string
-	// ReplayEndpoint is where the replay ROUTER socket binds; "" means no
-	// replay service.
-	ReplayEndpoint string
-	// ReplayWithTopic selects vLLM >= 0.26's replay layout, whose replies
-	// carry the topic frame.
-	ReplayWithTopic bool
-	// BufferSteps is the number of batches kept for replay (default 10000,
-	// vLLM's buffer_steps).
+	// Publisher sends each batch as it is made (package zmqtransport's
+	// Publisher does so over ZMQ, as vLLM does); nil keeps the batches in
+	// the replay buffer only.
+	Publisher Publisher
+	// BufferSteps is the number of batches kept for replay (default
+	// DefaultBufferSteps).
 	BufferSteps int
 
 	// Now returns the batch timestamp (default: the wall clock).
 	Now func() time.Time
+}
+
+// DefaultBufferSteps is the default length of the replay buffer, vLLM's
+// buffer_steps.
+const DefaultBufferSteps = 10_000
+
+// Publisher sends an engine's batches: each one once, in sequence order,
+// as [topic, seq, payload] on the wire. The engine calls Publish with its
+// lock held, so calls never overlap and a slow Publisher slows the
+// engine; payload is kept by the replay buffer and must not be modified.
+type Publisher interface {
+	Publish(seq uint64, payload []byte) error
 }
 
 // ErrClosed is returned by an Engine's methods after Close.
@@ -52,10 +57,9 @@ var ErrClosed = errors.New("enginesim: engine closed")
 // Engine is one simulated vLLM engine (one DP rank). Its methods are safe
 // for concurrent use.
 type Engine struct {
-	cfg   Config
-	bs    int
-	topic []byte
-	opts  kvevents.EncodeOptions
+	cfg  Config
+	bs   int
+	opts kvevents.EncodeOptions
 
 	mu       sync.Mutex
 	closed   bool
@@ -82,8 +86,6 @@ type Engine struct {
 	remDig  []byte   // their digests, back to back
 	batch   kvevents.Batch
 	enc     []byte
-
-	net *transport
 }
 
 // block is one physical KV block of the pool.
@@ -99,7 +101,7 @@ type entry struct {
 	payload []byte
 }
 
-// New builds an engine and binds its sockets.
+// New builds an engine with an empty cache and replay buffer.
 func New(cfg Config) (*Engine, error) {
 	if cfg.Hasher == nil {
 		return nil, errors.New("enginesim: Config.Hasher is required")
@@ -113,11 +115,8 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Medium == "" {
 		cfg.Medium = kvevents.MediumGPU
 	}
-	if cfg.PubEndpoint == "" {
-		cfg.PubEndpoint = "tcp://127.0.0.1:*"
-	}
 	if cfg.BufferSteps <= 0 {
-		cfg.BufferSteps = 10000
+		cfg.BufferSteps = DefaultBufferSteps
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -125,7 +124,6 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{
 		cfg:    cfg,
 		bs:     cfg.Hasher.BlockSize(),
-		topic:  []byte(cfg.Topic),
 		opts:   kvevents.EncodeOptions{Shape: cfg.Shape, BytesHashes: cfg.BytesHashes},
 		pool:   make([]block, cfg.CapacityBlocks),
 		cached: make(map[uint64]*block, cfg.CapacityBlocks),
@@ -133,11 +131,6 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.lru.prev, e.lru.next = &e.lru, &e.lru
 	e.resetPool()
-	net, err := newTransport(e)
-	if err != nil {
-		return nil, err
-	}
-	e.net = net
 	return e, nil
 }
 
@@ -149,25 +142,14 @@ func (e *Engine) EngineID() kvevents.EngineID {
 	return kvevents.EngineID{Model: e.cfg.Model, Pod: e.cfg.Pod, DPRank: e.cfg.DPRank}
 }
 
-// PubEndpoint returns the connectable address of the PUB socket, e.g.
-// "tcp://127.0.0.1:40123".
-func (e *Engine) PubEndpoint() string { return e.net.pubEndpoint }
-
-// ReplayEndpoint returns the connectable address of the replay socket, or
-// "" when the engine has none.
-func (e *Engine) ReplayEndpoint() string { return e.net.replayEndpoint }
-
-// Close stops the replay service and closes the sockets. It is safe to
-// call more than once.
+// Close makes the engine refuse further work (ErrClosed); once it
+// returns, no Publish call is running or will start, so the Publisher can
+// be closed. It is safe to call more than once.
 func (e *Engine) Close() error {
 	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		return nil
-	}
+	defer e.mu.Unlock()
 	e.closed = true
-	e.mu.Unlock()
-	return e.net.close()
+	return nil
 }
 
 // resetPool empties the cache: every block becomes free. Callers hold mu
@@ -366,8 +348,8 @@ func (e *Engine) buildEvents(hs []blockhash.Hash, hit, fit int, tokens []uint64,
 	e.batch.Events = evs
 }
 
-// publish encodes e.batch, buffers it for replay and sends it, unless a
-// DropNext is pending. Callers hold mu.
+// publish encodes e.batch, buffers it for replay and hands it to the
+// Publisher, unless a DropNext is pending. Callers hold mu.
 func (e *Engine) publish() error {
 	e.batch.TS = float64(e.cfg.Now().UnixNano()) / 1e9
 	e.batch.HasDPRank, e.batch.DPRank = true, e.cfg.DPRank
@@ -384,7 +366,10 @@ func (e *Engine) publish() error {
 		e.dropNext--
 		return nil
 	}
-	return e.net.send(e.topic, seq, payload)
+	if e.cfg.Publisher == nil {
+		return nil
+	}
+	return e.cfg.Publisher.Publish(seq, payload)
 }
 
 // buffer appends a batch to the replay ring.
@@ -395,6 +380,20 @@ func (e *Engine) buffer(seq uint64, payload []byte) {
 	}
 	e.ring[e.ringHead] = entry{seq, payload}
 	e.ringHead = (e.ringHead + 1) % len(e.ring)
+}
+
+// Buffered returns the batches of the replay buffer with seq >= from,
+// oldest first: what a replay request for from is answered with. The
+// buffer is read when iteration starts, and the engine is not locked while
+// the loop body runs.
+func (e *Engine) Buffered(from uint64) iter.Seq2[uint64, []byte] {
+	return func(yield func(uint64, []byte) bool) {
+		for _, en := range e.since(from) {
+			if !yield(en.seq, en.payload) {
+				return
+			}
+		}
+	}
 }
 
 // since returns the buffered batches with seq >= start, oldest first.
@@ -473,7 +472,7 @@ func (e *Engine) Restart() {
 }
 
 // DropNext makes the next n batches go into the replay buffer without
-// being sent live, as a PUB socket losing messages would.
+// being handed to the Publisher, as a PUB socket losing messages would.
 func (e *Engine) DropNext(n int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()

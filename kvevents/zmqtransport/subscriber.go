@@ -1,4 +1,4 @@
-package kvevents
+package zmqtransport
 
 import (
 	"context"
@@ -14,11 +14,9 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
-)
 
-// MaxDPRank bounds data-parallel ranks; a batch claiming a larger one is
-// treated as malformed.
-const MaxDPRank = 1024
+	"github.com/kvindex/kvindex/kvevents"
+)
 
 // Defaults of SubscriberConfig.
 const (
@@ -74,9 +72,9 @@ type SubscriberConfig struct {
 	ReplayTemplate string
 
 	// Flavor selects the payload decoder (vLLM or SGLang).
-	Flavor Flavor
+	Flavor kvevents.Flavor
 	// Limits bounds what the decoder accepts (zero: its defaults).
-	Limits Limits
+	Limits kvevents.Limits
 
 	// ReplayTimeout is how long a replay may stay silent (no reply, no
 	// end marker) before it is given up and the stream degraded.
@@ -138,28 +136,28 @@ func (c *SubscriberConfig) setDefaults() {
 
 func (c *EngineConfig) validate() error {
 	if c.Name == "" {
-		return errors.New("kvevents: engine without a name")
+		return errors.New("zmqtransport: engine without a name")
 	}
 	if c.Endpoint == "" {
-		return fmt.Errorf("kvevents: engine %q has no endpoint", c.Name)
+		return fmt.Errorf("zmqtransport: engine %q has no endpoint", c.Name)
 	}
 	if c.Ranks <= 0 {
 		c.Ranks = 1
 	}
-	if c.Ranks > MaxDPRank {
-		return fmt.Errorf("kvevents: engine %q: %d ranks exceed %d", c.Name, c.Ranks, MaxDPRank)
+	if c.Ranks > kvevents.MaxDPRank {
+		return fmt.Errorf("zmqtransport: engine %q: %d ranks exceed %d", c.Name, c.Ranks, kvevents.MaxDPRank)
 	}
 	for _, ep := range []string{c.Endpoint, c.ReplayEndpoint} {
 		if _, err := offsetEndpoint(ep, c.Ranks-1); err != nil {
-			return fmt.Errorf("kvevents: engine %q: %w", c.Name, err)
+			return fmt.Errorf("zmqtransport: engine %q: %w", c.Name, err)
 		}
 	}
 	return nil
 }
 
-// Subscriber receives KV events from engines over ZMQ and calls its Sink
-// with each engine's batches in sequence order, exactly once, replayed
-// batches included.
+// Subscriber receives KV events from engines over ZMQ and calls its
+// kvevents.Sink with each engine's batches in sequence order, exactly once,
+// replayed batches included.
 //
 // It reads engines in either of the two topologies vLLM supports:
 //
@@ -167,20 +165,20 @@ func (c *EngineConfig) validate() error {
 //     its PUB socket (vLLM's default "tcp://*:5557") and the subscriber
 //     connects one SUB socket per engine and data-parallel rank. Rank r
 //     publishes on port+r and replays on replay_port+r. A batch's own
-//     dp_rank, when present, overrides the port's rank (see StreamStats.
-//     RankMismatches).
+//     dp_rank, when present, overrides the port's rank (see
+//     kvevents.StreamStats.RankMismatches).
 //   - bind mode (SubscriberConfig.Listen): the subscriber binds one SUB
 //     socket and every engine connects its PUB to it (llm-d's deployment).
 //     Engines are told apart by their topic (TopicPattern, by default
 //     kv@<pod>@<model>) and, within an engine, by the batch's dp_rank.
 //
-// Each (engine, rank) stream has its own sequencer: a gap is replayed from
-// the engine's replay socket over a DEALER; a sequence going back means a
-// new engine process and becomes Sink.Reset(ResetRestart); a stream with
-// no history asks for the engine's replay buffer on connecting (or on its
-// first batch), recovering blocks stored before kvindex started. When a
-// gap cannot be replayed the stream is marked degraded and carries on
-// without resetting (see StreamStats.Degraded).
+// Each (engine, rank) stream has its own kvevents.Sequencer: a gap is
+// replayed from the engine's replay socket over a DEALER; a sequence going
+// back means a new engine process and becomes Sink.Reset(ResetRestart); a
+// stream with no history asks for the engine's replay buffer on connecting
+// (or on its first batch), recovering blocks stored before kvindex
+// started. When a gap cannot be replayed the stream is marked degraded and
+// carries on without resetting (see kvevents.StreamStats.Degraded).
 //
 // Streams are served by a few I/O loops, each a goroutine that owns its
 // sockets and waits in zmq_poll; a stream lives on one loop, so its Sink
@@ -196,7 +194,7 @@ func (c *EngineConfig) validate() error {
 // and ListenerStats but no other method of the Subscriber.
 type Subscriber struct {
 	cfg   SubscriberConfig
-	sink  Sink
+	sink  kvevents.Sink
 	log   *slog.Logger
 	topic *topicPattern
 	zctx  *zmq.Context
@@ -213,7 +211,7 @@ type Subscriber struct {
 	listenerView atomic.Pointer[listener] // for the lock-free getters
 
 	regMu   sync.Mutex // identities and the stats registry; loops take it briefly
-	owners  map[EngineID]*stream
+	owners  map[kvevents.EngineID]*stream
 	streams map[*streamCounters]struct{}
 }
 
@@ -226,9 +224,9 @@ type engine struct {
 
 // NewSubscriber validates cfg and returns a Subscriber that has not yet
 // opened any socket; call Start (or Run). log may be nil.
-func NewSubscriber(cfg SubscriberConfig, sink Sink, log *slog.Logger) (*Subscriber, error) {
+func NewSubscriber(cfg SubscriberConfig, sink kvevents.Sink, log *slog.Logger) (*Subscriber, error) {
 	if sink == nil {
-		return nil, errors.New("kvevents: nil Sink")
+		return nil, errors.New("zmqtransport: nil Sink")
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -241,13 +239,13 @@ func NewSubscriber(cfg SubscriberConfig, sink Sink, log *slog.Logger) (*Subscrib
 			return nil, err
 		}
 		if seen[cfg.Engines[i].Name] {
-			return nil, fmt.Errorf("kvevents: engine %q configured twice", cfg.Engines[i].Name)
+			return nil, fmt.Errorf("zmqtransport: engine %q configured twice", cfg.Engines[i].Name)
 		}
 		seen[cfg.Engines[i].Name] = true
 	}
 	if len(cfg.Engines) == 0 && cfg.Listen == "" {
 		// Engines may still be added at run time (discovery).
-		log.Debug("kvevents: subscriber starts without engines")
+		log.Debug("zmqtransport: subscriber starts without engines")
 	}
 	tp, err := compileTopicPattern(cfg.TopicPattern)
 	if err != nil {
@@ -255,7 +253,7 @@ func NewSubscriber(cfg SubscriberConfig, sink Sink, log *slog.Logger) (*Subscrib
 	}
 	if cfg.ReplayTemplate != "" && !strings.Contains(cfg.ReplayTemplate, "{pod}") {
 		// Without {pod} every engine would ask one socket for its gaps.
-		return nil, fmt.Errorf("kvevents: replay template %q has no {pod}", cfg.ReplayTemplate)
+		return nil, fmt.Errorf("zmqtransport: replay template %q has no {pod}", cfg.ReplayTemplate)
 	}
 	return &Subscriber{
 		cfg:     cfg,
@@ -264,7 +262,7 @@ func NewSubscriber(cfg SubscriberConfig, sink Sink, log *slog.Logger) (*Subscrib
 		topic:   tp,
 		epoch:   time.Now(),
 		engines: map[string]*engine{},
-		owners:  map[EngineID]*stream{},
+		owners:  map[kvevents.EngineID]*stream{},
 		streams: map[*streamCounters]struct{}{},
 	}, nil
 }
@@ -276,14 +274,14 @@ func (s *Subscriber) Start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return errors.New("kvevents: subscriber closed")
+		return errors.New("zmqtransport: subscriber closed")
 	}
 	if s.started {
-		return errors.New("kvevents: subscriber already started")
+		return errors.New("zmqtransport: subscriber already started")
 	}
 	zctx, err := zmq.NewContext()
 	if err != nil {
-		return fmt.Errorf("kvevents: zmq context: %w", err)
+		return fmt.Errorf("zmqtransport: zmq context: %w", err)
 	}
 	// libzmq's default of 1023 sockets is too few for a large fleet: each
 	// stream uses up to four (SUB, DEALER, monitor pair).
@@ -352,12 +350,12 @@ func (s *Subscriber) AddEngine(cfg EngineConfig) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return errors.New("kvevents: subscriber closed")
+		return errors.New("zmqtransport: subscriber closed")
 	}
 	if !s.started {
 		for _, ec := range s.cfg.Engines {
 			if ec.Name == cfg.Name {
-				return fmt.Errorf("kvevents: engine %q already configured", cfg.Name)
+				return fmt.Errorf("zmqtransport: engine %q already configured", cfg.Name)
 			}
 		}
 		s.cfg.Engines = append(s.cfg.Engines, cfg)
@@ -368,7 +366,7 @@ func (s *Subscriber) AddEngine(cfg EngineConfig) error {
 
 func (s *Subscriber) addEngineLocked(cfg EngineConfig) error {
 	if _, ok := s.engines[cfg.Name]; ok {
-		return fmt.Errorf("kvevents: engine %q already configured", cfg.Name)
+		return fmt.Errorf("zmqtransport: engine %q already configured", cfg.Name)
 	}
 	l, err := s.pickLoop()
 	if err != nil {
@@ -394,7 +392,7 @@ func (s *Subscriber) addEngineLocked(cfg EngineConfig) error {
 		return err
 	}
 	s.engines[cfg.Name] = e
-	s.log.Info("kvevents: engine added", "pod", cfg.Name, "model", cfg.Model,
+	s.log.Info("zmqtransport: engine added", "pod", cfg.Name, "model", cfg.Model,
 		"endpoint", cfg.Endpoint, "replay", cfg.ReplayEndpoint, "ranks", cfg.Ranks)
 	return nil
 }
@@ -456,7 +454,7 @@ func (s *Subscriber) RemoveEngine(name string) bool {
 		removed = removed || n > 0
 	}
 	if removed {
-		s.log.Info("kvevents: engine removed", "pod", name)
+		s.log.Info("zmqtransport: engine removed", "pod", name)
 	}
 	return removed
 }
@@ -476,9 +474,9 @@ func (s *Subscriber) ListenEndpoint() string {
 // field is read atomically, but not all of a stream's fields at one
 // instant: a snapshot taken while a batch or replay reply is being handled
 // may show part of its effect.
-func (s *Subscriber) Streams() []StreamStats {
+func (s *Subscriber) Streams() []kvevents.StreamStats {
 	s.regMu.Lock()
-	out := make([]StreamStats, 0, len(s.streams))
+	out := make([]kvevents.StreamStats, 0, len(s.streams))
 	for c := range s.streams {
 		out = append(out, c.snapshot())
 	}
@@ -489,17 +487,17 @@ func (s *Subscriber) Streams() []StreamStats {
 
 // ListenerStats returns the listen socket's counters; ok is false without
 // a listen socket.
-func (s *Subscriber) ListenerStats() (ls ListenerStats, ok bool) {
+func (s *Subscriber) ListenerStats() (ls kvevents.ListenerStats, ok bool) {
 	ln := s.listenerView.Load()
 	if ln == nil {
-		return ListenerStats{}, false
+		return kvevents.ListenerStats{}, false
 	}
 	return ln.ctr.snapshot(), true
 }
 
 // claim makes st the owner of id, so no two streams ever call the Sink for
 // the same engine; it fails if another stream owns id.
-func (s *Subscriber) claim(id EngineID, st *stream) bool {
+func (s *Subscriber) claim(id kvevents.EngineID, st *stream) bool {
 	s.regMu.Lock()
 	defer s.regMu.Unlock()
 	if o, ok := s.owners[id]; ok && o != st {
@@ -517,7 +515,7 @@ func (s *Subscriber) register(st *stream) {
 }
 
 // rename moves st's ownership from its current identity to id.
-func (s *Subscriber) rename(st *stream, id EngineID) bool {
+func (s *Subscriber) rename(st *stream, id kvevents.EngineID) bool {
 	s.regMu.Lock()
 	defer s.regMu.Unlock()
 	if o, ok := s.owners[id]; ok && o != st {
@@ -546,7 +544,7 @@ func (s *Subscriber) mono() int64 { return int64(time.Since(s.epoch)) }
 // inprocName returns a fresh inproc endpoint name in the subscriber's
 // context.
 func (s *Subscriber) inprocName(kind string) string {
-	return "inproc://kvevents-" + kind + "-" + strconv.FormatUint(s.names.Add(1), 10)
+	return "inproc://zmqtransport-" + kind + "-" + strconv.FormatUint(s.names.Add(1), 10)
 }
 
 // newSocket creates a socket with the options every kvindex socket wants:
@@ -555,7 +553,7 @@ func (s *Subscriber) inprocName(kind string) string {
 func (s *Subscriber) newSocket(t zmq.Type) (*zmq.Socket, error) {
 	sock, err := s.zctx.NewSocket(t)
 	if err != nil {
-		return nil, fmt.Errorf("kvevents: new %v socket: %w", t, err)
+		return nil, fmt.Errorf("zmqtransport: new %v socket: %w", t, err)
 	}
 	set := []error{sock.SetLinger(0)}
 	if t == zmq.SUB || t == zmq.DEALER {
@@ -574,7 +572,7 @@ func (s *Subscriber) newSocket(t zmq.Type) (*zmq.Socket, error) {
 	}
 	if err := errors.Join(set...); err != nil {
 		sock.Close()
-		return nil, fmt.Errorf("kvevents: socket options: %w", err)
+		return nil, fmt.Errorf("zmqtransport: socket options: %w", err)
 	}
 	return sock, nil
 }
@@ -589,7 +587,7 @@ func (s *Subscriber) openSUB(topic string, events zmq.Event, attach func(*zmq.So
 	}
 	if err := sub.SetSubscribe(topic); err != nil {
 		sub.Close()
-		return nil, nil, fmt.Errorf("kvevents: subscribe: %w", err)
+		return nil, nil, fmt.Errorf("zmqtransport: subscribe: %w", err)
 	}
 	if mon, err = s.openMonitor(sub, events); err != nil {
 		sub.Close()
@@ -607,15 +605,15 @@ func (s *Subscriber) openSUB(topic string, events zmq.Event, attach func(*zmq.So
 func (s *Subscriber) openMonitor(sock *zmq.Socket, events zmq.Event) (*zmq.Socket, error) {
 	addr := s.inprocName("monitor")
 	if err := sock.Monitor(addr, events); err != nil {
-		return nil, fmt.Errorf("kvevents: socket monitor: %w", err)
+		return nil, fmt.Errorf("zmqtransport: socket monitor: %w", err)
 	}
 	mon, err := s.zctx.NewSocket(zmq.PAIR)
 	if err != nil {
-		return nil, fmt.Errorf("kvevents: monitor socket: %w", err)
+		return nil, fmt.Errorf("zmqtransport: monitor socket: %w", err)
 	}
 	if err := errors.Join(mon.SetLinger(0), mon.Connect(addr)); err != nil {
 		mon.Close()
-		return nil, fmt.Errorf("kvevents: monitor socket: %w", err)
+		return nil, fmt.Errorf("zmqtransport: monitor socket: %w", err)
 	}
 	return mon, nil
 }

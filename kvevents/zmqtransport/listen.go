@@ -1,4 +1,4 @@
-package kvevents
+package zmqtransport
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"log/slog"
 
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvindex/kvindex/kvevents"
 )
 
 // maxRoutes bounds the topics a listener remembers, so a peer inventing
@@ -22,8 +24,8 @@ type listener struct {
 	sub    *zmq.Socket
 	mon    *zmq.Socket
 	ctr    listenerCounters
-	dec    Decoder
-	batch  Batch
+	dec    kvevents.Decoder
+	batch  kvevents.Batch
 	rx     *receiver
 	routes map[string]*route
 	closed bool
@@ -45,7 +47,7 @@ func (s *Subscriber) startListener() error {
 	ln := &listener{
 		s:      s,
 		loop:   l,
-		dec:    Decoder{Flavor: s.cfg.Flavor, Limits: s.cfg.Limits},
+		dec:    kvevents.Decoder{Flavor: s.cfg.Flavor, Limits: s.cfg.Limits},
 		rx:     newReceiver(),
 		routes: map[string]*route{},
 	}
@@ -56,7 +58,7 @@ func (s *Subscriber) startListener() error {
 	}
 	s.listener = ln
 	s.listenerView.Store(ln)
-	s.log.Info("kvevents: listening", "endpoint", ln.ctr.snapshot().Endpoint,
+	s.log.Info("zmqtransport: listening", "endpoint", ln.ctr.snapshot().Endpoint,
 		"topic_pattern", s.topic.src, "replay_template", s.cfg.ReplayTemplate)
 	return nil
 }
@@ -64,7 +66,7 @@ func (s *Subscriber) startListener() error {
 func (ln *listener) open(endpoint, topic string) error {
 	sub, mon, err := ln.s.openSUB(topic, zmq.EVENT_ACCEPTED|zmq.EVENT_DISCONNECTED, func(sub *zmq.Socket) error {
 		if err := sub.Bind(endpoint); err != nil {
-			return fmt.Errorf("kvevents: bind %s: %w", endpoint, err)
+			return fmt.Errorf("zmqtransport: bind %s: %w", endpoint, err)
 		}
 		return nil
 	})
@@ -127,7 +129,7 @@ func (ln *listener) onMessage() {
 		frames, n, err := ln.rx.recv(ln.sub)
 		if err != nil {
 			if !isEAGAIN(err) {
-				ln.s.log.Error("kvevents: receive failed", "endpoint", ln.s.cfg.Listen, "err", err)
+				ln.s.log.Error("zmqtransport: receive failed", "endpoint", ln.s.cfg.Listen, "err", err)
 			}
 			return
 		}
@@ -135,7 +137,7 @@ func (ln *listener) onMessage() {
 		if n != 3 || len(frames[1]) != 8 {
 			c := ln.ctr.malformed.Add(1)
 			if logEvery(c) {
-				ln.s.log.Warn("kvevents: malformed message dropped", "frames", n, "count", c)
+				ln.s.log.Warn("zmqtransport: malformed message dropped", "frames", n, "count", c)
 			}
 			continue
 		}
@@ -151,7 +153,7 @@ func (ln *listener) handle(topic []byte, seq uint64, payload []byte, now int64) 
 	if !rt.ok {
 		c := ln.ctr.unknownTopics.Add(1)
 		if logEvery(c) {
-			ln.s.log.Warn("kvevents: topic matches no pattern; message dropped",
+			ln.s.log.Warn("zmqtransport: topic matches no pattern; message dropped",
 				"topic", string(topic), "pattern", ln.s.topic.src, "count", c)
 		}
 		return
@@ -159,7 +161,7 @@ func (ln *listener) handle(topic []byte, seq uint64, payload []byte, now int64) 
 	if err := ln.dec.Decode(payload, &ln.batch); err != nil {
 		c := ln.ctr.decodeErr.Add(1)
 		if logEvery(c) {
-			ln.s.log.Warn("kvevents: undecodable batch dropped (its rank is unknown, so the gap shows on the next batch)",
+			ln.s.log.Warn("zmqtransport: undecodable batch dropped (its rank is unknown, so the gap shows on the next batch)",
 				"pod", rt.pod, "seq", seq, "err", err, "count", c)
 		}
 		return
@@ -168,10 +170,10 @@ func (ln *listener) handle(topic []byte, seq uint64, payload []byte, now int64) 
 	if ln.batch.HasDPRank {
 		rank = ln.batch.DPRank
 	}
-	if rank < 0 || rank >= MaxDPRank {
+	if rank < 0 || rank >= kvevents.MaxDPRank {
 		c := ln.ctr.badRanks.Add(1)
 		if logEvery(c) {
-			ln.s.log.Warn("kvevents: dp_rank out of range; message dropped", "pod", rt.pod, "dp_rank", rank, "count", c)
+			ln.s.log.Warn("zmqtransport: dp_rank out of range; message dropped", "pod", rt.pod, "dp_rank", rank, "count", c)
 		}
 		return
 	}
@@ -180,7 +182,7 @@ func (ln *listener) handle(topic []byte, seq uint64, payload []byte, now int64) 
 		return
 	}
 	st.pre, st.preBatch = payload, &ln.batch
-	st.seq.live(seq, payload, now)
+	st.seq.Live(seq, payload, now)
 	st.pre, st.preBatch = nil, nil
 	st.after()
 }
@@ -211,12 +213,12 @@ func (ln *listener) stream(rt *route, rank int) *stream {
 		ln.ctr.conflicts.Add(1)
 		return nil
 	}
-	id := EngineID{Model: rt.model, Pod: rt.pod, DPRank: rank}
+	id := kvevents.EngineID{Model: rt.model, Pod: rt.pod, DPRank: rank}
 	var replayEP string
 	if ln.s.cfg.ReplayTemplate != "" {
 		ep, err := expandReplayTemplate(ln.s.cfg.ReplayTemplate, rt.pod, rt.model, rank)
 		if err != nil {
-			ln.s.log.Warn("kvevents: no replay endpoint for engine", "engine", id.String(), "err", err)
+			ln.s.log.Warn("zmqtransport: no replay endpoint for engine", "engine", id.String(), "err", err)
 		} else {
 			replayEP = ep
 		}
@@ -227,23 +229,23 @@ func (ln *listener) stream(rt *route, rank int) *stream {
 		// Remember the conflict so the next message does not try again.
 		rt.conflict = true
 		c := ln.ctr.conflicts.Add(1)
-		ln.s.log.Warn("kvevents: engine identity already read by another stream; its messages are dropped",
+		ln.s.log.Warn("zmqtransport: engine identity already read by another stream; its messages are dropped",
 			"pod", id.Pod, "dp_rank", id.DPRank, "model", id.Model, "count", c)
 		return nil
 	}
 	if err := st.openDealer(); err != nil {
-		ln.s.log.Warn("kvevents: replay socket not opened; gaps will degrade the stream",
+		ln.s.log.Warn("zmqtransport: replay socket not opened; gaps will degrade the stream",
 			"engine", id.String(), "err", err)
 		st.replayEP = ""
 		st.ctr.replayEndpoint = ""
-		st.seq.canReplay = false
+		st.seq.DisableReplay()
 	}
 	ln.s.register(st)
 	for len(rt.ranks) <= rank {
 		rt.ranks = append(rt.ranks, nil)
 	}
 	rt.ranks[rank] = st
-	st.logAttrs(slog.LevelInfo, "kvevents: engine discovered", slog.String("replay", replayEP))
+	st.logAttrs(slog.LevelInfo, "zmqtransport: engine discovered", slog.String("replay", replayEP))
 	return st
 }
 
@@ -257,11 +259,11 @@ func (ln *listener) onMonitor() {
 		switch {
 		case ev&zmq.EVENT_ACCEPTED != 0:
 			p := ln.ctr.peers.Add(1)
-			ln.s.log.LogAttrs(context.Background(), slog.LevelInfo, "kvevents: engine connected to listener",
+			ln.s.log.LogAttrs(context.Background(), slog.LevelInfo, "zmqtransport: engine connected to listener",
 				slog.String("addr", addr), slog.Int64("peers", p))
 		case ev&zmq.EVENT_DISCONNECTED != 0:
 			p := ln.ctr.peers.Add(-1)
-			ln.s.log.LogAttrs(context.Background(), slog.LevelInfo, "kvevents: engine disconnected from listener",
+			ln.s.log.LogAttrs(context.Background(), slog.LevelInfo, "zmqtransport: engine disconnected from listener",
 				slog.String("addr", addr), slog.Int64("peers", p))
 		}
 	}

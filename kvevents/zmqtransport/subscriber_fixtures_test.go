@@ -1,4 +1,4 @@
-package kvevents
+package zmqtransport
 
 import (
 	"encoding/binary"
@@ -18,6 +18,8 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvindex/kvindex/kvevents"
 )
 
 // waitTimeout bounds every wait for an observable condition in these
@@ -39,9 +41,9 @@ func eventually(t testing.TB, what string, cond func() bool) {
 
 // sinkEntry is one Sink call as a recSink saw it.
 type sinkEntry struct {
-	reset  ResetReason // set for Reset calls
+	reset  kvevents.ResetReason // set for Reset calls
 	seq    uint64
-	kinds  []Kind
+	kinds  []kvevents.Kind
 	hashes []uint64 // every event's hashes, concatenated
 }
 
@@ -56,16 +58,16 @@ func (e sinkEntry) String() string {
 // calls for one engine never overlap.
 type recSink struct {
 	mu       sync.Mutex
-	calls    map[EngineID][]sinkEntry
-	inflight map[EngineID]bool
+	calls    map[kvevents.EngineID][]sinkEntry
+	inflight map[kvevents.EngineID]bool
 	overlaps int
 }
 
 func newRecSink() *recSink {
-	return &recSink{calls: map[EngineID][]sinkEntry{}, inflight: map[EngineID]bool{}}
+	return &recSink{calls: map[kvevents.EngineID][]sinkEntry{}, inflight: map[kvevents.EngineID]bool{}}
 }
 
-func (r *recSink) enter(e EngineID) {
+func (r *recSink) enter(e kvevents.EngineID) {
 	r.mu.Lock()
 	if r.inflight[e] {
 		r.overlaps++
@@ -74,7 +76,7 @@ func (r *recSink) enter(e EngineID) {
 	r.mu.Unlock()
 }
 
-func (r *recSink) Apply(engine EngineID, seq uint64, events []Event) {
+func (r *recSink) Apply(engine kvevents.EngineID, seq uint64, events []kvevents.Event) {
 	r.enter(engine)
 	// Copy: events are valid only during the call.
 	ent := sinkEntry{seq: seq}
@@ -88,7 +90,7 @@ func (r *recSink) Apply(engine EngineID, seq uint64, events []Event) {
 	r.mu.Unlock()
 }
 
-func (r *recSink) Reset(engine EngineID, reason ResetReason) {
+func (r *recSink) Reset(engine kvevents.EngineID, reason kvevents.ResetReason) {
 	r.enter(engine)
 	r.mu.Lock()
 	r.calls[engine] = append(r.calls[engine], sinkEntry{reset: reason})
@@ -96,25 +98,25 @@ func (r *recSink) Reset(engine EngineID, reason ResetReason) {
 	r.mu.Unlock()
 }
 
-func (r *recSink) entries(e EngineID) []sinkEntry {
+func (r *recSink) entries(e kvevents.EngineID) []sinkEntry {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.calls[e])
 }
 
-func (r *recSink) engines() []EngineID {
+func (r *recSink) engines() []kvevents.EngineID {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []EngineID
+	var out []kvevents.EngineID
 	for e := range r.calls {
 		out = append(out, e)
 	}
-	slices.SortFunc(out, func(a, b EngineID) int { return strings.Compare(a.String()+a.Model, b.String()+b.Model) })
+	slices.SortFunc(out, func(a, b kvevents.EngineID) int { return strings.Compare(a.String()+a.Model, b.String()+b.Model) })
 	return out
 }
 
 // applied returns the seqs applied for e since its last reset.
-func (r *recSink) applied(e EngineID) []uint64 {
+func (r *recSink) applied(e kvevents.EngineID) []uint64 {
 	var seqs []uint64
 	for _, ent := range r.entries(e) {
 		if ent.reset != "" {
@@ -127,7 +129,7 @@ func (r *recSink) applied(e EngineID) []uint64 {
 }
 
 // waitApplied waits until e's last applied seq is at least seq.
-func (r *recSink) waitApplied(t testing.TB, e EngineID, seq uint64) {
+func (r *recSink) waitApplied(t testing.TB, e kvevents.EngineID, seq uint64) {
 	t.Helper()
 	eventually(t, fmt.Sprintf("%s to apply seq %d", e, seq), func() bool {
 		a := r.applied(e)
@@ -136,7 +138,7 @@ func (r *recSink) waitApplied(t testing.TB, e EngineID, seq uint64) {
 }
 
 // wantSeqs asserts that e's calls, rendered, equal want.
-func (r *recSink) wantCalls(t testing.TB, e EngineID, want []string) {
+func (r *recSink) wantCalls(t testing.TB, e kvevents.EngineID, want []string) {
 	t.Helper()
 	var got []string
 	for _, ent := range r.entries(e) {
@@ -163,15 +165,15 @@ func seqRange(from, to uint64) []string {
 // testBatch is the batch a test publisher sends as seq n: one BlockStored
 // whose single hash encodes the seq, so the Sink can check that the
 // payload it got is the one published under that seq.
-func testBatch(n uint64, rank int) *Batch {
+func testBatch(n uint64, rank int) *kvevents.Batch {
 	toks := make([]uint64, 16)
 	for i := range toks {
 		toks[i] = n*16 + uint64(i)
 	}
-	return &Batch{
+	return &kvevents.Batch{
 		TS: 1750000000.5, HasDPRank: true, DPRank: rank,
-		Events: []Event{{
-			Kind: BlockStored, Hashes: []uint64{hashOf(n)}, TokenIDs: toks, BlockSize: 16, Medium: MediumGPU,
+		Events: []kvevents.Event{{
+			Kind: kvevents.BlockStored, Hashes: []uint64{hashOf(n)}, TokenIDs: toks, BlockSize: 16, Medium: kvevents.MediumGPU,
 		}},
 	}
 }
@@ -180,7 +182,7 @@ func hashOf(seq uint64) uint64 { return 0x9e3779b97f4a7c15 ^ seq }
 
 // checkHashes asserts that every applied batch of e carries the hash of
 // its own seq.
-func (r *recSink) checkHashes(t testing.TB, e EngineID) {
+func (r *recSink) checkHashes(t testing.TB, e kvevents.EngineID) {
 	t.Helper()
 	for _, ent := range r.entries(e) {
 		if ent.reset != "" {
@@ -192,9 +194,9 @@ func (r *recSink) checkHashes(t testing.TB, e EngineID) {
 	}
 }
 
-func encodeTestBatch(t testing.TB, n uint64, rank int, shape Shape) []byte {
+func encodeTestBatch(t testing.TB, n uint64, rank int, shape kvevents.Shape) []byte {
 	t.Helper()
-	p, err := AppendBatch(nil, testBatch(n, rank), EncodeOptions{Shape: shape})
+	p, err := kvevents.AppendBatch(nil, testBatch(n, rank), kvevents.EncodeOptions{Shape: shape})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,6 +249,12 @@ type pubOptions struct {
 	replayAt  string
 }
 
+// bufferedBatch is one batch of a testPublisher's replay buffer.
+type bufferedBatch struct {
+	seq     uint64
+	payload []byte
+}
+
 // testPublisher speaks vLLM's ZmqEventPublisher protocol: 3-frame
 // messages on a PUB socket, replay on a ROUTER. Its PUB is an XPUB, which
 // is the same on the wire but reports subscriptions, so tests can wait for
@@ -262,7 +270,7 @@ type testPublisher struct {
 	PubEP    string
 	ReplayEP string
 	next     uint64
-	buf      []heldBatch
+	buf      []bufferedBatch
 	drop     map[uint64]bool
 	subs     int // subscriptions seen
 
@@ -446,7 +454,7 @@ func (p *testPublisher) publish(payload []byte) uint64 {
 	defer p.mu.Unlock()
 	seq := p.next
 	p.next++
-	p.buf = append(p.buf, heldBatch{seq, payload})
+	p.buf = append(p.buf, bufferedBatch{seq, payload})
 	if len(p.buf) > p.opts.keep {
 		p.buf = p.buf[len(p.buf)-p.opts.keep:]
 	}
@@ -461,7 +469,7 @@ func (p *testPublisher) publish(payload []byte) uint64 {
 // publishN publishes test batches until n have been published in total.
 func (p *testPublisher) publishN(n uint64, rank int) {
 	for p.peekNext() < n {
-		p.publish(encodeTestBatch(p.t, p.peekNext(), rank, ShapeArray))
+		p.publish(encodeTestBatch(p.t, p.peekNext(), rank, kvevents.ShapeArray))
 	}
 }
 
@@ -548,7 +556,7 @@ func freePortPair(t testing.TB) (string, string) {
 func fixedClock() time.Time { return time.Unix(1_750_000_000, 42) }
 
 // startSubscriber starts a subscriber whose logs go to the test log.
-func startSubscriber(t testing.TB, cfg SubscriberConfig, sink Sink) *Subscriber {
+func startSubscriber(t testing.TB, cfg SubscriberConfig, sink kvevents.Sink) *Subscriber {
 	t.Helper()
 	if cfg.Now == nil {
 		cfg.Now = fixedClock
@@ -568,7 +576,7 @@ func startSubscriber(t testing.TB, cfg SubscriberConfig, sink Sink) *Subscriber 
 // a replay endpoint, has finished the replay it asks for on connecting
 // (recovering the engine's buffer), so that a test's own batches meet a
 // settled stream.
-func waitReady(t testing.TB, s *Subscriber, e EngineID) {
+func waitReady(t testing.TB, s *Subscriber, e kvevents.EngineID) {
 	t.Helper()
 	eventually(t, e.String()+" ready", func() bool {
 		st, ok := streamOf(s, e)
@@ -580,21 +588,21 @@ func waitReady(t testing.TB, s *Subscriber, e EngineID) {
 }
 
 // streamOf returns the stats of one engine's stream.
-func streamOf(s *Subscriber, e EngineID) (StreamStats, bool) {
+func streamOf(s *Subscriber, e kvevents.EngineID) (kvevents.StreamStats, bool) {
 	for _, st := range s.Streams() {
 		if st.Engine == e {
 			return st, true
 		}
 	}
-	return StreamStats{}, false
+	return kvevents.StreamStats{}, false
 }
 
 // mustStream returns the stats of e's stream once no replay is
 // outstanding: a replay's end marker may still be in flight after the
 // Sink saw its last batch, and a stream settles only with it.
-func mustStream(t testing.TB, s *Subscriber, e EngineID) StreamStats {
+func mustStream(t testing.TB, s *Subscriber, e kvevents.EngineID) kvevents.StreamStats {
 	t.Helper()
-	var st StreamStats
+	var st kvevents.StreamStats
 	eventually(t, e.String()+" settled", func() bool {
 		var ok bool
 		st, ok = streamOf(s, e)

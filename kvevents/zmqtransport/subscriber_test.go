@@ -1,4 +1,4 @@
-package kvevents
+package zmqtransport
 
 import (
 	"context"
@@ -7,19 +7,21 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvindex/kvindex/kvevents"
 )
 
 // connectedEngine starts a test publisher and a subscriber reading it as
 // engine name (connect mode, model "m"; cfg supplies other settings), and
 // waits until the subscriber has settled and the publisher sees its
 // subscription.
-func connectedEngine(t *testing.T, opts pubOptions, cfg SubscriberConfig, name string) (*testPublisher, *recSink, *Subscriber, EngineID) {
+func connectedEngine(t *testing.T, opts pubOptions, cfg SubscriberConfig, name string) (*testPublisher, *recSink, *Subscriber, kvevents.EngineID) {
 	t.Helper()
 	pub := newTestPublisher(t, opts)
 	sink := newRecSink()
 	cfg.Engines = append(cfg.Engines, connectCfg(pub, name))
 	s := startSubscriber(t, cfg, sink)
-	e := EngineID{Pod: name, Model: "m"}
+	e := kvevents.EngineID{Pod: name, Model: "m"}
 	waitReady(t, s, e)
 	pub.waitSubscribed(1)
 	return pub, sink, s, e
@@ -43,7 +45,7 @@ func TestSubscriberInOrder(t *testing.T) {
 	sink.checkHashes(t, e)
 
 	st := mustStream(t, s, e)
-	want := StreamStats{
+	want := kvevents.StreamStats{
 		Engine: e, Endpoint: pub.PubEP, ReplayEndpoint: pub.ReplayEP,
 		Batches: n, Events: n, LastSeq: n - 1, LastEventUnixNano: fixedClock().UnixNano(), Connected: true,
 		ReplaysOK: 1, // the empty engine's buffer, asked for on connecting
@@ -221,7 +223,7 @@ func TestSubscriberBootstrapReplayOnLateJoin(t *testing.T) {
 			pub.publishN(100, 0) // nobody listens yet; the engine then idles
 			sink := newRecSink()
 			s := startSubscriber(t, SubscriberConfig{Engines: []EngineConfig{connectCfg(pub, "pod-b")}}, sink)
-			e := EngineID{Pod: "pod-b", Model: "m"}
+			e := kvevents.EngineID{Pod: "pod-b", Model: "m"}
 			// Recovered on connect, before the engine publishes again.
 			sink.waitApplied(t, e, 99)
 			pub.waitSubscribed(1)
@@ -246,7 +248,7 @@ func TestSubscriberDPRanksKeptApart(t *testing.T) {
 	s := startSubscriber(t, SubscriberConfig{Engines: []EngineConfig{{
 		Name: "dp-pod", Model: "m", Endpoint: ep0, ReplayEndpoint: rp0, Ranks: 2,
 	}}}, sink)
-	e0, e1 := EngineID{Pod: "dp-pod", Model: "m", DPRank: 0}, EngineID{Pod: "dp-pod", Model: "m", DPRank: 1}
+	e0, e1 := kvevents.EngineID{Pod: "dp-pod", Model: "m", DPRank: 0}, kvevents.EngineID{Pod: "dp-pod", Model: "m", DPRank: 1}
 	waitReady(t, s, e0)
 	waitReady(t, s, e1)
 	pub0.waitSubscribed(1)
@@ -276,7 +278,7 @@ func TestSubscriberRankFromBatch(t *testing.T) {
 	e.DPRank = 4
 	sink.waitApplied(t, e, 2)
 	sink.wantCalls(t, e, seqRange(0, 3))
-	if got := sink.entries(EngineID{Pod: "pod-k", Model: "m"}); len(got) != 0 {
+	if got := sink.entries(kvevents.EngineID{Pod: "pod-k", Model: "m"}); len(got) != 0 {
 		t.Fatalf("calls under the port's rank: %v", got)
 	}
 	st := mustStream(t, s, e)
@@ -287,7 +289,7 @@ func TestSubscriberRankFromBatch(t *testing.T) {
 
 func TestSubscriberMalformedFrames(t *testing.T) {
 	pub, sink, s, e := connectedEngine(t, pubOptions{noReplay: true}, SubscriberConfig{}, "pod-m")
-	good := func(seq uint64) []byte { return encodeTestBatch(t, seq, 0, ShapeMap) }
+	good := func(seq uint64) []byte { return encodeTestBatch(t, seq, 0, kvevents.ShapeMap) }
 	pub.sendRaw([]byte{}, seqBytes(0), good(0))
 	for _, frames := range [][][]byte{
 		{[]byte{}, seqBytes(1)},                                      // two frames
@@ -318,7 +320,7 @@ func TestSubscriberEnginesAreIndependent(t *testing.T) {
 		Engines: []EngineConfig{connectCfg(a, "pod-a"), connectCfg(b, "pod-b")},
 		Pollers: 1, // both on one loop: the harder case
 	}, sink)
-	ea, eb := EngineID{Pod: "pod-a", Model: "m"}, EngineID{Pod: "pod-b", Model: "m"}
+	ea, eb := kvevents.EngineID{Pod: "pod-a", Model: "m"}, kvevents.EngineID{Pod: "pod-b", Model: "m"}
 	waitReady(t, s, ea)
 	waitReady(t, s, eb)
 	a.waitSubscribed(1)
@@ -353,14 +355,14 @@ func TestSubscriberBindMode(t *testing.T) {
 	// tcp://{pod} finds each one's replay socket; the model contains '@'.
 	type engine struct {
 		pub *testPublisher
-		id  EngineID
+		id  kvevents.EngineID
 	}
 	var engines []engine
 	for i := range 3 {
 		p := newTestPublisher(t, pubOptions{connect: ep, newReplay: i%2 == 0})
 		pod := strings.TrimPrefix(p.ReplayEP, "tcp://")
 		p.opts.topic = "kv@" + pod + "@org/model@v" + fmt.Sprint(i)
-		engines = append(engines, engine{p, EngineID{Pod: pod, Model: "org/model@v" + fmt.Sprint(i)}})
+		engines = append(engines, engine{p, kvevents.EngineID{Pod: pod, Model: "org/model@v" + fmt.Sprint(i)}})
 	}
 	for _, en := range engines {
 		en.pub.waitSubscribed(1)
@@ -377,7 +379,7 @@ func TestSubscriberBindMode(t *testing.T) {
 	rank1.DPRank = 1
 	for seq := range uint64(4) {
 		engines[0].pub.mu.Lock()
-		_, err := engines[0].pub.pub.SendMessage([]byte(engines[0].pub.opts.topic), seqBytes(seq), encodeTestBatch(t, seq, 1, ShapeMap))
+		_, err := engines[0].pub.pub.SendMessage([]byte(engines[0].pub.opts.topic), seqBytes(seq), encodeTestBatch(t, seq, 1, kvevents.ShapeMap))
 		engines[0].pub.mu.Unlock()
 		if err != nil {
 			t.Fatal(err)
@@ -407,20 +409,20 @@ func TestSubscriberBindModeBadInput(t *testing.T) {
 	s := startSubscriber(t, SubscriberConfig{Listen: "tcp://127.0.0.1:*"}, sink)
 	p := newTestPublisher(t, pubOptions{connect: s.ListenEndpoint(), noReplay: true})
 	p.waitSubscribed(1)
-	good := func(seq uint64, rank int) []byte { return encodeTestBatch(t, seq, rank, ShapeArray) }
+	good := func(seq uint64, rank int) []byte { return encodeTestBatch(t, seq, rank, kvevents.ShapeArray) }
 	p.sendRaw([]byte("kv@pod-1@m"), seqBytes(0), good(0, 0))
-	p.sendRaw([]byte("kv@pod-1@m"), seqBytes(1))                        // malformed
-	p.sendRaw([]byte("kv@pod-1@m"), []byte{1, 2, 3}, good(1, 0))        // malformed
-	p.sendRaw([]byte("other-topic"), seqBytes(1), good(1, 0))           // unknown topic
-	p.sendRaw([]byte("kv@@m"), seqBytes(1), good(1, 0))                 // unknown topic (empty pod)
-	p.sendRaw([]byte("kv@pod-1@m"), seqBytes(1), []byte("not msgpack")) // undecodable
-	p.sendRaw([]byte("kv@pod-1@m"), seqBytes(1), good(1, MaxDPRank))    // bad rank
+	p.sendRaw([]byte("kv@pod-1@m"), seqBytes(1))                              // malformed
+	p.sendRaw([]byte("kv@pod-1@m"), []byte{1, 2, 3}, good(1, 0))              // malformed
+	p.sendRaw([]byte("other-topic"), seqBytes(1), good(1, 0))                 // unknown topic
+	p.sendRaw([]byte("kv@@m"), seqBytes(1), good(1, 0))                       // unknown topic (empty pod)
+	p.sendRaw([]byte("kv@pod-1@m"), seqBytes(1), []byte("not msgpack"))       // undecodable
+	p.sendRaw([]byte("kv@pod-1@m"), seqBytes(1), good(1, kvevents.MaxDPRank)) // bad rank
 	p.sendRaw([]byte("kv@pod-1@m"), seqBytes(2), good(2, 0))
-	e := EngineID{Pod: "pod-1", Model: "m"}
+	e := kvevents.EngineID{Pod: "pod-1", Model: "m"}
 	sink.waitApplied(t, e, 2)
 	sink.wantCalls(t, e, []string{"0", "2"})
 	ls, _ := s.ListenerStats()
-	want := ListenerStats{Endpoint: s.ListenEndpoint(), Peers: 1, Messages: 8, MalformedFrames: 2, UnknownTopics: 2, DecodeErrors: 1, BadRanks: 1}
+	want := kvevents.ListenerStats{Endpoint: s.ListenEndpoint(), Peers: 1, Messages: 8, MalformedFrames: 2, UnknownTopics: 2, DecodeErrors: 1, BadRanks: 1}
 	if ls != want {
 		t.Fatalf("listener stats\n got  %+v\n want %+v", ls, want)
 	}
@@ -444,7 +446,7 @@ func TestSubscriberAddRemoveEngine(t *testing.T) {
 	}
 	a.waitSubscribed(1)
 	a.publishN(3, 0)
-	e := EngineID{Pod: "pod-dyn", Model: "m"}
+	e := kvevents.EngineID{Pod: "pod-dyn", Model: "m"}
 	sink.waitApplied(t, e, 2)
 	if !s.RemoveEngine("pod-dyn") {
 		t.Fatal("RemoveEngine reported nothing removed")
@@ -484,7 +486,7 @@ func TestSubscriberCloseLeavesNoGoroutines(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		e := EngineID{Pod: "pod-l", Model: "m"}
+		e := kvevents.EngineID{Pod: "pod-l", Model: "m"}
 		if mode == "Close" {
 			if err := s.Start(); err != nil {
 				t.Fatal(err)
@@ -528,7 +530,7 @@ func TestSubscriberConfigErrors(t *testing.T) {
 		{"duplicate engine", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://a:1"}, {Name: "a", Endpoint: "tcp://b:1"}}}, "twice"},
 		{"ipc with ranks", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "ipc:///tmp/x", Ranks: 2}}}, "cannot carry"},
 		{"port overflow", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://a:65535", Ranks: 2}}}, "cannot be offset"},
-		{"too many ranks", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://a:1", Ranks: MaxDPRank + 1}}}, "exceed"},
+		{"too many ranks", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://a:1", Ranks: kvevents.MaxDPRank + 1}}}, "exceed"},
 		{"bad pattern", SubscriberConfig{Listen: "tcp://*:1", TopicPattern: "kv@{pod"}, "unclosed"},
 		{"replay template without pod", SubscriberConfig{Listen: "tcp://*:1", ReplayTemplate: "tcp://replay:5558"}, "no {pod}"},
 	}
@@ -563,7 +565,7 @@ func TestSubscriberBindModeRemovePod(t *testing.T) {
 	p.opts.topic = "kv@" + pod + "@m"
 	p.waitSubscribed(1)
 	p.publishN(5, 0)
-	e := EngineID{Pod: pod, Model: "m"}
+	e := kvevents.EngineID{Pod: pod, Model: "m"}
 	sink.waitApplied(t, e, 4)
 	if !s.RemoveEngine(pod) {
 		t.Fatal("RemoveEngine found nothing to remove")
@@ -589,7 +591,7 @@ func TestSubscriberIdentityConflict(t *testing.T) {
 		Engines: []EngineConfig{connectCfg(a, "pod-c")},
 		Listen:  "tcp://127.0.0.1:*",
 	}, sink)
-	e := EngineID{Pod: "pod-c", Model: "m"}
+	e := kvevents.EngineID{Pod: "pod-c", Model: "m"}
 	waitReady(t, s, e)
 	impostor := newTestPublisher(t, pubOptions{connect: s.ListenEndpoint(), noReplay: true, topic: "kv@pod-c@m"})
 	impostor.waitSubscribed(1)

@@ -1,4 +1,4 @@
-package kvevents
+package zmqtransport
 
 import (
 	"errors"
@@ -102,7 +102,7 @@ func (l *ioLoop) post(fn func()) bool {
 }
 
 // errLoopStopped is returned by call on a stopped loop.
-var errLoopStopped = errors.New("kvevents: subscriber closed")
+var errLoopStopped = errors.New("zmqtransport: subscriber closed")
 
 // call runs fn on the loop goroutine and waits for its result.
 func (l *ioLoop) call(fn func() error) error {
@@ -164,7 +164,7 @@ func (l *ioLoop) run() {
 			}
 			// Only a programming error (a closed socket left in the
 			// poller) or a terminated context gets here.
-			l.s.log.Error("kvevents: poll failed; loop stops", "loop", l.name, "err", err)
+			l.s.log.Error("zmqtransport: poll failed; loop stops", "loop", l.name, "err", err)
 			break
 		}
 		for _, p := range polled {
@@ -189,7 +189,7 @@ func (l *ioLoop) timeout() time.Duration {
 	}
 	first := int64(-1)
 	for st := range l.timed {
-		if d, ok := st.seq.replayDeadline(); ok && (first < 0 || d < first) {
+		if d, ok := st.seq.ReplayDeadline(); ok && (first < 0 || d < first) {
 			first = d
 		}
 	}

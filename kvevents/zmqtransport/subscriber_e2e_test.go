@@ -1,4 +1,4 @@
-package kvevents_test
+package zmqtransport_test
 
 import (
 	"fmt"
@@ -10,6 +10,7 @@ import (
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
 // mirrorSink keeps, per engine, a reference count per block key: what an
@@ -75,7 +76,7 @@ func (m *mirrorSink) caughtUp(e kvevents.EngineID, seq uint64) bool {
 }
 
 // check compares the mirror with the engine's true cache.
-func (m *mirrorSink) check(t *testing.T, eng *enginesim.Engine) {
+func (m *mirrorSink) check(t *testing.T, eng *zmqtransport.SimEngine) {
 	t.Helper()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -103,7 +104,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func streamStats(s *kvevents.Subscriber, e kvevents.EngineID) (kvevents.StreamStats, bool) {
+func streamStats(s *zmqtransport.Subscriber, e kvevents.EngineID) (kvevents.StreamStats, bool) {
 	for _, st := range s.Streams() {
 		if st.Engine == e {
 			return st, true
@@ -113,7 +114,7 @@ func streamStats(s *kvevents.Subscriber, e kvevents.EngineID) (kvevents.StreamSt
 }
 
 // settledStats returns e's stats once no replay is outstanding.
-func settledStats(t *testing.T, s *kvevents.Subscriber, e kvevents.EngineID) kvevents.StreamStats {
+func settledStats(t *testing.T, s *zmqtransport.Subscriber, e kvevents.EngineID) kvevents.StreamStats {
 	t.Helper()
 	var st kvevents.StreamStats
 	waitFor(t, e.String()+" settled", func() bool {
@@ -133,12 +134,12 @@ func TestSubscriberWithEngineSim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var engines []*enginesim.Engine
+	var engines []*zmqtransport.SimEngine
 	for i, shape := range []kvevents.Shape{kvevents.ShapeMap, kvevents.ShapeArray} {
-		eng, err := enginesim.New(enginesim.Config{
+		eng, err := zmqtransport.NewSimEngine(enginesim.Config{
 			Pod: fmt.Sprintf("sim-%d", i), Model: "m", Hasher: h, CapacityBlocks: 96, Shape: shape,
-			BytesHashes: i == 1, Topic: "kv-events", ReplayEndpoint: "tcp://127.0.0.1:*", ReplayWithTopic: i == 0,
-		})
+			BytesHashes: i == 1,
+		}, zmqtransport.PublisherConfig{Topic: "kv-events", ReplayEndpoint: "tcp://127.0.0.1:*", ReplayWithTopic: i == 0})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,13 +171,13 @@ func TestSubscriberWithEngineSim(t *testing.T) {
 	}
 
 	sink := newMirrorSink()
-	cfg := kvevents.SubscriberConfig{ReplayTimeout: 5 * time.Second}
+	cfg := zmqtransport.SubscriberConfig{ReplayTimeout: 5 * time.Second}
 	for _, eng := range engines {
-		cfg.Engines = append(cfg.Engines, kvevents.EngineConfig{
+		cfg.Engines = append(cfg.Engines, zmqtransport.EngineConfig{
 			Name: eng.Config().Pod, Model: "m", Endpoint: eng.PubEndpoint(), ReplayEndpoint: eng.ReplayEndpoint(), Topic: "kv-events",
 		})
 	}
-	s, err := kvevents.NewSubscriber(cfg, sink, nil)
+	s, err := zmqtransport.NewSubscriber(cfg, sink, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +207,7 @@ func TestSubscriberWithEngineSim(t *testing.T) {
 	// published and no replay is outstanding. Before a restart this
 	// matters: a replay the old process has not served yet would be
 	// answered by the new one, and the old batches would be lost.
-	catchUp := func(eng *enginesim.Engine) {
+	catchUp := func(eng *zmqtransport.SimEngine) {
 		waitFor(t, "caught up", func() bool { return sink.caughtUp(eng.EngineID(), eng.Seq()-1) })
 		settledStats(t, s, eng.EngineID())
 	}

@@ -1,4 +1,4 @@
-package kvevents_test
+package zmqtransport_test
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
 // printSink prints what it is given and reports each applied seq.
@@ -28,9 +29,9 @@ func (p printSink) Reset(e kvevents.EngineID, reason kvevents.ResetReason) {
 // engine's replay buffer as soon as it connects.
 func ExampleSubscriber() {
 	h := blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "0", BlockSize: 16})
-	eng, err := enginesim.New(enginesim.Config{
-		Pod: "pod-a", Model: "llama", Hasher: h, CapacityBlocks: 64, ReplayEndpoint: "tcp://127.0.0.1:*",
-	})
+	eng, err := zmqtransport.NewSimEngine(enginesim.Config{
+		Pod: "pod-a", Model: "llama", Hasher: h, CapacityBlocks: 64,
+	}, zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -47,8 +48,8 @@ func ExampleSubscriber() {
 	eng.Process(append(prompt[:32:32], 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7), nil)
 
 	sink := printSink{applied: make(chan uint64, 16)}
-	s, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
-		Engines: []kvevents.EngineConfig{{
+	s, err := zmqtransport.NewSubscriber(zmqtransport.SubscriberConfig{
+		Engines: []zmqtransport.EngineConfig{{
 			Name: "pod-a", Model: "llama", Endpoint: eng.PubEndpoint(), ReplayEndpoint: eng.ReplayEndpoint(),
 		}},
 	}, sink, slog.New(slog.DiscardHandler))

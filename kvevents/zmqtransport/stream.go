@@ -1,4 +1,4 @@
-package kvevents
+package zmqtransport
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"syscall"
 
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvindex/kvindex/kvevents"
 )
 
 // recvBudget bounds the messages one socket may handle per wake-up, so a
@@ -23,11 +25,11 @@ const replayEndSeq = ^uint64(0)
 type stream struct {
 	s      *Subscriber
 	loop   *ioLoop
-	id     EngineID
+	id     kvevents.EngineID
 	ctr    *streamCounters
-	seq    sequencer
-	dec    Decoder
-	batch  Batch
+	seq    *kvevents.Sequencer
+	dec    kvevents.Decoder
+	batch  kvevents.Batch
 	rx     *receiver
 	closed bool
 
@@ -45,15 +47,15 @@ type stream struct {
 	// pre/preBatch let deliver reuse that decoding.
 	bind     bool
 	pre      []byte
-	preBatch *Batch
+	preBatch *kvevents.Batch
 }
 
-func (s *Subscriber) newStream(l *ioLoop, id EngineID, endpoint, replayEP string, ln *listener) *stream {
+func (s *Subscriber) newStream(l *ioLoop, id kvevents.EngineID, endpoint, replayEP string, ln *listener) *stream {
 	st := &stream{
 		s:        s,
 		loop:     l,
 		id:       id,
-		dec:      Decoder{Flavor: s.cfg.Flavor, Limits: s.cfg.Limits},
+		dec:      kvevents.Decoder{Flavor: s.cfg.Flavor, Limits: s.cfg.Limits},
 		replayEP: replayEP,
 		bind:     ln != nil,
 		rx:       newReceiver(),
@@ -67,7 +69,11 @@ func (s *Subscriber) newStream(l *ioLoop, id EngineID, endpoint, replayEP string
 		st.ctr.listener = &ln.ctr
 	}
 	st.ctr.engine.Store(&id)
-	st.seq.init(st, replayEP != "", s.cfg.MaxBuffered, int64(s.cfg.ReplayTimeout))
+	st.seq = kvevents.NewSequencer(st, kvevents.SequencerConfig{
+		CanReplay:     replayEP != "",
+		MaxHeld:       s.cfg.MaxBuffered,
+		ReplayTimeout: s.cfg.ReplayTimeout,
+	})
 	return st
 }
 
@@ -81,12 +87,12 @@ func (s *Subscriber) openConnectStream(l *ioLoop, cfg EngineConfig, r int) (*str
 	if err != nil {
 		return nil, err
 	}
-	id := EngineID{Model: cfg.Model, Pod: cfg.Name, DPRank: r}
+	id := kvevents.EngineID{Model: cfg.Model, Pod: cfg.Name, DPRank: r}
 	st := s.newStream(l, id, ep, rep, nil)
 	st.portRank = r
 	if !s.claim(id, st) {
 		st.close()
-		return nil, fmt.Errorf("kvevents: engine %s is already read by another stream", id)
+		return nil, fmt.Errorf("zmqtransport: engine %s is already read by another stream", id)
 	}
 	if err := st.openSub(ep, cfg.Topic); err != nil {
 		st.close()
@@ -106,7 +112,7 @@ func (s *Subscriber) openConnectStream(l *ioLoop, cfg EngineConfig, r int) (*str
 func (st *stream) openSub(endpoint, topic string) error {
 	sub, mon, err := st.s.openSUB(topic, zmq.EVENT_CONNECTED|zmq.EVENT_DISCONNECTED, func(sub *zmq.Socket) error {
 		if err := sub.Connect(endpoint); err != nil {
-			return fmt.Errorf("kvevents: connect %s: %w", endpoint, err)
+			return fmt.Errorf("zmqtransport: connect %s: %w", endpoint, err)
 		}
 		return nil
 	})
@@ -132,7 +138,7 @@ func (st *stream) openDealer() error {
 	}
 	if err := d.Connect(st.replayEP); err != nil {
 		d.Close()
-		return fmt.Errorf("kvevents: connect replay %s: %w", st.replayEP, err)
+		return fmt.Errorf("zmqtransport: connect replay %s: %w", st.replayEP, err)
 	}
 	st.dealer = d
 	st.loop.add(d, st.onReplay)
@@ -170,7 +176,7 @@ func (st *stream) close() {
 func (st *stream) remove() {
 	st.close()
 	st.ctr.resets.Add(1)
-	st.s.sink.Reset(st.id, ResetRemoved)
+	st.s.sink.Reset(st.id, kvevents.ResetRemoved)
 	st.s.release(st)
 }
 
@@ -187,7 +193,7 @@ func (st *stream) onLive() {
 			st.malformed("live", n)
 			continue
 		}
-		st.seq.live(binary.BigEndian.Uint64(frames[1]), frames[2], now)
+		st.seq.Live(binary.BigEndian.Uint64(frames[1]), frames[2], now)
 		st.after()
 	}
 }
@@ -212,9 +218,9 @@ func (st *stream) onReplay() {
 		}
 		seq, payload := binary.BigEndian.Uint64(frames[n-2]), frames[n-1]
 		if seq == replayEndSeq && len(payload) == 0 {
-			st.seq.replayEnd(st.s.mono())
+			st.seq.ReplayEnd(st.s.mono())
 		} else {
-			st.seq.replayed(seq, payload, st.s.mono())
+			st.seq.Replayed(seq, payload, st.s.mono())
 		}
 		st.after()
 	}
@@ -230,39 +236,39 @@ func (st *stream) onMonitor() {
 		switch {
 		case ev&zmq.EVENT_CONNECTED != 0:
 			st.ctr.connected.Store(true)
-			st.logAttrs(slog.LevelInfo, "kvevents: connected", slog.String("addr", addr))
-			st.seq.connected(st.s.mono())
+			st.logAttrs(slog.LevelInfo, "zmqtransport: connected", slog.String("addr", addr))
+			st.seq.Connected(st.s.mono())
 			st.after()
 		case ev&zmq.EVENT_DISCONNECTED != 0:
 			st.ctr.connected.Store(false)
-			st.logAttrs(slog.LevelWarn, "kvevents: disconnected; reconnecting", slog.String("addr", addr))
+			st.logAttrs(slog.LevelWarn, "zmqtransport: disconnected; reconnecting", slog.String("addr", addr))
 		}
 	}
 }
 
 func (st *stream) recvFailed(err error) {
 	if !isEAGAIN(err) {
-		st.logAttrs(slog.LevelError, "kvevents: receive failed", slog.Any("err", err))
+		st.logAttrs(slog.LevelError, "zmqtransport: receive failed", slog.Any("err", err))
 	}
 }
 
 func (st *stream) malformed(where string, frames int) {
 	n := st.ctr.decodeErrors.Add(1)
 	if logEvery(n) {
-		st.logAttrs(slog.LevelWarn, "kvevents: malformed message dropped",
+		st.logAttrs(slog.LevelWarn, "zmqtransport: malformed message dropped",
 			slog.String("socket", where), slog.Int("frames", frames), slog.Uint64("count", n))
 	}
 }
 
 func (st *stream) tick(now int64) {
-	st.seq.tick(now)
+	st.seq.Tick(now)
 	st.after()
 }
 
 // after mirrors the sequencer's replay state into the counters and the
 // loop's timer set.
 func (st *stream) after() {
-	_, replaying := st.seq.replayDeadline()
+	_, replaying := st.seq.ReplayDeadline()
 	if replaying == st.ctr.replaying.Load() {
 		return
 	}
@@ -274,8 +280,9 @@ func (st *stream) after() {
 	}
 }
 
-// deliver implements seqOutput: decode and hand one batch to the Sink.
-func (st *stream) deliver(seq uint64, payload []byte) {
+// Deliver implements kvevents.SequencerOutput: decode and hand one batch
+// to the Sink.
+func (st *stream) Deliver(seq uint64, payload []byte) {
 	b := &st.batch
 	if len(payload) > 0 && len(st.pre) > 0 && &payload[0] == &st.pre[0] {
 		b = st.preBatch
@@ -285,10 +292,10 @@ func (st *stream) deliver(seq uint64, payload []byte) {
 		n := st.ctr.decodeErrors.Add(1)
 		st.ctr.lastSeq.Store(seq)
 		if logEvery(n) {
-			st.logAttrs(slog.LevelWarn, "kvevents: undecodable batch dropped",
+			st.logAttrs(slog.LevelWarn, "zmqtransport: undecodable batch dropped",
 				slog.Uint64("seq", seq), slog.Any("err", err), slog.Uint64("count", n))
 		}
-		st.seq.setDegraded(true)
+		st.seq.Degrade()
 		return
 	}
 	if !st.bind {
@@ -296,7 +303,7 @@ func (st *stream) deliver(seq uint64, payload []byte) {
 	}
 	cleared := 0
 	for i := range b.Events {
-		if b.Events[i].Kind == AllBlocksCleared {
+		if b.Events[i].Kind == kvevents.AllBlocksCleared {
 			cleared++
 		}
 	}
@@ -312,7 +319,7 @@ func (st *stream) deliver(seq uint64, payload []byte) {
 	st.s.sink.Apply(st.id, seq, b.Events)
 	if cleared > 0 {
 		st.ctr.resets.Add(uint64(cleared))
-		st.seq.cleared()
+		st.seq.Cleared()
 	}
 }
 
@@ -321,7 +328,7 @@ func (st *stream) deliver(seq uint64, payload []byte) {
 // offsets follow the local DP index, which differs from the global rank
 // when ranks span nodes. The identity is settled by the first batch that
 // carries a rank, so a stream never changes identity once it has state.
-func (st *stream) checkRank(b *Batch) {
+func (st *stream) checkRank(b *kvevents.Batch) {
 	if !b.HasDPRank || b.DPRank == st.portRank {
 		st.rankSettled = st.rankSettled || b.HasDPRank
 		return
@@ -331,105 +338,106 @@ func (st *stream) checkRank(b *Batch) {
 		return
 	}
 	st.rankSettled = true
-	if b.DPRank < 0 || b.DPRank >= MaxDPRank {
-		st.logAttrs(slog.LevelWarn, "kvevents: batch dp_rank out of range; keeping the port's rank",
+	if b.DPRank < 0 || b.DPRank >= kvevents.MaxDPRank {
+		st.logAttrs(slog.LevelWarn, "zmqtransport: batch dp_rank out of range; keeping the port's rank",
 			slog.Int("dp_rank", b.DPRank))
 		return
 	}
 	id := st.id
 	id.DPRank = b.DPRank
 	if !st.s.rename(st, id) {
-		st.logAttrs(slog.LevelWarn, "kvevents: batch dp_rank differs from the port's, but another stream owns that rank; keeping the port's rank",
+		st.logAttrs(slog.LevelWarn, "zmqtransport: batch dp_rank differs from the port's, but another stream owns that rank; keeping the port's rank",
 			slog.Int("dp_rank", b.DPRank))
 		return
 	}
 	st.id = id
 	st.ctr.engine.Store(&id)
-	st.logAttrs(slog.LevelWarn, "kvevents: batch dp_rank differs from the port's; using the batch's",
+	st.logAttrs(slog.LevelWarn, "zmqtransport: batch dp_rank differs from the port's; using the batch's",
 		slog.Int("port_rank", st.portRank), slog.Int("dp_rank", b.DPRank))
 }
 
-// reset implements seqOutput.
-func (st *stream) reset(reason ResetReason) {
+// Reset implements kvevents.SequencerOutput.
+func (st *stream) Reset(reason kvevents.ResetReason) {
 	st.s.sink.Reset(st.id, reason)
 }
 
-// requestReplay implements seqOutput: send [b"", start_seq] on the DEALER.
-func (st *stream) requestReplay(from uint64) bool {
+// RequestReplay implements kvevents.SequencerOutput: send [b"", start_seq]
+// on the DEALER.
+func (st *stream) RequestReplay(from uint64) bool {
 	if st.dealer == nil {
 		return false
 	}
 	var req [8]byte
 	binary.BigEndian.PutUint64(req[:], from)
 	if _, err := st.dealer.SendBytes(nil, zmq.SNDMORE|zmq.DONTWAIT); err != nil {
-		st.logAttrs(slog.LevelWarn, "kvevents: replay request not sent", slog.Any("err", err))
+		st.logAttrs(slog.LevelWarn, "zmqtransport: replay request not sent", slog.Any("err", err))
 		return false
 	}
 	if _, err := st.dealer.SendBytes(req[:], zmq.DONTWAIT); err != nil {
 		// Half a message may sit in the socket: start afresh.
-		st.cancelReplay()
-		st.logAttrs(slog.LevelWarn, "kvevents: replay request not sent", slog.Any("err", err))
+		st.CancelReplay()
+		st.logAttrs(slog.LevelWarn, "zmqtransport: replay request not sent", slog.Any("err", err))
 		return false
 	}
 	return true
 }
 
-// cancelReplay implements seqOutput: replace the DEALER so replies to the
-// abandoned request are never read.
-func (st *stream) cancelReplay() {
+// CancelReplay implements kvevents.SequencerOutput: replace the DEALER so
+// replies to the abandoned request are never read.
+func (st *stream) CancelReplay() {
 	st.closeDealer()
 	if err := st.openDealer(); err != nil {
-		st.logAttrs(slog.LevelError, "kvevents: replay socket not reopened; replay disabled", slog.Any("err", err))
-		st.seq.canReplay = false
+		st.logAttrs(slog.LevelError, "zmqtransport: replay socket not reopened; replay disabled", slog.Any("err", err))
+		st.seq.DisableReplay()
 	}
 }
 
-// note implements seqOutput: counters and log lines.
-func (st *stream) note(n seqNote) {
+// Note implements kvevents.SequencerOutput: counters and log lines.
+func (st *stream) Note(n kvevents.Note) {
 	c := st.ctr
-	switch n.kind {
-	case noteGap:
+	switch n.Kind {
+	case kvevents.NoteGap:
 		c.gaps.Add(1)
-		st.logAttrs(slog.LevelWarn, "kvevents: sequence gap",
-			slog.Uint64("expected", n.from), slog.Uint64("got", n.to), slog.Uint64("missing", n.to-n.from))
-	case noteReplayStart:
-		st.logAttrs(slog.LevelInfo, "kvevents: replay requested",
-			slog.Uint64("from", n.from), slog.Bool("bootstrap", n.bootstrap), slog.String("replay", st.replayEP))
-	case noteReplayDone:
+		st.logAttrs(slog.LevelWarn, "zmqtransport: sequence gap",
+			slog.Uint64("expected", n.From), slog.Uint64("got", n.To), slog.Uint64("missing", n.To-n.From))
+	case kvevents.NoteReplayStart:
+		st.logAttrs(slog.LevelInfo, "zmqtransport: replay requested",
+			slog.Uint64("from", n.From), slog.Bool("bootstrap", n.Bootstrap), slog.String("replay", st.replayEP))
+	case kvevents.NoteReplayDone:
 		c.replaysOK.Add(1)
-		st.logAttrs(slog.LevelInfo, "kvevents: replay complete",
-			slog.Uint64("from", n.from), slog.Uint64("applied", n.to-n.from), slog.Bool("bootstrap", n.bootstrap))
-	case noteReplayFailed:
+		st.logAttrs(slog.LevelInfo, "zmqtransport: replay complete",
+			slog.Uint64("from", n.From), slog.Uint64("applied", n.To-n.From), slog.Bool("bootstrap", n.Bootstrap))
+	case kvevents.NoteReplayFailed:
 		c.replaysFailed.Add(1)
-		st.logAttrs(slog.LevelWarn, "kvevents: replay failed; continuing with a hole",
-			slog.Uint64("from", n.from), slog.String("reason", n.reason.String()), slog.Bool("bootstrap", n.bootstrap))
-	case noteLost:
-		c.lost.Add(n.to - n.from)
-		st.logAttrs(slog.LevelWarn, "kvevents: batches lost",
-			slog.Uint64("from", n.from), slog.Uint64("to", n.to))
-	case noteRestart:
+		st.logAttrs(slog.LevelWarn, "zmqtransport: replay failed; continuing with a hole",
+			slog.Uint64("from", n.From), slog.String("reason", n.Reason.String()), slog.Bool("bootstrap", n.Bootstrap))
+	case kvevents.NoteLost:
+		c.lost.Add(n.To - n.From)
+		st.logAttrs(slog.LevelWarn, "zmqtransport: batches lost",
+			slog.Uint64("from", n.From), slog.Uint64("to", n.To))
+	case kvevents.NoteRestart:
 		c.restarts.Add(1)
 		c.resets.Add(1)
-		st.logAttrs(slog.LevelWarn, "kvevents: engine restarted (sequence went back); resetting its blocks",
-			slog.Uint64("last", n.from), slog.Uint64("seq", n.to))
-	case noteDuplicate:
+		st.logAttrs(slog.LevelWarn, "zmqtransport: engine restarted (sequence went back); resetting its blocks",
+			slog.Uint64("last", n.From), slog.Uint64("seq", n.To))
+	case kvevents.NoteDuplicate:
 		c.duplicates.Add(1)
-	case noteStray:
+	case kvevents.NoteStray:
 		st.strayLogged++
 		if logEvery(st.strayLogged) {
-			st.logAttrs(slog.LevelDebug, "kvevents: stray replay reply dropped", slog.Uint64("seq", n.from))
+			st.logAttrs(slog.LevelDebug, "zmqtransport: stray replay reply dropped", slog.Uint64("seq", n.From))
 		}
-	case noteJoin:
-		st.logAttrs(slog.LevelInfo, "kvevents: joined mid-stream without replay; earlier blocks unknown",
-			slog.Uint64("seq", n.from))
-	case noteTruncated:
-		st.logAttrs(slog.LevelInfo, "kvevents: engine's replay buffer starts later; older blocks unknown",
-			slog.Uint64("first", n.to))
-	case noteDegraded:
+	case kvevents.NoteJoin:
+		st.logAttrs(slog.LevelInfo, "zmqtransport: joined mid-stream without replay; earlier blocks unknown",
+			slog.Uint64("seq", n.From))
+	case kvevents.NoteTruncated:
+		st.logAttrs(slog.LevelInfo, "zmqtransport: engine's replay buffer starts later; older blocks unknown",
+			slog.Uint64("first", n.To))
+	case kvevents.NoteDegraded:
 		c.degraded.Store(true)
-	case noteHealthy:
+	case kvevents.NoteHealthy:
 		c.degraded.Store(false)
-		st.logAttrs(slog.LevelInfo, "kvevents: stream healthy again")
+		st.logAttrs(slog.LevelInfo, "zmqtransport: stream healthy again")
 	}
 }
 

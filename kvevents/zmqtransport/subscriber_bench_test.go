@@ -1,4 +1,4 @@
-package kvevents
+package zmqtransport
 
 import (
 	"sync/atomic"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvindex/kvindex/kvevents"
 )
 
 // cpuTime returns the process's user plus system CPU time.
@@ -30,7 +32,7 @@ type countSink struct {
 
 const progressEvery = 1024
 
-func (c *countSink) Apply(_ EngineID, _ uint64, events []Event) {
+func (c *countSink) Apply(_ kvevents.EngineID, _ uint64, events []kvevents.Event) {
 	c.events.Add(int64(len(events)))
 	n := c.n.Add(1)
 	if n%progressEvery == 0 {
@@ -44,24 +46,24 @@ func (c *countSink) Apply(_ EngineID, _ uint64, events []Event) {
 	}
 }
 
-func (c *countSink) Reset(EngineID, ResetReason) {}
+func (c *countSink) Reset(kvevents.EngineID, kvevents.ResetReason) {}
 
 // benchPayload is a realistic batch: 8 BlockStored events of one 16-token
 // block each, in the current vLLM layout.
 func benchPayload(b *testing.B) []byte {
-	var batch Batch
+	var batch kvevents.Batch
 	batch.TS, batch.HasDPRank = 1750000000.5, true
 	for i := range 8 {
 		toks := make([]uint64, 16)
 		for j := range toks {
 			toks[j] = uint64(1000*i + j + 1)
 		}
-		batch.Events = append(batch.Events, Event{
-			Kind: BlockStored, Hashes: []uint64{0x9e3779b97f4a7c15 * uint64(i+1)}, HasParent: i > 0,
-			Parent: 0x9e3779b97f4a7c15 * uint64(i), TokenIDs: toks, BlockSize: 16, Medium: MediumGPU,
+		batch.Events = append(batch.Events, kvevents.Event{
+			Kind: kvevents.BlockStored, Hashes: []uint64{0x9e3779b97f4a7c15 * uint64(i+1)}, HasParent: i > 0,
+			Parent: 0x9e3779b97f4a7c15 * uint64(i), TokenIDs: toks, BlockSize: 16, Medium: kvevents.MediumGPU,
 		})
 	}
-	p, err := AppendBatch(nil, &batch, EncodeOptions{Shape: ShapeMap})
+	p, err := kvevents.AppendBatch(nil, &batch, kvevents.EncodeOptions{Shape: kvevents.ShapeMap})
 	if err != nil {
 		b.Fatal(err)
 	}

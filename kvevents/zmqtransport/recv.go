@@ -1,4 +1,4 @@
-package kvevents
+package zmqtransport
 
 /*
 #cgo !windows pkg-config: libzmq

@@ -1,4 +1,4 @@
-package kvevents
+package zmqtransport
 
 import (
 	"errors"
@@ -52,11 +52,11 @@ func compileTopicPattern(p string) (*topicPattern, error) {
 	}
 	re, err := regexp.Compile(expr)
 	if err != nil {
-		return nil, fmt.Errorf("kvevents: topic pattern %q: %w", p, err)
+		return nil, fmt.Errorf("zmqtransport: topic pattern %q: %w", p, err)
 	}
 	tp := &topicPattern{src: p, re: re, pod: re.SubexpIndex("pod"), model: re.SubexpIndex("model")}
 	if tp.pod < 0 {
-		return nil, fmt.Errorf("kvevents: topic pattern %q has no pod", p)
+		return nil, fmt.Errorf("zmqtransport: topic pattern %q has no pod", p)
 	}
 	return tp, nil
 }
@@ -76,14 +76,14 @@ func templateRegexp(t string) (string, error) {
 		b.WriteString(regexp.QuoteMeta(rest[:i]))
 		j := strings.IndexByte(rest[i:], '}')
 		if j < 0 {
-			return "", fmt.Errorf("kvevents: topic template %q: unclosed '{'", t)
+			return "", fmt.Errorf("zmqtransport: topic template %q: unclosed '{'", t)
 		}
 		name := rest[i+1 : i+j]
 		if name != "pod" && name != "model" {
-			return "", fmt.Errorf("kvevents: topic template %q: unknown placeholder {%s} (want {pod} or {model})", t, name)
+			return "", fmt.Errorf("zmqtransport: topic template %q: unknown placeholder {%s} (want {pod} or {model})", t, name)
 		}
 		if seen[name] {
-			return "", fmt.Errorf("kvevents: topic template %q: {%s} appears twice", t, name)
+			return "", fmt.Errorf("zmqtransport: topic template %q: {%s} appears twice", t, name)
 		}
 		seen[name] = true
 		rest = rest[i+j+1:]
@@ -94,7 +94,7 @@ func templateRegexp(t string) (string, error) {
 		}
 	}
 	if !seen["pod"] {
-		return "", fmt.Errorf("kvevents: topic template %q has no {pod}", t)
+		return "", fmt.Errorf("zmqtransport: topic template %q has no {pod}", t)
 	}
 	b.WriteString("$")
 	return b.String(), nil
@@ -140,15 +140,15 @@ func offsetEndpoint(endpoint string, r int) (string, error) {
 	case strings.HasPrefix(endpoint, "tcp://"):
 		i := strings.LastIndexByte(endpoint, ':')
 		if i < len("tcp://") {
-			return "", fmt.Errorf("kvevents: endpoint %q has no port", endpoint)
+			return "", fmt.Errorf("zmqtransport: endpoint %q has no port", endpoint)
 		}
 		port, err := strconv.Atoi(endpoint[i+1:])
 		if err != nil || port <= 0 || port+r > 65535 {
-			return "", fmt.Errorf("kvevents: endpoint %q: port cannot be offset by rank %d", endpoint, r)
+			return "", fmt.Errorf("zmqtransport: endpoint %q: port cannot be offset by rank %d", endpoint, r)
 		}
 		return endpoint[:i+1] + strconv.Itoa(port+r), nil
 	}
-	return "", fmt.Errorf("kvevents: endpoint %q cannot carry data-parallel rank %d (only tcp:// and inproc:// can)", endpoint, r)
+	return "", fmt.Errorf("zmqtransport: endpoint %q cannot carry data-parallel rank %d (only tcp:// and inproc:// can)", endpoint, r)
 }
 
 // expandReplayTemplate fills a bind-mode replay template such as

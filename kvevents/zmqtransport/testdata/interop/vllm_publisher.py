@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """A KV-event publisher that behaves like vLLM's ZmqEventPublisher.
 
-Used by kvevents' interop test to check the Go subscriber against libzmq as
+Used by zmqtransport's interop test to check the Go subscriber against libzmq as
 driven from Python (Debian's python3-zmq) and payloads packed by
 python3-msgpack, independently of the Go encoder.
 

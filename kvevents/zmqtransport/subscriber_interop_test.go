@@ -1,4 +1,4 @@
-package kvevents
+package zmqtransport
 
 import (
 	"bufio"
@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvindex/kvindex/kvevents"
 )
 
 // debianPython is the interpreter with Debian's python3-zmq and
@@ -90,7 +92,7 @@ func (p *pyPublisher) do(cmd string) int64 {
 
 // handshake publishes probe batches until one is applied: then the
 // engine's PUB has our subscription (its slow-joiner window is over).
-func (p *pyPublisher) handshake(sink *recSink, e EngineID) {
+func (p *pyPublisher) handshake(sink *recSink, e kvevents.EngineID) {
 	p.t.Helper()
 	eventually(p.t, "a probe batch to arrive live", func() bool {
 		seq := p.do("probe")
@@ -101,17 +103,17 @@ func (p *pyPublisher) handshake(sink *recSink, e EngineID) {
 
 // checkPyBatches asserts that every applied batch of e carries what the
 // script put under that seq.
-func checkPyBatches(t *testing.T, sink *recSink, e EngineID) {
+func checkPyBatches(t *testing.T, sink *recSink, e kvevents.EngineID) {
 	t.Helper()
 	for _, ent := range sink.entries(e) {
 		if ent.reset != "" {
 			continue
 		}
 		n := ent.seq
-		wantKinds := []Kind{BlockStored}
+		wantKinds := []kvevents.Kind{kvevents.BlockStored}
 		wantHashes := []uint64{hashOf(n), n}
 		if n%10 == 9 {
-			wantKinds = append(wantKinds, BlockRemoved)
+			wantKinds = append(wantKinds, kvevents.BlockRemoved)
 			wantHashes = append(wantHashes, n-5)
 		}
 		if !slices.Equal(ent.kinds, wantKinds) || !slices.Equal(ent.hashes, wantHashes) {
@@ -142,7 +144,7 @@ func TestInteropPythonPublisher(t *testing.T) {
 			s := startSubscriber(t, SubscriberConfig{Engines: []EngineConfig{{
 				Name: "py", Model: "m", Endpoint: py.PubEP, ReplayEndpoint: py.ReplayEP, Topic: "kv@",
 			}}}, sink)
-			e := EngineID{Pod: "py", Model: "m", DPRank: tt.rank}
+			e := kvevents.EngineID{Pod: "py", Model: "m", DPRank: tt.rank}
 			// The 25 batches published before we connected come from
 			// the replay asked for on connecting.
 			sink.waitApplied(t, e, 24)
@@ -169,7 +171,7 @@ func TestInteropPythonPublisher(t *testing.T) {
 				return len(a) > 0 && a[len(a)-1] == uint64(last) && len(sink.entries(e)) > before
 			})
 			calls := sink.entries(e)[before:]
-			if calls[0].reset != ResetRestart {
+			if calls[0].reset != kvevents.ResetRestart {
 				t.Fatalf("after the restart the Sink got %v first, want a restart reset", calls[0])
 			}
 			if got := sink.applied(e); !slices.Equal(got, seqsUpTo(uint64(last))) {

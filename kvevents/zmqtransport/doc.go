@@ -1,0 +1,60 @@
+// Package zmqtransport carries KV-event batches over ZMQ the way vLLM's
+// ZmqEventPublisher does: Subscriber receives them from engines, Publisher
+// sends them.
+//
+// It is the only package of the module that uses libzmq (through
+// github.com/pebbe/zmq4, with cgo); decoding, sequencing and the event
+// model are package kvevents', which stays cgo-free.
+//
+// # The wire
+//
+// Live batches are 3-frame messages [topic, seq u64 big-endian, msgpack
+// EventBatch] on a PUB socket, seq counting from 0 per engine process. A
+// replay ROUTER answers a request [b"", start_seq] from a DEALER with
+// every buffered batch from start_seq on, then an end marker (seq -1,
+// empty payload), as [b"", seq, payload] (vLLM before v0.26, SGLang) or
+// [b"", topic, seq, payload] (vLLM v0.26 on); the subscriber reads both.
+//
+// # Connect and bind modes
+//
+// In connect mode (SubscriberConfig.Engines, AddEngine) each engine binds
+// its PUB socket and the subscriber connects one SUB per engine and
+// data-parallel rank. Rank r publishes on the configured port + r and
+// replays on the replay port + r (inproc endpoints get "_dp<r>"; ipc ones
+// carry rank 0 only); a batch's own dp_rank, when present, overrides the
+// port's rank. In bind mode (SubscriberConfig.Listen) the subscriber binds
+// one SUB that every engine connects to (llm-d's deployment) and names each
+// engine from its topic (TopicPattern: llm-d's kv@<pod>@<model>, a
+// {pod}/{model} template or a regexp) and dp_rank; replay endpoints then
+// come from ReplayTemplate.
+//
+// # Streams and loops
+//
+// Each (engine, rank) stream runs a kvevents.Sequencer, which it feeds the
+// live batches, replay replies, connection events and the time, and which
+// answers by having the stream decode and apply a batch to the Sink, reset
+// the engine, or send or abandon a replay request. Its counters
+// (kvevents.StreamStats, kvevents.ListenerStats) are atomics the service's
+// metrics read without locks. Streams are served by a few I/O loops, each
+// a goroutine that owns its sockets and waits in zmq_poll; a stream lives
+// on one loop, so its Sink calls are serial.
+//
+// # Receive fast path
+//
+// Receiving through pebbe/zmq4 costs several cgo calls and an allocation
+// per frame; the receiver reads a whole message in one cgo call into a
+// reused buffer instead. It needs libzmq's socket handle, which pebbe
+// (v1.4.0) keeps unexported as the first field of its Socket: the handle is
+// read through unsafe and checked once against the socket type pebbe
+// reports, and if another pebbe version lays the struct out differently,
+// every receive falls back to pebbe's own API rather than crashing. A
+// pebbe upgrade must keep TestReceiver passing (it fails when the fast
+// path is not taken).
+//
+// # Publishing
+//
+// Publisher is the engine side: a PUB socket and an optional replay ROUTER
+// answering from a ReplaySource. SimEngine wires a simulated engine
+// (package kvevents/enginesim) to its own Publisher, so tests, benchmarks
+// and the demo drive real sockets byte for byte as vLLM would.
+package zmqtransport
