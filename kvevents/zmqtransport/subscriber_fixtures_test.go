@@ -104,17 +104,6 @@ func (r *recSink) entries(e kvevents.EngineID) []sinkEntry {
 	return slices.Clone(r.calls[e])
 }
 
-func (r *recSink) engines() []kvevents.EngineID {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []kvevents.EngineID
-	for e := range r.calls {
-		out = append(out, e)
-	}
-	slices.SortFunc(out, func(a, b kvevents.EngineID) int { return strings.Compare(a.String()+a.Model, b.String()+b.Model) })
-	return out
-}
-
 // applied returns the seqs applied for e since its last reset.
 func (r *recSink) applied(e kvevents.EngineID) []uint64 {
 	var seqs []uint64
