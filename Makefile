@@ -1,7 +1,8 @@
 # kvindex developer commands. The two that matter:
 #   make demo   run kvindex's main job on its embedded default (no external servers)
 #   make test   the checks (gofmt, go vet, staticcheck, the cgo-free build), every
-#               test with the race detector, then the race-shortened tests without it
+#               test with the race detector, the race-shortened tests without it,
+#               and the decoder's tests against the msgpack library's reader
 
 GO      ?= go
 PKGS    := ./...
@@ -54,6 +55,7 @@ check: $(STATICCHECK)
 test: deps check
 	$(GO) test -race -count=1 $(PKGS)
 	$(GO) test -count=1 $(NORACE_PKGS)
+	$(GO) test -count=1 -tags kvevents_msgpacklib ./kvevents
 
 # Benchmarks the issues ask for; BENCH narrows them (make bench BENCH=Chain).
 bench: deps
