@@ -325,3 +325,19 @@ func TestSizeValue(t *testing.T) {
 		}
 	}
 }
+
+// serve --check validates everything serve would load and exits without
+// listening: the addresses it names stay free.
+func TestServeCheck(t *testing.T) {
+	out, errOut, code := runCLI(t, "serve", "--check", "--model", "m", "--grpc-addr", "127.0.0.1:1", "--http-addr", "127.0.0.1:2",
+		"--engine", "pod-a=tcp://127.0.0.1:3,replay=tcp://127.0.0.1:4")
+	if code != exitOK || !strings.HasPrefix(out, "settings ok: hash sha256 seed \"vllm-none-hash\", block size 16") ||
+		!strings.Contains(out, "engine pod-a (model m): tcp://127.0.0.1:3, replay tcp://127.0.0.1:4, 1 rank(s)") {
+		t.Errorf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	bad := writeFile(t, "tokenizer.json", `{"model":{"type":"Unigram"}}`)
+	_, errOut, code = runCLI(t, "serve", "--check", "--listen", "tcp://127.0.0.1:*", "--tokenizer", bad)
+	if code != exitUsage || !strings.HasPrefix(errOut, "kvindex: --tokenizer "+bad+": ") {
+		t.Errorf("bad tokenizer: exit %d, %q", code, errOut)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -58,6 +59,9 @@ flags on the command line override the file.`,
 			log, err := newLogger(cmd.ErrOrStderr(), f.logLevel, f.logFormat)
 			if err != nil {
 				return err
+			}
+			if f.check {
+				return checkServe(cmd.OutOrStdout(), opts, log)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
@@ -143,6 +147,27 @@ type service struct {
 	err  error
 }
 
+// checkServe builds every part from the settings without starting any,
+// prints what serve would run, and reports the first bad setting.
+func checkServe(w io.Writer, o *serveOptions, log *slog.Logger) error {
+	p, err := buildParts(o, log)
+	if err != nil {
+		return err
+	}
+	defer p.sub.Close()
+	hc := o.index.Hasher.Config()
+	fmt.Fprintf(w, "settings ok: hash %s seed %q, block size %d, memory budget %s, model %q\n",
+		hc.Algo, hc.Seed, hc.BlockSize, formatSize(o.index.MemoryBudget), o.model)
+	fmt.Fprintf(w, "  gRPC %s, HTTP %s, tokenizer %s\n", o.grpcAddr, o.httpAddr, tokenizerSummary(o))
+	for _, e := range o.engines {
+		fmt.Fprintf(w, "  engine %s (model %s): %s, replay %s, %d rank(s)\n", e.Name, e.Model, e.Endpoint, cmpOr(e.ReplayEndpoint, "none"), max(e.Ranks, 1))
+	}
+	if o.listen != "" {
+		fmt.Fprintf(w, "  listen %s, topics %s, replay %s\n", o.listen, o.topicPattern, cmpOr(o.replayTemplate, "none"))
+	}
+	return nil
+}
+
 // runServe runs kvindex until ctx is done, then stops it gracefully.
 func runServe(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 	s, err := startService(ctx, o, log)
@@ -152,9 +177,18 @@ func runServe(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 	return s.wait()
 }
 
-// startService builds and starts every part, and returns once kvindex
-// listens; it stops when ctx is done (wait reports how that went).
-func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*service, error) {
+// parts are serve's pieces, built from validated options but not started:
+// nothing listens or connects yet.
+type parts struct {
+	index *indexer.Index
+	sub   *zmqtransport.Subscriber
+	api   *server.Server
+}
+
+// buildParts builds every part, loading what the settings name (a local
+// tokenizer file), so that a bad setting stops serve before anything
+// listens. --check stops here.
+func buildParts(o *serveOptions, log *slog.Logger) (*parts, error) {
 	toks, err := buildTokenizers(o)
 	if err != nil {
 		return nil, err
@@ -186,8 +220,20 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		Logger: log.With("component", "api"),
 	})
 	if err != nil {
+		sub.Close()
 		return nil, err
 	}
+	return &parts{index: ix, sub: sub, api: srv}, nil
+}
+
+// startService builds and starts every part, and returns once kvindex
+// listens; it stops when ctx is done (wait reports how that went).
+func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*service, error) {
+	p, err := buildParts(o, log)
+	if err != nil {
+		return nil, err
+	}
+	ix, sub, srv := p.index, p.sub, p.api
 
 	grpcLis, err := net.Listen("tcp", o.grpcAddr)
 	if err != nil {
