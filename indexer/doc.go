@@ -128,37 +128,15 @@
 //
 // # Performance
 //
-// go test -run XXX -bench . -count 5 ./indexer/, medians, on the
-// project's shared 2-core machine (AMD EPYC "Turin" VM, Go 1.26, load
-// average 1 to 3 from other work). The benchmarks also report rates per
-// CPU-second of the process, which hold up better than wall-clock ones
-// when the cores are busy elsewhere.
+// BenchmarkApply (ingest, with and without verification), BenchmarkLongestPrefix
+// (cold: hashing included; warm: memoized chain; hashes: the walk alone) and
+// BenchmarkMemory (bytes per holder-block and per distinct block) measure
+// this package; README.md's Performance section holds their figures.
 //
-//	BenchmarkApply: one BlockStored of 16 blocks of 16 tokens per Apply
-//	  store/noverify   6.9M blocks/s   (growing index, table growth included)
-//	  store/sampled    5.5M blocks/s   (default: first 256 events, then 1 in 64)
-//	  store/verify     1.4M blocks/s   (every event re-hashed with sha256_cbor)
-//	  churn/noverify   4.1M blocks/s   (each batch also removes 16 old blocks)
-//	  churn/verify     1.4M blocks/s
-//	BenchmarkLongestPrefix: 1,024-block (16,384-token) prompt, 64 engines,
-//	10.5M holder-blocks (5.2M distinct blocks)
-//	  cold     223 us   (memo miss: hashing the 1,024 blocks with
-//	                     sha256_cbor, blockhash.Chain, is ~170 us of it)
-//	  warm      19 us   (memoized chain)
-//	  hashes    16 us   (precomputed block hashes: the walk alone)
-//	Reset of one engine holding 160K of the 10.5M holder-blocks: 30 ms
-//	(its reverse lists only; 128 entries per write section)
-//	BenchmarkMemory: 10.5M holder-blocks, 64 engines
-//	  21.6 B per holder-block of Go heap after GC, 43.6 B per distinct
-//	  block; Stats.Bytes accounts 21.1 B per holder-block.
-//
-// Where the bytes go at that size: slots 16.5 B per holder-block (a
-// 16-byte slot per distinct block, about two holders per block, at a load
-// of 0.48: keys spread evenly, so the shards grow together and 10.5M
-// happens to fall just after a growth, the costliest point of the cycle;
-// just before one the slots cost 9.8 B), reverse lists 4.5 B, records,
-// engines and everything else 0.1 B.
-//
-// For comparison, SGLang's shared radix index reports 26.9 B per
-// holder-block and Dynamo's positional indexer 166.7 B.
+// Where the bytes go: an open-addressing slot of 16 bytes per distinct
+// block, rebuilt to under half full when it passes 13/16 (keys spread evenly, so
+// the shards grow together and the cost per block steps up just after a
+// growth), plus a per-engine reverse list of 4 bytes per holder-block that
+// makes an engine's reset proportional to what it holds; records and
+// engines are noise at fleet scale.
 package indexer

@@ -13,16 +13,9 @@ import (
 // It replaces vmihailenco/msgpack's streaming Decoder on the hot path for
 // two reasons the benchmark and the tests found. Speed: the library costs
 // every value an io.ByteScanner call to peek, another to read the code and
-// an io.ReadFull for the argument bytes, and was 85% of decoding time.
-// BenchmarkDecode (64 BlockStored events of 16 tokens, the 2-core build
-// machine, 0 B/op and 0 allocs/op throughout; idle: one run each, loaded:
-// medians of 7 runs with -cpu 1):
-//
-//	                    idle machine (load ~1)   shared machine (load ~10)
-//	library, map           0.78 M events/s          0.20 M events/s
-//	library, array         0.65 M events/s          0.38 M events/s
-//	this reader, map       3.5  M events/s          1.4  M events/s
-//	this reader, array     5.0  M events/s          1.5  M events/s
+// an io.ReadFull for the argument bytes, most of the decoding time;
+// BenchmarkDecode measures both readers (README.md's Performance section
+// has the figures).
 //
 // Safety: on a str, bin or ext header declaring more bytes than remain,
 // the library's Skip grows the Decoder's buffer by 1 MiB and keeps it, so
