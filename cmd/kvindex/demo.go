@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -16,20 +17,63 @@ import (
 
 func newDemoCmd() *cobra.Command {
 	var (
-		o        demo.Options
-		jsonOut  bool
-		outDir   string
-		prefillU float64
-		decodeMs float64
-		overMs   float64
-		delayMs  float64
-		seed     uint64
+		cfg     = demo.Defaults()
+		jsonOut bool
+		outDir  string
 	)
-	def := demo.DefaultCost()
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Compare routers on a simulated agent fleet: the fleet-wide cached-prefix fraction and the latency it buys",
-		Long: `kvindex demo replays one generated agent workload against six routers, each
+		Long:  demoHelp(),
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cfg.Validate(); err != nil {
+				return usagef("%v", err)
+			}
+			stderr := cmd.ErrOrStderr()
+			bar := newProgressBar(stderr, !jsonOut && isTerminal(stderr))
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			defer stop()
+			start := time.Now()
+			rep, err := demo.Run(ctx, demo.Options{Config: cfg, Progress: bar.update})
+			bar.finish()
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if outDir != "" {
+				if err := writeCharts(outDir, rep); err != nil {
+					return err
+				}
+			}
+			if jsonOut {
+				return demo.WriteJSON(out, rep)
+			}
+			if err := demo.WriteTable(out, rep); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "(%d router runs in %.1fs)\n", len(rep.Routers)+len(rep.Extra), time.Since(start).Seconds())
+			if outDir != "" {
+				fmt.Fprintf(out, "wrote %s and %s\n", filepath.Join(outDir, "demo.svg"), filepath.Join(outDir, "demo.html"))
+			}
+			return nil
+		},
+	}
+	// The run's settings, their defaults, help and limits come from
+	// demo.Config; only the output flags are the command's own.
+	settings := flag.NewFlagSet("demo", flag.ContinueOnError)
+	cfg.RegisterFlags(settings)
+	fs := cmd.Flags()
+	fs.AddGoFlagSet(settings)
+	fs.BoolVar(&jsonOut, "json", false, "print the results as JSON (no progress bar)")
+	fs.StringVar(&outDir, "out", "", "directory to write demo.svg and demo.html to")
+	return cmd
+}
+
+// demoHelp is the long help of "kvindex demo", its defaults from
+// demo.Defaults.
+func demoHelp() string {
+	return fmt.Sprintf(`kvindex demo replays one generated agent workload against six routers, each
 with its own fresh fleet of simulated vLLM engines, and reports for each the
 number that tells the truth: the fleet-wide cached-prefix fraction (of the
 prompt tokens every request carried, how many its engine served from cache
@@ -61,20 +105,20 @@ Workload (agents): --sessions conversations are active at once. Each shares a
 own history, growing per turn by the previous answer (50-250 tokens) and the
 next message (50-350 tokens). Activity is Zipf-skewed (a few hot
 conversations, a long tail). After --turns turns a conversation ends and a new
-one takes its place; 30% of new ones are sub-agents forked from an active
+one takes its place; 30%% of new ones are sub-agents forked from an active
 conversation (its whole context plus their own instructions). Arrivals are
 Poisson at --load times the rate the fleet could serve if every request hit
 the cache on all but its new tokens; a conversation has at most one request in
 flight. Token ids come from PRNG streams seeded by --seed, in a 151k
 vocabulary; every router replays exactly the same requests.
 Scenarios: agents; churn (the same, plus one engine restarting with an empty
-cache at 40% of the run and a new engine joining at 60%); hot-prefix (70% of
+cache at 40%% of the run and a new engine joining at 60%%); hot-prefix (70%% of
 the requests are one 8,192-token prompt with a short unique suffix, the rest
 agent turns; it also runs precise with load weight 0, reported as the extra
 row "precise(load=0)").
 
 Capacity is realistic: a 32B model on one 80 GB GPU holds ~40k tokens of KV
-cache. By default the fleet holds --capacity-factor (1.5) copies of the active
+cache. By default the fleet holds --capacity-factor (%v) copies of the active
 working set (shared prefix + every active conversation), so a conversation
 duplicated on every pod does not fit. The arithmetic is printed first.
 
@@ -97,80 +141,7 @@ wall-clock ZMQ latency is absorbed and results depend only on the flags.
 ...}: the six routers in the order above; scenario variants go to
 "extra_routers". --out DIR writes demo.svg (charts) and demo.html (a
 self-contained report). A progress bar goes to stderr when it is a terminal
-(not with --json).`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			o.Cost.PrefillPerToken = time.Duration(prefillU * float64(time.Microsecond))
-			o.Cost.DecodePerToken = time.Duration(decodeMs * float64(time.Millisecond))
-			o.Cost.Overhead = time.Duration(overMs * float64(time.Millisecond))
-			if seed == 0 {
-				return usagef("--seed must be positive")
-			}
-			if o.Cost.PrefillPerToken <= 0 || o.Cost.DecodePerToken < 0 || o.Cost.Overhead < 0 || delayMs < 0 {
-				return usagef("--prefill-us must be positive; --decode-ms, --overhead-ms and --delay-ms must not be negative")
-			}
-			o.Seed = seed
-			o.Delay = time.Duration(delayMs * float64(time.Millisecond))
-			if o.Delay == 0 {
-				o.Delay = -1 // Options reads 0 as "default" and a negative delay as none
-			}
-			if o.Weights.Prefix < 0 || o.Weights.Load < 0 || (o.Weights.Prefix == 0 && o.Weights.Load == 0) {
-				return usagef("--prefix-weight and --load-weight must not be negative, nor both zero")
-			}
-			if o.Capacity < 0 || o.Requests < 0 || o.ApproxBlocks < 0 || o.HashPrefix < 0 || o.Pods < 1 || o.Sessions < 1 || o.Turns < 1 || !(o.Load > 0) {
-				return usagef("--pods, --sessions, --turns and --load must be positive; --capacity, --requests, --approx-blocks and --hash-prefix must not be negative")
-			}
-			stderr := cmd.ErrOrStderr()
-			bar := newProgressBar(stderr, !jsonOut && isTerminal(stderr))
-			o.Progress = bar.update
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
-			defer stop()
-			start := time.Now()
-			rep, err := demo.Run(ctx, o)
-			bar.finish()
-			if err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			if outDir != "" {
-				if err := writeCharts(outDir, rep); err != nil {
-					return err
-				}
-			}
-			if jsonOut {
-				return demo.WriteJSON(out, rep)
-			}
-			if err := demo.WriteTable(out, rep); err != nil {
-				return err
-			}
-			fmt.Fprintf(out, "(%d router runs in %.1fs)\n", len(rep.Routers)+len(rep.Extra), time.Since(start).Seconds())
-			if outDir != "" {
-				fmt.Fprintf(out, "wrote %s and %s\n", filepath.Join(outDir, "demo.svg"), filepath.Join(outDir, "demo.html"))
-			}
-			return nil
-		},
-	}
-	fs := cmd.Flags()
-	fs.StringVar(&o.Scenario, "scenario", demo.ScenarioAgents, "workload: "+strings.Join(demo.Scenarios, "|"))
-	fs.IntVar(&o.Pods, "pods", 8, "engines in the fleet (churn adds one mid-run)")
-	fs.IntVar(&o.Sessions, "sessions", 16, "conversations active at once")
-	fs.IntVar(&o.Turns, "turns", 16, "requests per conversation before it ends (forks: half)")
-	fs.IntVar(&o.Requests, "requests", 0, "total requests (0: 4 x sessions x turns)")
-	fs.IntVar(&o.Capacity, "capacity", 0, "KV-cache blocks (16 tokens) per engine (0: --capacity-factor x the working set over the fleet)")
-	fs.Float64Var(&o.CapacityFactor, "capacity-factor", 1.5, "fleet capacity as a multiple of the active working set, when --capacity is 0")
-	fs.Float64Var(&o.Load, "load", 0.6, "arrival rate as a fraction of the fleet's throughput with ideal caching")
-	fs.Uint64Var(&seed, "seed", 1, "seed of the workload (same seed, same results)")
-	fs.Float64Var(&o.Weights.Prefix, "prefix-weight", demo.DefaultWeights.Prefix, "scoring routers: weight of the matched prefix fraction")
-	fs.Float64Var(&o.Weights.Load, "load-weight", demo.DefaultWeights.Load, "scoring routers: weight of the normalized queue depth")
-	fs.IntVar(&o.ApproxBlocks, "approx-blocks", 0, "approximate: leading blocks of a prompt it tracks (0: all; the Gateway API Inference Extension's default is 256)")
-	fs.IntVar(&o.HashPrefix, "hash-prefix", 0, "consistent-hash: leading prompt tokens hashed (0: the 2,048-token shared prefix + 256)")
-	fs.Float64Var(&delayMs, "delay-ms", 20, "simulated time for an engine's event to reach kvindex's index")
-	fs.Float64Var(&prefillU, "prefill-us", float64(def.PrefillPerToken)/float64(time.Microsecond), "prefill cost per uncached prompt token, µs (100 = 10k tokens/s: a 32B model on one H100)")
-	fs.Float64Var(&decodeMs, "decode-ms", float64(def.DecodePerToken)/float64(time.Millisecond), "decode cost per output token, ms (amortized over a batch)")
-	fs.Float64Var(&overMs, "overhead-ms", float64(def.Overhead)/float64(time.Millisecond), "fixed cost per request, ms")
-	fs.BoolVar(&jsonOut, "json", false, "print the results as JSON (no progress bar)")
-	fs.StringVar(&outDir, "out", "", "directory to write demo.svg and demo.html to")
-	return cmd
+(not with --json).`, demo.Defaults().CapacityFactor)
 }
 
 func writeCharts(dir string, rep *demo.Report) error {

@@ -87,6 +87,8 @@ func TestDemoBadFlags(t *testing.T) {
 	}{
 		{"scenario", []string{"--scenario", "nope"}, "unknown scenario"},
 		{"pods", []string{"--pods", "0"}, "--pods"},
+		// A zero the user gave is checked, not replaced by the default.
+		{"capacity factor", []string{"--capacity-factor", "0"}, "--capacity-factor must be > 0 (got 0)"},
 		{"load", []string{"--load", "-1"}, "--load"},
 		{"seed", []string{"--seed", "0"}, "--seed"},
 		{"weights", []string{"--prefix-weight", "-1"}, "--prefix-weight"},
