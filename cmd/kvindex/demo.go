@@ -70,8 +70,8 @@ func newDemoCmd() *cobra.Command {
 	return cmd
 }
 
-// demoHelp is the long help of "kvindex demo", its defaults from
-// demo.Defaults.
+// demoHelp is the long help of "kvindex demo". The router list comes from
+// demo.RoutersHelp and the defaults from demo.Defaults.
 func demoHelp() string {
 	return fmt.Sprintf(`kvindex demo replays one generated agent workload against six routers, each
 with its own fresh fleet of simulated vLLM engines, and reports for each the
@@ -82,24 +82,7 @@ No GPU and no external server is needed; the same --seed gives the same
 numbers.
 
 Routers:
-  round-robin      cycles over the pods (cache-blind)
-  least-loaded     fewest queued + in-service requests, lowest index on ties
-                   (cache-blind)
-  consistent-hash  hash ring, 100 virtual nodes per pod, over the prompt's
-                   first --hash-prefix tokens; no load term
-  approximate      guesses each pod's cache from its own routing history: per
-                   pod an LRU of the block hashes it routed there, sized to
-                   the engine's capacity, recorded in prompt order (the Gateway
-                   API Inference Extension's prefix-cache scorer)
-  precise          kvindex: LongestPrefix over the index that the engines'
-                   real KV events fill (ZMQ PUB -> kvevents subscriber -> index)
-  oracle           the precise policy fed the engines' true cache state
-approximate, precise and oracle send a request to the pod with the highest
-  prefix-weight * matched_fraction - load-weight * depth
-where depth counts the pod's queued and in-service requests (the requests
-ahead of this one: an engine here serves one at a time); ties are broken at
-random (seeded).
-
+%s
 Workload (agents): --sessions conversations are active at once. Each shares a
 2,048-token system prompt and tool schema, then carries 10-15k tokens of its
 own history, growing per turn by the previous answer (50-250 tokens) and the
@@ -141,7 +124,7 @@ wall-clock ZMQ latency is absorbed and results depend only on the flags.
 ...}: the six routers in the order above; scenario variants go to
 "extra_routers". --out DIR writes demo.svg (charts) and demo.html (a
 self-contained report). A progress bar goes to stderr when it is a terminal
-(not with --json).`, demo.Defaults().CapacityFactor)
+(not with --json).`, demo.RoutersHelp(), demo.Defaults().CapacityFactor)
 }
 
 func writeCharts(dir string, rep *demo.Report) error {

@@ -116,4 +116,8 @@ func TestDemoHelpStatesTheModel(t *testing.T) {
 			t.Errorf("help lacks %q", want)
 		}
 	}
+	// The router list is the demo package's, verbatim.
+	if !strings.Contains(out, "Routers:\n"+demo.RoutersHelp()+"\n") {
+		t.Errorf("help lacks demo.RoutersHelp():\n%s", out)
+	}
 }
