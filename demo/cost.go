@@ -1,9 +1,6 @@
 package demo
 
-import (
-	"fmt"
-	"time"
-)
+import "time"
 
 // CostModel turns tokens into simulated time. An engine is modelled as a
 // single server: one request at a time, whose service time is
@@ -32,13 +29,6 @@ func DefaultCost() CostModel {
 		DecodePerToken:  2 * time.Millisecond,
 		Overhead:        10 * time.Millisecond,
 	}
-}
-
-func (c CostModel) validate() error {
-	if c.PrefillPerToken <= 0 || c.DecodePerToken < 0 || c.Overhead < 0 {
-		return fmt.Errorf("cost model: prefill cost must be positive, decode cost and overhead not negative")
-	}
-	return nil
 }
 
 // Prefill returns the time to first token of a request admitted now.

@@ -14,89 +14,26 @@ import (
 	"github.com/kvindex/kvindex/blockhash"
 )
 
-// Options configures a demo run. Zero values pick the defaults noted.
+// Options configures a demo run: the settings (Config; start from
+// Defaults()) and what only a program sets.
 type Options struct {
-	Scenario string // ScenarioAgents by default
-	Pods     int    // initial engines (8)
-	Sessions int    // active conversations (16)
-	Turns    int    // turns per conversation (16)
-	Requests int    // total requests (0: 4 x Sessions x Turns)
-	// Capacity is each engine's KV cache in blocks; 0 sizes the fleet to
-	// CapacityFactor times the working set.
-	Capacity       int
-	CapacityFactor float64 // 1.5
-	// Load is the offered load: the arrival rate as a fraction of what the
-	// fleet could serve if every request hit the cache on all but its new
-	// tokens (0.6).
-	Load float64
-	Seed uint64 // 1
-	// Delay is how long, in simulated time, an event takes to reach the
-	// precise router's index (0: DefaultDelay; negative: none).
-	Delay   time.Duration
-	Weights Weights // DefaultWeights
-	// HashPrefix is the number of leading prompt tokens consistent-hash
-	// hashes (0: the shared prefix plus 256).
-	HashPrefix int
-	VNodes     int // virtual nodes per pod on the hash ring (100)
-	// ApproxBlocks limits the approximate router to the first ApproxBlocks
-	// blocks of each prompt (0: the whole prompt).
-	ApproxBlocks int
-	Cost         CostModel
+	Config
 	// Routers selects the routers to run (nil: all of Routers).
 	Routers []string
-	// Timeout bounds each wait, in real time, for the event path (10s).
+	// Timeout bounds each wait, in real time, for the event path (0: 10s).
 	Timeout time.Duration
 	// Parallel is the number of router runs at once (0: GOMAXPROCS).
 	Parallel int
 	// Progress, if set, is called as requests complete, from any goroutine.
 	Progress func(done, total int)
 	// Workload, if set, adjusts the scenario's traffic (token counts,
-	// skew, forks) after the size fields above are applied.
+	// skew, forks) after Config's size fields are applied.
 	Workload func(*WorkloadConfig)
 }
 
-// defaults fills zero fields.
+// defaults fills the zero fields that only a program sets; the Config
+// fields are taken as given.
 func (o *Options) defaults() {
-	if o.Scenario == "" {
-		o.Scenario = ScenarioAgents
-	}
-	if o.Pods == 0 {
-		o.Pods = 8
-	}
-	if o.Sessions == 0 {
-		o.Sessions = 16
-	}
-	if o.Turns == 0 {
-		o.Turns = 16
-	}
-	if o.Requests == 0 {
-		o.Requests = 4 * o.Sessions * o.Turns
-	}
-	if o.CapacityFactor == 0 {
-		o.CapacityFactor = 1.5
-	}
-	if o.Load == 0 {
-		o.Load = 0.6
-	}
-	if o.Seed == 0 {
-		o.Seed = 1
-	}
-	switch {
-	case o.Delay == 0:
-		o.Delay = DefaultDelay
-	case o.Delay < 0:
-		o.Delay = 0
-	}
-	if o.Weights == (Weights{}) {
-		o.Weights = DefaultWeights
-	}
-	if o.VNodes == 0 {
-		o.VNodes = 100
-	}
-
-	if o.Cost == (CostModel{}) {
-		o.Cost = DefaultCost()
-	}
 	if o.Timeout == 0 {
 		o.Timeout = 10 * time.Second
 	}
@@ -150,9 +87,6 @@ func (r *Report) Router(name string) *RouterResult {
 	return nil
 }
 
-// DefaultDelay is the default simulated event propagation delay.
-const DefaultDelay = 20 * time.Millisecond
-
 // PreciseNoLoad names the hot-prefix scenario's extra row.
 const PreciseNoLoad = "precise(load=0)"
 
@@ -182,7 +116,7 @@ func (o *Options) plan() (*runPlan, error) {
 		return nil, err
 	}
 	wc := DefaultWorkload(o.Scenario)
-	wc.Seed, wc.Conversations, wc.Turns, wc.Requests = o.Seed, o.Sessions, o.Turns, o.Requests
+	wc.Seed, wc.Conversations, wc.Turns, wc.Requests = o.Seed, o.Sessions, o.Turns, o.requests()
 	if o.Workload != nil {
 		o.Workload(&wc)
 	}
@@ -213,8 +147,16 @@ func (o *Options) plan() (*runPlan, error) {
 		setup = append(setup, fmt.Sprintf("capacity %s blocks per engine (~%s tokens) = %.2fx the working set over the fleet",
 			commas(capacity), kTokens(float64(capacity*bs)), float64(capacity*o.Pods)/float64(workingBlocks)))
 	}
-	if capacity < w.MaxBlocks {
-		return nil, fmt.Errorf("capacity %d blocks per engine cannot hold the largest request (%d blocks)", capacity, w.MaxBlocks)
+	// Name the flag the capacity came from.
+	source := fmt.Sprintf("--capacity %d", o.Capacity)
+	if o.Capacity == 0 {
+		source = fmt.Sprintf("--capacity-factor %v gives %d blocks per engine, which", o.CapacityFactor, capacity)
+	}
+	switch {
+	case capacity < w.MaxBlocks:
+		return nil, settingsError{fmt.Errorf("%s cannot hold the largest request (%d blocks)", source, w.MaxBlocks)}
+	case capacity > maxCapacity:
+		return nil, settingsError{fmt.Errorf("%s exceeds the limit of %d blocks per engine", source, maxCapacity)}
 	}
 	hotReqs := ""
 	if w.Hot > 0 {
@@ -251,43 +193,21 @@ func (o *Options) idealService(wc *WorkloadConfig) time.Duration {
 }
 
 func (o *Options) validate() error {
-	switch {
-	case !slices.Contains(Scenarios, o.Scenario):
-		return fmt.Errorf("unknown scenario %q (want one of %v)", o.Scenario, Scenarios)
-	case o.Pods < 1 || o.Pods > 256:
-		return fmt.Errorf("pods %d: want 1..256", o.Pods)
-	case o.Sessions < 1 || o.Sessions > 10_000:
-		return fmt.Errorf("sessions %d: want 1..10000", o.Sessions)
-	case o.Turns < 1:
-		return fmt.Errorf("turns %d: want at least 1", o.Turns)
-	case o.Requests < 1 || o.Requests > 1_000_000:
-		return fmt.Errorf("requests %d: want 1..1000000", o.Requests)
-	case o.Capacity < 0:
-		return fmt.Errorf("capacity %d: want a positive block count (0: automatic)", o.Capacity)
-	case !(o.CapacityFactor > 0):
-		return fmt.Errorf("capacity factor %v: want a positive number", o.CapacityFactor)
-	case !(o.Load > 0) || o.Load > 100:
-		return fmt.Errorf("load %v: want a positive number", o.Load)
-	case o.Weights.Prefix < 0 || o.Weights.Load < 0 || math.IsNaN(o.Weights.Prefix) || math.IsNaN(o.Weights.Load):
-		return fmt.Errorf("weights must not be negative")
-	case o.VNodes < 1 || o.VNodes > 10_000:
-		return fmt.Errorf("virtual nodes %d: want 1..10000", o.VNodes)
-	case o.ApproxBlocks < 0:
-		return fmt.Errorf("approximate router blocks %d: want >= 0", o.ApproxBlocks)
-	case o.HashPrefix < 0:
-		return fmt.Errorf("hash prefix %d: want >= 0", o.HashPrefix)
+	if err := o.Config.Validate(); err != nil {
+		return err
 	}
 	for _, r := range o.Routers {
 		if !slices.Contains(Routers, r) && r != PreciseNoLoad {
 			return fmt.Errorf("unknown router %q (want one of %v)", r, Routers)
 		}
 	}
-	return o.Cost.validate()
+	return nil
 }
 
 // Run plans the workload and replays it against every router, each with
-// fresh engines. The routers run concurrently (Options.Parallel); each
-// run is deterministic, so the report depends only on the options.
+// fresh engines. It refuses settings that fail Config.Validate rather
+// than replacing them. The routers run concurrently (Options.Parallel);
+// each run is deterministic, so the report depends only on the options.
 func Run(ctx context.Context, o Options) (*Report, error) {
 	o.defaults()
 	p, err := o.plan()

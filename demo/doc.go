@@ -66,31 +66,23 @@
 //
 // # Routers
 //
-//   - round-robin cycles over the pods; least-loaded picks the fewest
-//     queued and in-service requests (lowest index on ties). Both ignore
-//     caches.
-//   - consistent-hash hashes the prompt's first HashPrefix tokens (the
-//     shared prefix plus 256: a conversation's start) onto a ring of 100
-//     virtual nodes per pod. No load term.
-//   - approximate predicts each pod's cache from its own routing history,
-//     as the Gateway API Inference Extension's prefix-cache scorer does: per
-//     pod an LRU set of the block hashes it routed there, sized to the
-//     engine's block count, recorded in prompt order. It tracks whole
-//     prompts by default (ApproxBlocks limits it, as that scorer's
-//     maxPrefixBlocksToMatch of 256 does).
-//   - precise asks kvindex: indexer.LongestPrefix over the index the
-//     engines' real KV events fill.
-//   - oracle is the precise policy fed the engines' true cache state
-//     (enginesim LookupKeys) at decision time: precise over oracle measures
-//     the index's fidelity.
-//
-// approximate, precise and oracle share one policy: the highest
+// RouterDocs describes each router, what it does and why it lands where it
+// does; "kvindex demo --help", the HTML report and README.md all show that
+// text. approximate, precise and oracle share one policy, the highest
 //
 //	Prefix x matched_fraction - Load x depth
 //
-// where depth counts a pod's queued and in-service requests per request
-// the engine serves at once (one here): the requests ahead of a new one.
-// Defaults 0.7 and 0.3; ties are broken at random, seeded.
+// (see Weights), and differ only in where matched_fraction comes from: the
+// router's own history, kvindex's index, or the engines' true state. The
+// oracle is a reference, not a ceiling: the policy is greedy, so a delayed
+// view can land on either side of it.
+//
+// # Settings
+//
+// Config holds what a person chooses (each field is a flag of "kvindex
+// demo"): Defaults gives the defaults, RegisterFlags the flags and their
+// help, Validate the limits, from one table. Options adds what only a
+// program sets.
 //
 // # The precise router's event path
 //

@@ -11,8 +11,10 @@ import (
 // ExampleRun compares round-robin with kvindex's precise routing on a
 // tiny agent fleet: two pods, three conversations.
 func ExampleRun() {
+	cfg := demo.Defaults()
+	cfg.Pods, cfg.Sessions, cfg.Turns, cfg.Requests = 2, 3, 4, 24
 	rep, err := demo.Run(context.Background(), demo.Options{
-		Pods: 2, Sessions: 3, Turns: 4, Requests: 24,
+		Config:  cfg,
 		Routers: []string{demo.RouterRoundRobin, demo.RouterPrecise},
 	})
 	if err != nil {

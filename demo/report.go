@@ -10,27 +10,6 @@ import (
 	"strings"
 )
 
-// Why explains in two sentences where the named router lands and why ("" for
-// an unknown name).
-func Why(name string) string { return why[name] }
-
-var why = map[string]string{
-	RouterRoundRobin: "Round-robin ignores where a conversation's context is cached, so each turn lands on a pod that has long since evicted the previous one. " +
-		"It keeps little beyond the shared system prompt, and every miss re-prefills the whole conversation, which its queues and latency show.",
-	RouterLeastLoaded: "Least-loaded is cache-blind too, but a conversation's next turn often arrives just as its own pod goes idle, so it lands back on its context by accident. " +
-		"Everything else it places blindly, so each pod caches whatever mix arrives and evicts contexts before they are reused: even back home, about half the prompt is gone.",
-	RouterConsistentHash: "Hashing the start of the prompt pins each conversation, and the sub-agents that fork it, to one pod, so every turn goes back to its context. " +
-		"But placement ignores load and capacity: pods that draw several busy conversations cannot hold all their contexts, evict them in turn and build long queues, and a pod joining moves conversations away from their caches.",
-	RouterApproximate: "Approximate guesses each pod's cache from its own routing history, with the engines' true capacity, which is close enough to land near precise. " +
-		"Its guesses still drift (its model ages a prompt's head first, engines evict a finished request's tail first; it never learns that an engine restarted), so it sometimes moves a conversation away from a cache that was still there.",
-	RouterPrecise: "Precise routes by what the engines report they hold, through kvindex's event path, traded against queue depth, so conversations stay where their context is and new ones go to short queues. " +
-		"Its view is 20 ms old, which costs next to nothing against the oracle.",
-	RouterOracle: "Oracle is the precise policy fed the engines' true cache state with zero delay: the ceiling for these weights. " +
-		"How close precise comes measures how faithfully kvindex mirrors the engines.",
-	PreciseNoLoad: "Precise with load weight 0 follows the cache alone: every request for the hot prompt goes to the pod that cached it first, and every new conversation follows the shared system prompt to whichever pod cached that first. " +
-		"Two pods do all the work while the others idle, queues explode, and the pod holding every conversation cannot keep their contexts: the load term is what spreads a hot prefix over the fleet.",
-}
-
 // WriteJSON writes the report's JSON contract, indented.
 func WriteJSON(w io.Writer, rep *Report) error {
 	b, err := json.MarshalIndent(rep, "", "  ")
@@ -238,19 +217,19 @@ func WriteHTML(w io.Writer, rep *Report) error {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>kvindex demo: %s</title>\n", html.EscapeString(rep.Scenario))
-	b.WriteString("<style>body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;color:#222}pre{background:#f6f6f6;padding:1em;overflow-x:auto}dt{font-weight:bold;margin-top:.6em}</style></head><body>\n")
+	b.WriteString("<style>body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;color:#222}pre{background:#f6f6f6;padding:1em;overflow-x:auto}li{margin-top:.6em}</style></head><body>\n")
 	fmt.Fprintf(&b, "<h1>kvindex demo: %s</h1>\n", html.EscapeString(rep.Scenario))
 	b.WriteString("<p>The fleet-wide cached-prefix fraction is the share of the prompt tokens every request carried that its engine served from cache after routing. Every router replays the same requests against fresh simulated engines.</p>\n")
 	fmt.Fprintf(&b, "<pre>%s</pre>\n", html.EscapeString(table.String()))
 	b.WriteString(svg.String())
-	b.WriteString("<h2>Why each router lands where it does</h2>\n<dl>\n")
+	b.WriteString("<h2>Why each router lands where it does</h2>\n<ul>\n")
 	rows := append(append([]RouterResult(nil), rep.Routers...), rep.Extra...)
 	for _, r := range rows {
-		if text := Why(r.Name); text != "" {
-			fmt.Fprintf(&b, "<dt>%s</dt><dd>%s</dd>\n", html.EscapeString(r.Name), html.EscapeString(text))
+		if d := routerDoc(r.Name); d != nil {
+			fmt.Fprintf(&b, "<li><b>%s</b> %s</li>\n", html.EscapeString(r.Name), html.EscapeString(d.text()))
 		}
 	}
-	b.WriteString("</dl>\n</body></html>\n")
+	b.WriteString("</ul>\n</body></html>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
 }

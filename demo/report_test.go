@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/ and the router list in README.md")
 
 // sampleReport is a fixed report, so the formats can be pinned.
 func sampleReport() *Report {

@@ -62,12 +62,12 @@ func TestRunIsDeterministic(t *testing.T) {
 // are those of the default run while the engines hash a sixteenth of the
 // blocks.
 func small(scenario string, seed uint64) Options {
-	c := DefaultCost()
-	c.PrefillPerToken *= 4
-	c.DecodePerToken *= 4
+	c := Defaults()
+	c.Scenario, c.Seed, c.Pods, c.Sessions, c.Turns, c.Requests = scenario, seed, 4, 8, 16, 256
+	c.Cost.PrefillPerToken *= 4
+	c.Cost.DecodePerToken *= 4
 	return Options{
-		Scenario: scenario, Seed: seed, Pods: 4, Sessions: 8, Turns: 16, Requests: 256,
-		Cost: c, Timeout: 30 * time.Second,
+		Config: c, Timeout: 30 * time.Second,
 		Workload: func(w *WorkloadConfig) {
 			for _, p := range []*int{&w.SharedTokens, &w.HistoryMin, &w.HistoryMax, &w.MessageMin, &w.MessageMax,
 				&w.OutputMin, &w.OutputMax, &w.ForkPromptMin, &w.ForkPromptMax, &w.HotPrefixTokens, &w.HotSuffixMin, &w.HotSuffixMax, &w.HotOutputMin, &w.HotOutputMax} {

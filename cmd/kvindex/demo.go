@@ -1,6 +1,8 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -16,118 +18,29 @@ import (
 
 func newDemoCmd() *cobra.Command {
 	var (
-		o        demo.Options
-		jsonOut  bool
-		outDir   string
-		prefillU float64
-		decodeMs float64
-		overMs   float64
-		delayMs  float64
-		seed     uint64
+		cfg     = demo.Defaults()
+		jsonOut bool
+		outDir  string
 	)
-	def := demo.DefaultCost()
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Compare routers on a simulated agent fleet: the fleet-wide cached-prefix fraction and the latency it buys",
-		Long: `kvindex demo replays one generated agent workload against six routers, each
-with its own fresh fleet of simulated vLLM engines, and reports for each the
-number that tells the truth: the fleet-wide cached-prefix fraction (of the
-prompt tokens every request carried, how many its engine served from cache
-after routing), the prefill work left, and the time to first token it buys.
-No GPU and no external server is needed; the same --seed gives the same
-numbers.
-
-Routers:
-  round-robin      cycles over the pods (cache-blind)
-  least-loaded     fewest queued + in-service requests, lowest index on ties
-                   (cache-blind)
-  consistent-hash  hash ring, 100 virtual nodes per pod, over the prompt's
-                   first --hash-prefix tokens; no load term
-  approximate      guesses each pod's cache from its own routing history: per
-                   pod an LRU of the block hashes it routed there, sized to
-                   the engine's capacity, recorded in prompt order (the Gateway
-                   API Inference Extension's prefix-cache scorer)
-  precise          kvindex: LongestPrefix over the index that the engines'
-                   real KV events fill (ZMQ PUB -> kvevents subscriber -> index)
-  oracle           the precise policy fed the engines' true cache state
-approximate, precise and oracle send a request to the pod with the highest
-  prefix-weight * matched_fraction - load-weight * depth
-where depth counts the pod's queued and in-service requests (the requests
-ahead of this one: an engine here serves one at a time); ties are broken at
-random (seeded).
-
-Workload (agents): --sessions conversations are active at once. Each shares a
-2,048-token system prompt and tool schema, then carries 10-15k tokens of its
-own history, growing per turn by the previous answer (50-250 tokens) and the
-next message (50-350 tokens). Activity is Zipf-skewed (a few hot
-conversations, a long tail). After --turns turns a conversation ends and a new
-one takes its place; 30% of new ones are sub-agents forked from an active
-conversation (its whole context plus their own instructions). Arrivals are
-Poisson at --load times the rate the fleet could serve if every request hit
-the cache on all but its new tokens; a conversation has at most one request in
-flight. Token ids come from PRNG streams seeded by --seed, in a 151k
-vocabulary; every router replays exactly the same requests.
-Scenarios: agents; churn (the same, plus one engine restarting with an empty
-cache at 40% of the run and a new engine joining at 60%); hot-prefix (70% of
-the requests are one 8,192-token prompt with a short unique suffix, the rest
-agent turns; it also runs precise with load weight 0, reported as the extra
-row "precise(load=0)").
-
-Capacity is realistic: a 32B model on one 80 GB GPU holds ~40k tokens of KV
-cache. By default the fleet holds --capacity-factor (1.5) copies of the active
-working set (shared prefix + every active conversation), so a conversation
-duplicated on every pod does not fit. The arithmetic is printed first.
-
-Time model (simulated): an engine is a single server taking one request at a
-time from a FIFO queue (real engines batch; the model keeps what routing
-changes: work saved by cache hits, work piled on one engine). Service time =
---overhead-ms + --prefill-us per uncached prompt token + --decode-ms per
-output token; TTFT = queueing + overhead + prefill. The engine's cache changes
-at admission (the prompt) and at completion (prompt + answer, which the next
-turn resends).
-
-The precise router takes the real event path. A batch published at simulated
-time t becomes visible to it at t + --delay-ms: a delay line between the
-subscriber and the index holds what arrives, and before each decision the run
-waits (real time) until the subscriber has delivered every batch due, so
-wall-clock ZMQ latency is absorbed and results depend only on the flags.
-
---json prints {"scenario","pods","routers":[{"name","fleet_cached_fraction",
-"prefill_tokens","ttft_p50_ms","ttft_p90_ms","imbalance","engine_hit_rate"}],
-...}: the six routers in the order above; scenario variants go to
-"extra_routers". --out DIR writes demo.svg (charts) and demo.html (a
-self-contained report). A progress bar goes to stderr when it is a terminal
-(not with --json).`,
-		Args: noArgs,
+		Long:  demoHelp(),
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o.Cost.PrefillPerToken = time.Duration(prefillU * float64(time.Microsecond))
-			o.Cost.DecodePerToken = time.Duration(decodeMs * float64(time.Millisecond))
-			o.Cost.Overhead = time.Duration(overMs * float64(time.Millisecond))
-			if seed == 0 {
-				return usagef("--seed must be positive")
-			}
-			if o.Cost.PrefillPerToken <= 0 || o.Cost.DecodePerToken < 0 || o.Cost.Overhead < 0 || delayMs < 0 {
-				return usagef("--prefill-us must be positive; --decode-ms, --overhead-ms and --delay-ms must not be negative")
-			}
-			o.Seed = seed
-			o.Delay = time.Duration(delayMs * float64(time.Millisecond))
-			if o.Delay == 0 {
-				o.Delay = -1 // Options reads 0 as "default" and a negative delay as none
-			}
-			if o.Weights.Prefix < 0 || o.Weights.Load < 0 || (o.Weights.Prefix == 0 && o.Weights.Load == 0) {
-				return usagef("--prefix-weight and --load-weight must not be negative, nor both zero")
-			}
-			if o.Capacity < 0 || o.Requests < 0 || o.ApproxBlocks < 0 || o.HashPrefix < 0 || o.Pods < 1 || o.Sessions < 1 || o.Turns < 1 || !(o.Load > 0) {
-				return usagef("--pods, --sessions, --turns and --load must be positive; --capacity, --requests, --approx-blocks and --hash-prefix must not be negative")
+			if err := cfg.Validate(); err != nil {
+				return usagef("%v", err)
 			}
 			stderr := cmd.ErrOrStderr()
 			bar := newProgressBar(stderr, !jsonOut && isTerminal(stderr))
-			o.Progress = bar.update
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
 			start := time.Now()
-			rep, err := demo.Run(ctx, o)
+			rep, err := demo.Run(ctx, demo.Options{Config: cfg, Progress: bar.update})
 			bar.finish()
+			if errors.Is(err, demo.ErrBadSettings) {
+				return usageError{msg: err.Error()}
+			}
 			if err != nil {
 				return err
 			}
@@ -150,27 +63,72 @@ self-contained report). A progress bar goes to stderr when it is a terminal
 			return nil
 		},
 	}
+	// The run's settings, their defaults, help and limits come from
+	// demo.Config; only the output flags are the command's own.
+	settings := flag.NewFlagSet("demo", flag.ContinueOnError)
+	cfg.RegisterFlags(settings)
 	fs := cmd.Flags()
-	fs.StringVar(&o.Scenario, "scenario", demo.ScenarioAgents, "workload: "+strings.Join(demo.Scenarios, "|"))
-	fs.IntVar(&o.Pods, "pods", 8, "engines in the fleet (churn adds one mid-run)")
-	fs.IntVar(&o.Sessions, "sessions", 16, "conversations active at once")
-	fs.IntVar(&o.Turns, "turns", 16, "requests per conversation before it ends (forks: half)")
-	fs.IntVar(&o.Requests, "requests", 0, "total requests (0: 4 x sessions x turns)")
-	fs.IntVar(&o.Capacity, "capacity", 0, "KV-cache blocks (16 tokens) per engine (0: --capacity-factor x the working set over the fleet)")
-	fs.Float64Var(&o.CapacityFactor, "capacity-factor", 1.5, "fleet capacity as a multiple of the active working set, when --capacity is 0")
-	fs.Float64Var(&o.Load, "load", 0.6, "arrival rate as a fraction of the fleet's throughput with ideal caching")
-	fs.Uint64Var(&seed, "seed", 1, "seed of the workload (same seed, same results)")
-	fs.Float64Var(&o.Weights.Prefix, "prefix-weight", demo.DefaultWeights.Prefix, "scoring routers: weight of the matched prefix fraction")
-	fs.Float64Var(&o.Weights.Load, "load-weight", demo.DefaultWeights.Load, "scoring routers: weight of the normalized queue depth")
-	fs.IntVar(&o.ApproxBlocks, "approx-blocks", 0, "approximate: leading blocks of a prompt it tracks (0: all; the Gateway API Inference Extension's default is 256)")
-	fs.IntVar(&o.HashPrefix, "hash-prefix", 0, "consistent-hash: leading prompt tokens hashed (0: the 2,048-token shared prefix + 256)")
-	fs.Float64Var(&delayMs, "delay-ms", 20, "simulated time for an engine's event to reach kvindex's index")
-	fs.Float64Var(&prefillU, "prefill-us", float64(def.PrefillPerToken)/float64(time.Microsecond), "prefill cost per uncached prompt token, µs (100 = 10k tokens/s: a 32B model on one H100)")
-	fs.Float64Var(&decodeMs, "decode-ms", float64(def.DecodePerToken)/float64(time.Millisecond), "decode cost per output token, ms (amortized over a batch)")
-	fs.Float64Var(&overMs, "overhead-ms", float64(def.Overhead)/float64(time.Millisecond), "fixed cost per request, ms")
+	fs.AddGoFlagSet(settings)
 	fs.BoolVar(&jsonOut, "json", false, "print the results as JSON (no progress bar)")
 	fs.StringVar(&outDir, "out", "", "directory to write demo.svg and demo.html to")
 	return cmd
+}
+
+// demoHelp is the long help of "kvindex demo". The router list comes from
+// demo.RoutersHelp and the defaults from demo.Defaults.
+func demoHelp() string {
+	return fmt.Sprintf(`kvindex demo replays one generated agent workload against six routers, each
+with its own fresh fleet of simulated vLLM engines, and reports for each the
+number that tells the truth: the fleet-wide cached-prefix fraction (of the
+prompt tokens every request carried, how many its engine served from cache
+after routing), the prefill work left, and the time to first token it buys.
+No GPU and no external server is needed; the same --seed gives the same
+numbers.
+
+Routers:
+%s
+Workload (agents): --sessions conversations are active at once. Each shares a
+2,048-token system prompt and tool schema, then carries 10-15k tokens of its
+own history, growing per turn by the previous answer (50-250 tokens) and the
+next message (50-350 tokens). Activity is Zipf-skewed (a few hot
+conversations, a long tail). After --turns turns a conversation ends and a new
+one takes its place; 30%% of new ones are sub-agents forked from an active
+conversation (its whole context plus their own instructions). Arrivals are
+Poisson at --load times the rate the fleet could serve if every request hit
+the cache on all but its new tokens; a conversation has at most one request in
+flight. Token ids come from PRNG streams seeded by --seed, in a 151k
+vocabulary; every router replays exactly the same requests.
+Scenarios: agents; churn (the same, plus one engine restarting with an empty
+cache at 40%% of the run and a new engine joining at 60%%); hot-prefix (70%% of
+the requests are one 8,192-token prompt with a short unique suffix, the rest
+agent turns; it also runs precise with load weight 0, reported as the extra
+row "precise(load=0)").
+
+Capacity is realistic: a 32B model on one 80 GB GPU holds ~40k tokens of KV
+cache. By default the fleet holds --capacity-factor (%v) copies of the active
+working set (shared prefix + every active conversation), so a conversation
+duplicated on every pod does not fit. The arithmetic is printed first.
+
+Time model (simulated): an engine is a single server taking one request at a
+time from a FIFO queue (real engines batch; the model keeps what routing
+changes: work saved by cache hits, work piled on one engine). Service time =
+--overhead-ms + --prefill-us per uncached prompt token + --decode-ms per
+output token; TTFT = queueing + overhead + prefill. The engine's cache changes
+at admission (the prompt) and at completion (prompt + answer, which the next
+turn resends).
+
+The precise router takes the real event path. A batch published at simulated
+time t becomes visible to it at t + --delay-ms: a delay line between the
+subscriber and the index holds what arrives, and before each decision the run
+waits (real time) until the subscriber has delivered every batch due, so
+wall-clock ZMQ latency is absorbed and results depend only on the flags.
+
+--json prints {"scenario","pods","routers":[{"name","fleet_cached_fraction",
+"prefill_tokens","ttft_p50_ms","ttft_p90_ms","imbalance","engine_hit_rate"}],
+...}: the six routers in the order above; scenario variants go to
+"extra_routers". --out DIR writes demo.svg (charts) and demo.html (a
+self-contained report). A progress bar goes to stderr when it is a terminal
+(not with --json).`, demo.RoutersHelp(), demo.Defaults().CapacityFactor)
 }
 
 func writeCharts(dir string, rep *demo.Report) error {

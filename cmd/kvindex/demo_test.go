@@ -86,14 +86,16 @@ func TestDemoBadFlags(t *testing.T) {
 		want string
 		code int
 	}{
-		{"scenario", []string{"--scenario", "nope"}, "unknown scenario", exitRuntime},
+		{"scenario", []string{"--scenario", "nope"}, "unknown scenario", exitUsage},
 		{"pods", []string{"--pods", "0"}, "--pods", exitUsage},
+		// A zero the user gave is checked, not replaced by the default.
+		{"capacity factor", []string{"--capacity-factor", "0"}, "--capacity-factor must be > 0 (got 0)", exitUsage},
 		{"load", []string{"--load", "-1"}, "--load", exitUsage},
 		{"seed", []string{"--seed", "0"}, "--seed", exitUsage},
 		{"weights", []string{"--prefix-weight", "-1"}, "--prefix-weight", exitUsage},
 		{"cost", []string{"--prefill-us", "0"}, "--prefill-us", exitUsage},
 		{"delay", []string{"--delay-ms", "-1"}, "--delay-ms", exitUsage},
-		{"capacity too small", []string{"--capacity", "5"}, "cannot hold the largest request", exitRuntime},
+		{"capacity too small", []string{"--capacity", "5"}, "cannot hold the largest request", exitUsage},
 		{"argument", []string{"extra"}, "takes no arguments", exitUsage},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -114,5 +116,9 @@ func TestDemoHelpStatesTheModel(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("help lacks %q", want)
 		}
+	}
+	// The router list is the demo package's, verbatim.
+	if !strings.Contains(out, "Routers:\n"+demo.RoutersHelp()+"\n") {
+		t.Errorf("help lacks demo.RoutersHelp():\n%s", out)
 	}
 }

@@ -1,0 +1,127 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// The router list in README.md sits between these markers; the hint
+// tells whoever edits README.md where the text comes from.
+const (
+	readmePath         = "../README.md"
+	readmeRoutersBegin = "<!-- demo-routers:begin -->\n"
+	readmeRoutersEnd   = "<!-- demo-routers:end -->\n"
+	readmeRoutersHint  = "<!-- Generated from demo/routerdoc.go: edit the text there, then run\n" +
+		"     go test ./demo -run TestREADMERouters -update -->\n"
+)
+
+// TestREADMERouters checks that README.md lists the routers exactly as
+// RoutersMarkdown renders routerDocs. After editing routerDocs, rewrite
+// README.md's block with
+//
+//	go test ./demo -run TestREADMERouters -update
+func TestREADMERouters(t *testing.T) {
+	readme, err := os.ReadFile(readmePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := bytes.Index(readme, []byte(readmeRoutersBegin))
+	j := bytes.Index(readme, []byte(readmeRoutersEnd))
+	if i < 0 || j < i {
+		t.Fatalf("README.md lacks the markers %q and %q around the router list", readmeRoutersBegin, readmeRoutersEnd)
+	}
+	i += len(readmeRoutersBegin)
+	want := readmeRoutersHint + RoutersMarkdown()
+	if got := string(readme[i:j]); got != want {
+		if !*update {
+			t.Fatalf("README.md's router list differs from routerDocs (go test ./demo -run TestREADMERouters -update rewrites it)\n"+
+				"README.md:\n%s\nrouterDocs:\n%s", got, want)
+		}
+		out := slices.Concat(readme[:i], []byte(want), readme[j:])
+		if err := os.WriteFile(readmePath, out, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestRouterDocs checks that every router is described once, in report
+// order, in the form the renderers assume.
+func TestRouterDocs(t *testing.T) {
+	var names []string
+	for _, d := range RouterDocs() {
+		names = append(names, d.Name)
+		if d.Summary == "" || strings.HasSuffix(d.Summary, ".") {
+			t.Errorf("%s: summary %q: want a phrase without a final period", d.Name, d.Summary)
+		}
+		if !strings.HasSuffix(d.Explanation, ".") {
+			t.Errorf("%s: explanation %q: want whole sentences", d.Name, d.Explanation)
+		}
+		if Why(d.Name) != d.Explanation {
+			t.Errorf("Why(%q) is not its explanation", d.Name)
+		}
+	}
+	if want := append(slices.Clone(Routers), PreciseNoLoad); !reflect.DeepEqual(names, want) {
+		t.Fatalf("described %v, want %v", names, want)
+	}
+	if Why("nope") != "" {
+		t.Error("Why of an unknown router is not empty")
+	}
+	for _, line := range strings.Split(strings.TrimSuffix(RoutersHelp(), "\n"), "\n") {
+		if n := utf8.RuneCountInString(line); n > 80 {
+			t.Errorf("help line of %d columns: %q", n, line)
+		}
+	}
+	for _, line := range strings.Split(strings.TrimSuffix(RoutersMarkdown(), "\n"), "\n") {
+		if n := utf8.RuneCountInString(line); n > 100 {
+			t.Errorf("markdown line of %d columns: %q", n, line)
+		}
+	}
+}
+
+func TestWrap(t *testing.T) {
+	for _, tc := range []struct {
+		text  string
+		width int
+		want  string
+	}{
+		{"a b c", 80, "> a b c\n"},
+		{"aa bb cc dd", 7, "> aa bb\n  cc dd\n"},
+		{"short averyveryverylongword x", 8, "> short\n  averyveryverylongword\n  x\n"},
+		{"", 10, "> \n"},
+	} {
+		if got := wrap(tc.text, tc.width, "> ", "  "); got != tc.want {
+			t.Errorf("wrap(%q, %d) = %q, want %q", tc.text, tc.width, got, tc.want)
+		}
+	}
+}
+
+// TestOracleIsPreciseWithoutDelay backs the oracle's description: in a
+// steady fleet with an instant event path, kvindex's view is the engines'
+// true state, so precise and the oracle decide alike and score alike; any
+// difference at the default delay is the delay's. (With churn they part
+// at the restart: kvindex learns that the cache is gone only when the new
+// engine process first publishes.)
+func TestOracleIsPreciseWithoutDelay(t *testing.T) {
+	for _, sc := range []string{ScenarioAgents, ScenarioHotPrefix} {
+		t.Run(sc, func(t *testing.T) {
+			o := small(sc, 1)
+			o.Delay = 0
+			o.Routers = []string{RouterPrecise, RouterOracle}
+			rep, err := Run(context.Background(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, or := *rep.Router(RouterPrecise), *rep.Router(RouterOracle)
+			p.Name = RouterOracle
+			if !reflect.DeepEqual(p, or) {
+				t.Fatalf("at delay 0 precise and oracle differ:\nprecise %+v\noracle  %+v", p, or)
+			}
+		})
+	}
+}
