@@ -136,6 +136,7 @@ func (f *serveFlags) options() (*serveOptions, error) {
 type service struct {
 	log      *slog.Logger
 	index    *indexer.Index
+	hub      *server.Hub
 	sub      *zmqtransport.Subscriber
 	api      *server.Server
 	grpc     *grpc.Server
@@ -181,6 +182,7 @@ func runServe(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 // nothing listens or connects yet.
 type parts struct {
 	index *indexer.Index
+	hub   *server.Hub
 	sub   *zmqtransport.Subscriber
 	api   *server.Server
 }
@@ -223,7 +225,7 @@ func buildParts(o *serveOptions, log *slog.Logger) (*parts, error) {
 		sub.Close()
 		return nil, err
 	}
-	return &parts{index: ix, sub: sub, api: srv}, nil
+	return &parts{index: ix, hub: hub, sub: sub, api: srv}, nil
 }
 
 // startService builds and starts every part, and returns once kvindex
@@ -257,7 +259,7 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		return nil, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "zmqtransport: "))
 	}
 	s := &service{
-		log: log, index: ix, sub: sub, api: srv,
+		log: log, index: ix, hub: p.hub, sub: sub, api: srv,
 		grpc:     srv.NewGRPCServer(),
 		http:     &http.Server{Handler: srv.Handler(server.HTTPOptions{Pprof: o.pprof}), ReadHeaderTimeout: 10 * time.Second},
 		grpcAddr: grpcLis.Addr().String(),
