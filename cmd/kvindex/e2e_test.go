@@ -16,6 +16,7 @@ import (
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/buildinfo"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/tokenizer"
@@ -280,6 +281,9 @@ func TestE2E(t *testing.T) {
 			}
 			if path == "/metrics" && !strings.Contains(string(b), `kvindex_ingest_connected{dp_rank="0",model="Qwen/Qwen2.5-0.5B",pod="pod-a"} 1`) {
 				t.Errorf("metrics lack pod-a's connection")
+			}
+			if in := buildinfo.Read(); path == "/metrics" && !strings.Contains(string(b), fmt.Sprintf(`kvindex_build_info{commit=%q,goversion=%q,version=%q} 1`, in.ShortCommit(), in.GoVersion, in.Version)) {
+				t.Errorf("metrics lack kvindex_build_info")
 			}
 		}
 	})

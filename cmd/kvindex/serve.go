@@ -14,12 +14,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/buildinfo"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/tokenizer"
 )
@@ -221,11 +223,28 @@ func buildParts(o *serveOptions, log *slog.Logger) (*parts, error) {
 		DefaultModel: o.model, MaxTokens: o.maxQueryTokens, ExpectStreams: expect, ReadyGrace: grace,
 		Logger: log.With("component", "api"),
 	})
+	if err == nil {
+		err = srv.Registry().Register(buildInfoGauge(buildinfo.Read()))
+	}
 	if err != nil {
 		sub.Close()
 		return nil, err
 	}
 	return &parts{index: ix, hub: hub, sub: sub, api: srv}, nil
+}
+
+// buildInfoGauge is kvindex_build_info: 1, labelled with what the binary
+// was built from, so dashboards can tell versions apart across a fleet.
+func buildInfoGauge(in buildinfo.Info) prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kvindex_build_info",
+		Help: "Always 1; the labels say what the running binary was built from.",
+		ConstLabels: prometheus.Labels{
+			"version": in.Version, "commit": in.ShortCommit(), "goversion": in.GoVersion,
+		},
+	})
+	g.Set(1)
+	return g
 }
 
 // startService builds and starts every part, and returns once kvindex
