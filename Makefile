@@ -64,6 +64,16 @@ bench: deps
 clean:
 	rm -rf bin
 
+# Rerun every Python golden-file generator (*/testdata/gen_*.py) in --check
+# mode: each recomputes its file (vLLM's block hashes, pickle bytes, the
+# msgpack payloads) and fails if the committed one differs. They need
+# Debian's python3 with python3-cbor2, python3-msgpack and python3-xxhash.
+GOLDEN_PYTHON     ?= /usr/bin/python3
+GOLDEN_GENERATORS  = $(sort $(shell find . -path ./bin -prune -o -path '*/testdata/gen_*.py' -print))
+.PHONY: golden-check
+golden-check:
+	@rc=0; for g in $(GOLDEN_GENERATORS); do $(GOLDEN_PYTHON) $$g --check || rc=1; done; exit $$rc
+
 # Regenerate api/ from proto/ with Debian's protoc (3.21.12) and pinned plugins.
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2

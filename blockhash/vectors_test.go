@@ -10,9 +10,9 @@ import (
 	"github.com/kvindex/kvindex/blockhash"
 )
 
-// vllmVectors mirrors testdata/vllm_vectors.json, a copy of the hash
-// sections of the shared golden vectors (computed with the libraries vLLM
-// uses: cbor2, pickle, hashlib, xxhash).
+// vllmVectors mirrors testdata/vllm_vectors.json, which
+// testdata/gen_vllm_vectors.py computes with the libraries vLLM uses
+// (cbor2, pickle, hashlib, xxhash).
 type vllmVectors struct {
 	NoneHash map[string]map[string]struct {
 		Hex string `json:"hex"`

@@ -2,14 +2,19 @@
 """Golden pickle bytes for shapes the vLLM vectors do not reach.
 
 Run with Debian's /usr/bin/python3 (CPython's C pickler is the reference):
-    /usr/bin/python3 blockhash/testdata/gen_pickle_edges.py > blockhash/testdata/pickle_edges.json
+    /usr/bin/python3 blockhash/testdata/gen_pickle_edges.py          # rewrite pickle_edges.json
+    /usr/bin/python3 blockhash/testdata/gen_pickle_edges.py --check  # exit 1 if it differs
 Each case records the exact bytes pickle.dumps((parent, tuple(tokens), extra), protocol=5)
 produces; extra uses JSON lists for tuples, {"$bytes": hex} for bytes, null for None.
 """
 import hashlib
 import json
+import os
 import pickle
 import sys
+
+GENERATOR = "blockhash/testdata/gen_pickle_edges.py"
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pickle_edges.json")
 
 
 def to_py(x):
@@ -57,7 +62,7 @@ def expand(tokens):
 SEEDS = ["0", "42", "vllm-none-hash", "S" * 300, ""]
 
 
-def main():
+def build():
     cases = []
     for name, parent, tokens, extra in CASES:
         obj = (bytes.fromhex(parent), tuple(expand(tokens)), to_py(extra))
@@ -74,9 +79,32 @@ def main():
             case["pickle_sha256"] = hashlib.sha256(data).hexdigest()
         cases.append(case)
     seeds = [{"seed": s, "pickle_hex": pickle.dumps(s, protocol=5).hex()} for s in SEEDS]
-    json.dump({"python": sys.version.split()[0], "blocks": cases, "seeds": seeds}, sys.stdout, indent=None, separators=(",", ":"))
-    print()
+    return {"generator": GENERATOR, "python": sys.version.split()[0], "blocks": cases, "seeds": seeds}
+
+
+def render(doc):
+    return json.dumps(doc, indent=None, separators=(",", ":")) + "\n"
+
+
+def main():
+    check = sys.argv[1:] == ["--check"]
+    if sys.argv[1:] and not check:
+        sys.exit("usage: gen_pickle_edges.py [--check]")
+    doc = build()
+    if not check:
+        with open(OUT, "w") as f:
+            f.write(render(doc))
+        return 0
+    with open(OUT) as f:
+        committed = f.read()
+    # The Python version is a record, not a result: compare the bytes.
+    doc["python"] = json.loads(committed).get("python")
+    if render(doc) == committed:
+        print(f"{GENERATOR}: pickle_edges.json is up to date")
+        return 0
+    print(f"{GENERATOR}: pickle_edges.json differs from what the generator computes")
+    return 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
