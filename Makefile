@@ -1,6 +1,7 @@
 # kvindex developer commands. The two that matter:
 #   make demo   run kvindex's main job on its embedded default (no external servers)
-#   make test   the checks (gofmt, go vet, staticcheck, the cgo-free build), every
+#   make test   the checks (gofmt, go vet, staticcheck, the cgo-free build, the
+#               golden-file generators reproduce their files), every
 #               test with the race detector, the race-shortened tests without it,
 #               and the decoder's tests against the msgpack library's reader
 
@@ -8,8 +9,9 @@ GO      ?= go
 PKGS    := ./...
 BENCH   ?= .
 # System packages the build and tests need (Debian names): libzmq for the ZMQ
-# transport (cgo), Python's zmq and msgpack for the interop test.
-DEB_PKGS := libzmq3-dev pkg-config python3-zmq python3-msgpack
+# transport (cgo), Python's zmq and msgpack for the interop test, cbor2 and
+# xxhash (with msgpack) for the golden-file generators.
+DEB_PKGS := libzmq3-dev pkg-config python3-zmq python3-msgpack python3-cbor2 python3-xxhash
 
 # The packages that must build without cgo (no libzmq, no C compiler): the
 # core, the Go client and the server (only kvevents/zmqtransport needs libzmq).
@@ -52,7 +54,7 @@ check: $(STATICCHECK)
 	$(STATICCHECK) $(PKGS)
 	CGO_ENABLED=0 $(GO) build $(CGO_FREE)
 
-test: deps check
+test: deps check golden-check
 	$(GO) test -race -count=1 $(PKGS)
 	$(GO) test -count=1 $(NORACE_PKGS)
 	$(GO) test -count=1 -tags kvevents_msgpacklib ./kvevents
