@@ -11,8 +11,8 @@ import (
 // BenchmarkProcess measures one engine serving 1024-token prompts built
 // from 64 shared 512-token prefixes (system prompts, documents) and a
 // unique tail, through a pool that holds a fraction of them: the model
-// alone (hashing, cache, encoding, replay buffer), with no Publisher.
-// zmqtransport's BenchmarkSimEngineProcess adds the PUB socket.
+// alone (hashing, cache, encoding, replay buffer), with no Publisher;
+// on sockets, zmqtransport adds one PUB send per batch.
 func BenchmarkProcess(b *testing.B) {
 	h := blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "0", BlockSize: 16})
 	e, err := enginesim.New(enginesim.Config{Hasher: h, CapacityBlocks: 2048, BufferSteps: 1000})
