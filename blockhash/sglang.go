@@ -18,4 +18,3 @@ func (sglangCodec) appendBlock(b []byte, parent []byte, tokens []uint64, _ Block
 	}
 	return b, nil
 }
-
