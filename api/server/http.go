@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/tokenizer"
 )
 
 // HTTPOptions configures Handler.
@@ -103,21 +104,19 @@ func (s *Server) method(m string, h httpFunc) http.Handler {
 // and a separator, plus room for the other fields.
 func (s *Server) maxBodyBytes() int64 { return int64(s.cfg.MaxTokens)*21 + 1<<20 }
 
-// promptJSON is the prompt part of the HTTP requests.
+// promptJSON is the prompt part of the HTTP requests. Its messages
+// decode into tokenizer.Message, whose JSON form is the OpenAI message
+// object the HTTP API documents; toProto turns them into the API's
+// ChatMessage so that both APIs resolve one Prompt.
 type promptJSON struct {
-	Model       string        `json:"model"`
-	Tokens      idList        `json:"tokens"`
-	Prompt      *string       `json:"prompt"`
-	Messages    []messageJSON `json:"messages"`
-	BlockHashes idList        `json:"block_hashes"`
-	LoraName    string        `json:"lora_name"`
-	CacheSalt   string        `json:"cache_salt"`
-	MMItems     []mmItemJSON  `json:"mm_items"`
-}
-
-type messageJSON struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Model       string              `json:"model"`
+	Tokens      idList              `json:"tokens"`
+	Prompt      *string             `json:"prompt"`
+	Messages    []tokenizer.Message `json:"messages"`
+	BlockHashes idList              `json:"block_hashes"`
+	LoraName    string              `json:"lora_name"`
+	CacheSalt   string              `json:"cache_salt"`
+	MMItems     []mmItemJSON        `json:"mm_items"`
 }
 
 type mmItemJSON struct {

@@ -100,7 +100,7 @@ func FuzzPoolingCodec(f *testing.F) {
 	for _, m := range []*kvindexv1.LongestPrefixRequest{
 		{Model: "m", Prompt: client.TokensPrompt([]uint64{1, 2, 3})},
 		{Prompt: client.TextPrompt("t")},
-		{Prompt: client.MessagesPrompt(client.Message{Role: "user", Content: "x"})},
+		{Prompt: client.MessagesPrompt(&kvindexv1.ChatMessage{Role: "user", Content: "x"})},
 	} {
 		b, _ := proto.Marshal(m)
 		f.Add(b)

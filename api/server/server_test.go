@@ -291,7 +291,7 @@ func TestChatThroughEngineTokenizer(t *testing.T) {
 		c.Tokenizers = []NamedTokenizer{{client.SourceEngine, engineTokenizer(t, hs.URL)}, {client.SourceLocal, localTokenizer(t)}}
 	})
 	f.hub.Apply(engine("a", 0), 0, []kvevents.Event{stored(t, ids, 2)})
-	r, err := f.client.LongestPrefixMessages(context.Background(), testModel, []client.Message{{Role: "user", Content: "hi"}}, nil)
+	r, err := f.client.LongestPrefixMessages(context.Background(), testModel, []*kvindexv1.ChatMessage{{Role: "user", Content: "hi"}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,10 +345,10 @@ func TestErrorCodes(t *testing.T) {
 		{"mm beyond prompt", f, req("m", mmBeyond), codes.InvalidArgument, "beyond the prompt's 16 tokens"},
 		{"mm unsorted", f, req("m", mmUnsorted), codes.InvalidArgument, "must be sorted by offset"},
 		{"empty messages", local, req("m", client.MessagesPrompt()), codes.InvalidArgument, "prompt.messages is empty"},
-		{"message without role", local, req("m", client.MessagesPrompt(client.Message{Role: "", Content: "hi"})), codes.InvalidArgument, "has no role"},
+		{"message without role", local, req("m", client.MessagesPrompt(&kvindexv1.ChatMessage{Role: "", Content: "hi"})), codes.InvalidArgument, "has no role"},
 		{"text without tokenizer", f, req("m", client.TextPrompt("hello")), codes.FailedPrecondition, "need a tokenizer"},
-		{"chat with local tokenizer", local, req("m", client.MessagesPrompt(client.Message{Role: "user", Content: "hi"})), codes.FailedPrecondition, "chat templates"},
-		{"engine down, chat", unreachable, req("m", client.MessagesPrompt(client.Message{Role: "user", Content: "hi"})), codes.Unavailable, "engine tokenizer"},
+		{"chat with local tokenizer", local, req("m", client.MessagesPrompt(&kvindexv1.ChatMessage{Role: "user", Content: "hi"})), codes.FailedPrecondition, "chat templates"},
+		{"engine down, chat", unreachable, req("m", client.MessagesPrompt(&kvindexv1.ChatMessage{Role: "user", Content: "hi"})), codes.Unavailable, "engine tokenizer"},
 		{"engine refuses", refused, req("nope", client.TextPrompt("hi")), codes.InvalidArgument, "does not exist"},
 	}
 	for _, tc := range tests {
