@@ -17,7 +17,8 @@ import (
 // The hand encoder writes exactly protobuf-go's bytes and the decoder
 // follows protobuf's rules; TestTokenRequestEncoding,
 // FuzzTokenRequestEncoding and FuzzPrefixResponseDecode hold them to
-// protobuf-go.
+// protobuf-go. wire.ClientEncodes and wire.ClientDecodes declare the
+// fields each knows (TestCodecsKnowEveryField, TestTokenRequestFollowsTable).
 type codec struct{}
 
 func (codec) Name() string { return wire.CodecName }
@@ -50,7 +51,8 @@ func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 // protobuf-go.
 
 // tokenRequest returns the parts of a request the hand encoder handles,
-// or ok false for anything else (it then goes through protobuf-go).
+// or ok false for anything else (it then goes through protobuf-go): a
+// prompt with any field wire.ClientEncodes leaves to protobuf-go set.
 func tokenRequest(v any) (model string, p *kvindexv1.Prompt, ids []uint64, cands []string, ok bool) {
 	switch m := v.(type) {
 	case *kvindexv1.LongestPrefixRequest:

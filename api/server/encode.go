@@ -13,7 +13,8 @@ import (
 // allocated about 250 objects per answer of 32 engines on each side (map
 // entries boxed as interface values), most of a round trip's allocations.
 // Fields are written in field-number order, as protobuf-go writes them;
-// TestPrefixResponseEncoding checks that protobuf-go reads them back.
+// TestPrefixResponseEncoding checks that protobuf-go reads them back, and
+// wire.ServerEncodes declares them (TestCodecsKnowEveryField).
 
 // marshalPrefixResponse encodes r into a pooled buffer; a response with
 // unknown fields (never one of the server's own) goes through protobuf-go.
