@@ -124,7 +124,7 @@ func TestUnsupportedShapes(t *testing.T) {
 }
 
 // TestChainAllocs pins the steady-state hot path at zero allocations per
-// call once dst has room.
+// call once dst has room, for both entry points of the one hashing loop.
 func TestChainAllocs(t *testing.T) {
 	toks := make([]uint64, 1024)
 	for i := range toks {
@@ -137,10 +137,22 @@ func TestChainAllocs(t *testing.T) {
 		if algo == blockhash.SGLang {
 			xx = nil
 		}
+		var keys []blockhash.BlockExtra
+		for blk := 0; blk < len(toks)/16; blk++ {
+			keys = append(keys, xx.BlockKeys(blk, 16))
+		}
 		dst := make([]blockhash.Hash, 0, 64)
-		h.Chain(dst, nil, 0, toks, xx) // warm the buffer pool
-		if n := testing.AllocsPerRun(50, func() { dst, _ = h.Chain(dst[:0], nil, 0, toks, xx) }); n != 0 {
-			t.Errorf("%s: %.1f allocations per Chain, want 0", algo, n)
+		for _, c := range []struct {
+			name string
+			run  func()
+		}{
+			{"Chain", func() { dst, _ = h.Chain(dst[:0], nil, 0, toks, xx) }},
+			{"ChainKeys", func() { dst, _ = h.ChainKeys(dst[:0], nil, toks, keys) }},
+		} {
+			c.run() // warm the buffer pool
+			if n := testing.AllocsPerRun(50, c.run); n != 0 {
+				t.Errorf("%s: %.1f allocations per %s, want 0", algo, n, c.name)
+			}
 		}
 	}
 }

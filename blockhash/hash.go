@@ -222,13 +222,46 @@ func (h *Hasher) Chain(dst []Hash, parent *Hash, first int, tokens []uint64, x *
 	if first < 0 {
 		return dst, fmt.Errorf("blockhash: negative first block %d", first)
 	}
+	if h.codec == codecSGLang && !x.empty() && len(tokens) >= h.cfg.BlockSize {
+		return dst, fmt.Errorf("%w: SGLang hashing has no extra keys (LoRA, salt, multimodal)", ErrUnsupported)
+	}
+	return h.chain(dst, parent, first, tokens, extraSource{derived: x})
+}
+
+// ChainKeys is Chain with explicit extra keys per block, as KV events carry
+// them: keys[i] belongs to block i of tokens (missing entries mean None).
+func (h *Hasher) ChainKeys(dst []Hash, parent *Hash, tokens []uint64, keys []BlockExtra) ([]Hash, error) {
+	return h.chain(dst, parent, 0, tokens, extraSource{explicit: keys})
+}
+
+// extraSource yields each block's extra keys for the one hashing loop:
+// derived from a request's Extras (Chain) or given per block as KV events
+// carry them (ChainKeys). A struct passed by value rather than a func value
+// keeps the loop free of allocations.
+type extraSource struct {
+	derived  *Extras      // used when explicit is nil
+	explicit []BlockExtra // explicit[i] belongs to the loop's block i
+}
+
+// block returns the extra keys of block first+i (nil for None); a derived
+// result aliases sc.
+func (src extraSource) block(sc *scratch, first, i, bs int) BlockExtra {
+	if src.explicit != nil {
+		if i < len(src.explicit) {
+			return src.explicit[i]
+		}
+		return nil
+	}
+	return src.derived.block(sc, first+i, bs)
+}
+
+// chain is the hashing loop behind Chain and ChainKeys: it hashes every
+// full block of tokens, each chained to the digest of the one before.
+func (h *Hasher) chain(dst []Hash, parent *Hash, first int, tokens []uint64, src extraSource) ([]Hash, error) {
 	bs := h.cfg.BlockSize
 	n := len(tokens) / bs
 	if n == 0 {
 		return dst, nil
-	}
-	if h.cfg.Algo == SGLang && !x.empty() {
-		return dst, fmt.Errorf("%w: SGLang hashing has no extra keys (LoRA, salt, multimodal)", ErrUnsupported)
 	}
 	st := h.states.Get().(*state)
 	defer h.states.Put(st)
@@ -238,43 +271,13 @@ func (h *Hasher) Chain(dst []Hash, parent *Hash, first int, tokens []uint64, x *
 	var err error
 	for i := 0; i < n; i++ {
 		blk := first + i
-		extra := x.block(&st.sc, blk, bs)
-		st.buf, err = h.appendBlock(st.buf[:0], prev, tokens[i*bs:(i+1)*bs], extra)
-		if err != nil {
-			return dst[:start+i], fmt.Errorf("block %d: %w", blk, err)
-		}
-		out := &dst[start+i]
-		h.sum(out, st.buf)
-		prev = out.Digest()
-	}
-	return dst, nil
-}
-
-// ChainKeys is Chain with explicit extra keys per block, as KV events carry
-// them: keys[i] belongs to block i of tokens (missing entries mean None).
-func (h *Hasher) ChainKeys(dst []Hash, parent *Hash, tokens []uint64, keys []BlockExtra) ([]Hash, error) {
-	bs := h.cfg.BlockSize
-	n := len(tokens) / bs
-	if n == 0 {
-		return dst, nil
-	}
-	st := h.states.Get().(*state)
-	defer h.states.Put(st)
-	prev := h.parentDigest(parent)
-	start := len(dst)
-	dst = growHashes(dst, n)
-	var err error
-	for i := 0; i < n; i++ {
-		var extra BlockExtra
-		if i < len(keys) {
-			extra = keys[i]
-		}
-		if h.cfg.Algo == SGLang && extra != nil {
+		extra := src.block(&st.sc, first, i, bs)
+		if h.codec == codecSGLang && extra != nil {
 			return dst[:start+i], fmt.Errorf("%w: SGLang hashing has no extra keys", ErrUnsupported)
 		}
 		st.buf, err = h.appendBlock(st.buf[:0], prev, tokens[i*bs:(i+1)*bs], extra)
 		if err != nil {
-			return dst[:start+i], fmt.Errorf("block %d: %w", i, err)
+			return dst[:start+i], fmt.Errorf("block %d: %w", blk, err)
 		}
 		out := &dst[start+i]
 		h.sum(out, st.buf)

@@ -194,11 +194,6 @@ type completionRequest struct {
 	AddSpecialTokens bool   `json:"add_special_tokens"`
 }
 
-type chatMessage struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
-}
-
 // requestBody renders the /tokenize request for in.
 func requestBody(model string, in *Input, special bool) ([]byte, error) {
 	if !in.IsChat() {
@@ -222,7 +217,7 @@ func requestBody(model string, in *Input, special bool) ([]byte, error) {
 			msgs[i] = m.Raw
 			continue
 		}
-		msgs[i], _ = json.Marshal(chatMessage{m.Role, m.Content}) // cannot fail
+		msgs[i], _ = json.Marshal(&m) // cannot fail: Raw, the one field that could, is not marshalled
 	}
 	req["messages"], _ = json.Marshal(msgs)
 	if model != "" {

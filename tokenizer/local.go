@@ -226,10 +226,10 @@ func (l *Local) preTokenize(dst []uint64, seg string, s *encodeScratch) []uint64
 // piece: matches and the text between them become pieces of their own
 // (behavior Isolated); empty pieces are dropped.
 //
-// regexp2 allocates a Match per piece (about five allocations) and takes
-// about 60% of the encoding time; a scanner written for the few patterns in
-// use would remove both, but at over a million tokens per second per core
-// the library is not the bottleneck of a router, and it runs any pattern.
+// regexp2 allocates a Match per piece and takes most of the encoding
+// time; a scanner written for the few patterns in use would remove both,
+// but at the rate BenchmarkLocalTokenize measures the library is not the
+// bottleneck of a router, and it runs any pattern.
 func (l *Local) splitStep(dst []uint64, piece []rune, step int, s *encodeScratch) []uint64 {
 	if step == len(l.splits) {
 		return l.byteLevelStep(dst, piece, s)

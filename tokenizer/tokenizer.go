@@ -56,15 +56,24 @@ type Input struct {
 	ChatParams json.RawMessage
 }
 
-// Message is one chat message.
+// Message is one chat message. Its JSON form, {"role":...,"content":...},
+// is the message object of the engine's /tokenize and of OpenAI chat
+// requests; kvindex's HTTP API and its --messages-file decode messages
+// into it too.
+//
+// It is the only chat-message type outside the generated API
+// (kvindexv1.ChatMessage, which the gRPC client sends): the tokenizer does
+// not depend on the API, and the API's client does not depend on the
+// tokenizer, so the server converts between the two at that one boundary.
 type Message struct {
-	Role    string
-	Content string
+	Role    string `json:"role"`
+	Content string `json:"content"`
 
 	// Raw, when set, is sent verbatim as the whole message object instead
 	// of {"role":Role,"content":Content}. It carries what the simple form
-	// cannot: content parts, tool calls, names.
-	Raw json.RawMessage
+	// cannot: content parts, tool calls, names. It is never decoded from
+	// JSON.
+	Raw json.RawMessage `json:"-"`
 }
 
 // IsChat reports whether in is in the chat form.

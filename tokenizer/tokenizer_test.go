@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"slices"
@@ -138,5 +139,34 @@ func TestAppendTokenize(t *testing.T) {
 				t.Fatalf("on error: got %v err %v, want dst unchanged", got, err)
 			}
 		})
+	}
+}
+
+// Message's JSON form is the /tokenize message object, both ways: role
+// and content always written (an empty content included), Raw neither
+// written nor read.
+func TestMessageJSON(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		msg  Message
+		want string
+	}{
+		{"plain", Message{Role: "user", Content: "hi"}, `{"role":"user","content":"hi"}`},
+		{"empty content", Message{Role: "assistant"}, `{"role":"assistant","content":""}`},
+		{"raw is not marshalled", Message{Role: "user", Content: "x", Raw: json.RawMessage(`{"name":"bob"}`)}, `{"role":"user","content":"x"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := json.Marshal(&tc.msg)
+			if err != nil || string(got) != tc.want {
+				t.Fatalf("Marshal = %s, %v; want %s", got, err, tc.want)
+			}
+		})
+	}
+	var back Message
+	if err := json.Unmarshal([]byte(`{"role":"user","content":"x","Raw":{"a":1}}`), &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.Role != "user" || back.Content != "x" || back.Raw != nil {
+		t.Errorf("Unmarshal = %+v, want role and content only", back)
 	}
 }

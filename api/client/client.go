@@ -111,17 +111,13 @@ func TextPrompt(text string) *kvindexv1.Prompt {
 	return &kvindexv1.Prompt{Input: &kvindexv1.Prompt_Text{Text: text}}
 }
 
-// Message is one chat message.
-type Message struct{ Role, Content string }
-
 // MessagesPrompt is a chat conversation, rendered and tokenized by the
-// server (which needs the engine's /tokenize for that).
-func MessagesPrompt(msgs ...Message) *kvindexv1.Prompt {
-	pm := make([]*kvindexv1.ChatMessage, len(msgs))
-	for i, m := range msgs {
-		pm[i] = &kvindexv1.ChatMessage{Role: m.Role, Content: m.Content}
-	}
-	return &kvindexv1.Prompt{Input: &kvindexv1.Prompt_Messages{Messages: &kvindexv1.ChatMessages{Messages: pm}}}
+// server (which needs the engine's /tokenize for that). The messages are
+// the API's own kvindexv1.ChatMessage: the client has no chat-message type
+// of its own (the server turns them into tokenizer.Message, which the
+// client cannot import).
+func MessagesPrompt(msgs ...*kvindexv1.ChatMessage) *kvindexv1.Prompt {
+	return &kvindexv1.Prompt{Input: &kvindexv1.Prompt_Messages{Messages: &kvindexv1.ChatMessages{Messages: msgs}}}
 }
 
 // HashesPrompt is a prompt given by precomputed block hashes.
@@ -162,7 +158,7 @@ func (c *Client) LongestPrefixText(ctx context.Context, model, text string, o *Q
 }
 
 // LongestPrefixMessages is LongestPrefix for a chat conversation.
-func (c *Client) LongestPrefixMessages(ctx context.Context, model string, msgs []Message, o *QueryOptions) (*kvindexv1.LongestPrefixResponse, error) {
+func (c *Client) LongestPrefixMessages(ctx context.Context, model string, msgs []*kvindexv1.ChatMessage, o *QueryOptions) (*kvindexv1.LongestPrefixResponse, error) {
 	return c.LongestPrefix(ctx, model, MessagesPrompt(msgs...), o)
 }
 

@@ -3,10 +3,13 @@ package client
 import (
 	"bytes"
 	"encoding/binary"
+	"maps"
+	"slices"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kvindex/kvindex/api/internal/wire"
 	"github.com/kvindex/kvindex/api/internal/wiretest"
 	"github.com/kvindex/kvindex/api/kvindexv1"
 )
@@ -149,5 +152,35 @@ func TestCodecSplit(t *testing.T) {
 		if !proto.Equal(tc.out, tc.in) {
 			t.Errorf("%T: decoded message differs", tc.in)
 		}
+	}
+}
+
+// The encoder does what wire.ClientEncodes declares for each field of a
+// token prompt: a field it handles by hand is written as protobuf-go
+// writes it, a field left to protobuf-go sends the request there.
+func TestTokenRequestFollowsTable(t *testing.T) {
+	fields := (&kvindexv1.Prompt{}).ProtoReflect().Descriptor().Fields()
+	table := wire.ClientEncodes.Fields[wire.PromptName]
+	for _, num := range slices.Sorted(maps.Keys(table)) {
+		h, fd := table[num], fields.ByNumber(num)
+		if fd == nil {
+			t.Fatalf("Prompt has no field %d (TestCodecsKnowEveryField says more)", num)
+		}
+		t.Run(string(fd.Name()), func(t *testing.T) {
+			p := TokensPrompt([]uint64{1, 300, 70000})
+			wiretest.SetSample(p.ProtoReflect(), fd)
+			req := &kvindexv1.LongestPrefixRequest{Model: "m", Prompt: p, CandidatePods: []string{"a"}}
+			got, ok := encodeForTest(t, req)
+			if h == wire.ByLibrary {
+				if ok {
+					t.Errorf("encoded by hand; %s leaves field %s to protobuf-go", wire.ClientEncodes.Table, fd.Name())
+				}
+				return
+			}
+			want, _ := proto.Marshal(req)
+			if !ok || !bytes.Equal(got, want) {
+				t.Errorf("handled %v; encoding equals protobuf-go's: %v", ok, bytes.Equal(got, want))
+			}
+		})
 	}
 }

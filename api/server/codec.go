@@ -16,8 +16,8 @@ import (
 // messages carrying prompts and the LongestPrefix response. The prompts'
 // token ids are decoded into pooled buffers, which protobuf-go cannot do
 // (it allocates a new slice for every packed field, whatever the capacity
-// at hand: with 16,384 ids that was two thirds of the bytes allocated per
-// request in BenchmarkLongestPrefixGRPC). LongestPrefix responses are
+// at hand: most of the bytes allocated per request in
+// BenchmarkLongestPrefixGRPC). LongestPrefix responses are
 // encoded by hand (encode.go) and return to their pool once encoded (the
 // server has no stats handler or binary log that would look at them
 // later).
@@ -26,7 +26,9 @@ import (
 // member wins, repeated fields append, a message field seen twice
 // merges) and validates UTF-8 as proto3 requires; unknown fields are
 // dropped, as the server has no use for them. FuzzPoolingCodec holds it
-// to the standard decoder's answers.
+// to the standard decoder's answers. wire.ServerDecodes declares every
+// field it knows; TestCodecsKnowEveryField fails when the .proto gains
+// one it does not.
 type poolingCodec struct{}
 
 func (poolingCodec) Name() string { return wire.CodecName }
@@ -213,10 +215,10 @@ func decodeIDs(b []byte, dst []uint64) ([]uint64, error) {
 
 // appendPacked appends the varints of a packed field to dst. The pooled
 // buffers it fills already have room for prompts like the ones before,
-// so it pre-counts the varints only for a fresh buffer (that pass costs a
-// quarter of the decoding). A decoder reading eight bytes at a time, locating varint ends
-// from the continuation bits, was tried too: 5.4 ns per token id against
-// 2.0 for this one, in CPU time.
+// so it pre-counts the varints only for a fresh buffer (that pass is a
+// sizeable part of the decoding). A decoder reading eight bytes at a
+// time, locating varint ends from the continuation bits, was tried too
+// and was slower (BenchmarkDecodeIDs; figures in api/README.md).
 func appendPacked(dst []uint64, v []byte) ([]uint64, bool) {
 	if cap(dst) == 0 {
 		// A fresh buffer (the pool was empty): size it in one go.

@@ -8,7 +8,9 @@
 // events it applies (Watch). The same answers are served over HTTP/JSON on
 // a separate port, next to /metrics, /healthz and /readyz. It also speaks
 // llm-d's indexer.v1.IndexerService/GetPodScores, so an llm-d scorer can
-// point at kvindex unchanged.
+// point at kvindex unchanged; GetPodScores resolves its prompt and asks
+// the index through the same path as LongestPrefix, and only shapes the
+// answer differently.
 //
 // A prompt arrives in one of four forms: token ids (exact, preferred),
 // text or chat messages (tokenized through the configured tokenizer
@@ -37,5 +39,6 @@
 // generic paths for packed varints and maps were the largest costs
 // outside the index in BenchmarkLongestPrefixGRPC. The hand-written codecs
 // are held to protobuf-go's output by tests, and the decoders and the
-// request encoder by fuzz tests.
+// request encoder by fuzz tests; wire.Codecs declares the fields each of
+// them knows, and a test fails when the .proto gains one they do not.
 package server

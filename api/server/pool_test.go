@@ -1,13 +1,17 @@
 package server
 
 import (
+	"fmt"
+	"maps"
 	"slices"
 	"testing"
 
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/internal/wire"
 	"github.com/kvindex/kvindex/api/internal/wiretest"
 	"github.com/kvindex/kvindex/api/kvindexv1"
 )
@@ -100,7 +104,7 @@ func FuzzPoolingCodec(f *testing.F) {
 	for _, m := range []*kvindexv1.LongestPrefixRequest{
 		{Model: "m", Prompt: client.TokensPrompt([]uint64{1, 2, 3})},
 		{Prompt: client.TextPrompt("t")},
-		{Prompt: client.MessagesPrompt(client.Message{Role: "user", Content: "x"})},
+		{Prompt: client.MessagesPrompt(&kvindexv1.ChatMessage{Role: "user", Content: "x"})},
 	} {
 		b, _ := proto.Marshal(m)
 		f.Add(b)
@@ -159,4 +163,37 @@ func BenchmarkDecodeIDs(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ids)), "ns/id")
+}
+
+// The decoder reads every field wire.ServerDecodes declares for a request
+// and its prompt as protobuf-go does, whether by hand or through
+// protobuf-go.
+func TestPoolingCodecFollowsTable(t *testing.T) {
+	for _, name := range []protoreflect.FullName{wire.LongestPrefixRequestName, wire.LookupRequestName, wire.PromptName} {
+		for _, num := range slices.Sorted(maps.Keys(wire.ServerDecodes.Fields[name])) {
+			t.Run(fmt.Sprintf("%s/%d", name, num), func(t *testing.T) {
+				for _, in := range []proto.Message{
+					&kvindexv1.LongestPrefixRequest{Model: "m", Prompt: client.TokensPrompt([]uint64{1, 300})},
+					&kvindexv1.LookupRequest{Model: "m", Prompt: client.TokensPrompt([]uint64{1, 300})},
+				} {
+					m := in.ProtoReflect()
+					if name == wire.PromptName {
+						m = m.Mutable(m.Descriptor().Fields().ByNumber(wire.RequestPrompt)).Message()
+					} else if m.Descriptor().FullName() != name {
+						continue
+					}
+					fd := m.Descriptor().Fields().ByNumber(num)
+					if fd == nil {
+						t.Fatalf("%s has no field %d (TestCodecsKnowEveryField says more)", name, num)
+					}
+					wiretest.SetSample(m, fd)
+					got := in.ProtoReflect().New().Interface()
+					roundTrip(t, in, got)
+					if !proto.Equal(got, in) {
+						t.Errorf("%s with %s set: decoded %v, want %v", in.ProtoReflect().Descriptor().Name(), fd.Name(), got, in)
+					}
+				}
+			})
+		}
+	}
 }

@@ -58,6 +58,8 @@ func (s *Server) resolvePrompt(ctx context.Context, p *kvindexv1.Prompt, model s
 		if len(msgs) == 0 {
 			return r, status.Error(codes.InvalidArgument, "prompt.messages is empty")
 		}
+		// The API's ChatMessage becomes the tokenizer's Message here, the
+		// one place the two meet (see tokenizer.Message).
 		tm := make([]tokenizer.Message, len(msgs))
 		for i, m := range msgs {
 			if m.GetRole() == "" {

@@ -364,25 +364,53 @@ func (s *Server) LongestPrefix(ctx context.Context, req *kvindexv1.LongestPrefix
 func (s *Server) longestPrefix(ctx context.Context, req *kvindexv1.LongestPrefixRequest) (*kvindexv1.LongestPrefixResponse, error) {
 	st := getQueryState()
 	defer putQueryState(st)
-	model, err := s.model(req.GetModel())
+	p, err := s.resolveLongestPrefix(ctx, st, prefixQuestion{
+		model:           req.GetModel(),
+		prompt:          req.GetPrompt(),
+		candidates:      req.GetCandidatePods(),
+		candidatesField: "candidate_pods",
+	})
 	if err != nil {
 		return nil, err
-	}
-	for i, c := range req.GetCandidatePods() {
-		if c == "" {
-			return nil, status.Errorf(codes.InvalidArgument, "candidate_pods[%d] is empty", i)
-		}
-	}
-	p, err := s.resolvePrompt(ctx, req.GetPrompt(), model, &st.q, &st.x)
-	if err != nil {
-		return nil, err
-	}
-	st.q.Model = model
-	st.q.Candidates = req.GetCandidatePods()
-	if err := s.index.LongestPrefix(&st.q, &st.res); err != nil {
-		return nil, indexStatus(err)
 	}
 	return s.prefixResponse(&st.res, p), nil
+}
+
+// prefixQuestion is a longest-prefix query as both APIs ask it:
+// kvindex.v1 LongestPrefix, and llm-d's indexer.v1 GetPodScores (whose
+// prompt is always text). candidatesField names the request field the
+// candidates came from, for error messages.
+type prefixQuestion struct {
+	model           string
+	prompt          *kvindexv1.Prompt
+	candidates      []string
+	candidatesField string
+}
+
+// resolveLongestPrefix is the one path of a longest-prefix query, whichever
+// API asked it: model, candidates and prompt are checked and resolved
+// (the prompt to tokens or block hashes), and the index answers into
+// st.res. The callers only convert st.res to their answer's shape.
+func (s *Server) resolveLongestPrefix(ctx context.Context, st *queryState, in prefixQuestion) (resolved, error) {
+	model, err := s.model(in.model)
+	if err != nil {
+		return resolved{}, err
+	}
+	for i, c := range in.candidates {
+		if c == "" {
+			return resolved{}, status.Errorf(codes.InvalidArgument, "%s[%d] is empty", in.candidatesField, i)
+		}
+	}
+	p, err := s.resolvePrompt(ctx, in.prompt, model, &st.q, &st.x)
+	if err != nil {
+		return resolved{}, err
+	}
+	st.q.Model = model
+	st.q.Candidates = in.candidates
+	if err := s.index.LongestPrefix(&st.q, &st.res); err != nil {
+		return resolved{}, indexStatus(err)
+	}
+	return p, nil
 }
 
 // prefixResponse converts res into a pooled response message.
@@ -550,30 +578,22 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream kvindexv1.IndexServic
 }
 
 // GetPodScores implements llm-d's indexer.v1.IndexerService: the prompt
-// is tokenized (completion form), and each pod scores the number of
+// is tokenized (completion form) and resolved as LongestPrefix resolves a
+// text prompt (resolveLongestPrefix), and each pod scores the number of
 // leading blocks it holds (its best data-parallel rank). Every pod of the
 // answer and every pod asked about is listed, zeros included, the best
 // first.
 func (s *Server) GetPodScores(ctx context.Context, req *indexerv1.GetPodScoresRequest) (*indexerv1.GetPodScoresResponse, error) {
 	st := getQueryState()
 	defer putQueryState(st)
-	model, err := s.model(req.GetModelName())
+	_, err := s.resolveLongestPrefix(ctx, st, prefixQuestion{
+		model:           req.GetModelName(),
+		prompt:          &kvindexv1.Prompt{Input: &kvindexv1.Prompt_Text{Text: req.GetPrompt()}},
+		candidates:      req.GetPodIdentifiers(),
+		candidatesField: "pod_identifiers",
+	})
 	if err != nil {
 		return nil, err
-	}
-	for i, c := range req.GetPodIdentifiers() {
-		if c == "" {
-			return nil, status.Errorf(codes.InvalidArgument, "pod_identifiers[%d] is empty", i)
-		}
-	}
-	prompt := &kvindexv1.Prompt{Input: &kvindexv1.Prompt_Text{Text: req.GetPrompt()}}
-	if _, err := s.resolvePrompt(ctx, prompt, model, &st.q, &st.x); err != nil {
-		return nil, err
-	}
-	st.q.Model = model
-	st.q.Candidates = req.GetPodIdentifiers()
-	if err := s.index.LongestPrefix(&st.q, &st.res); err != nil {
-		return nil, indexStatus(err)
 	}
 	return podScores(&st.res, req.GetPodIdentifiers()), nil
 }

@@ -171,6 +171,77 @@ func TestTextMatchesTokens(t *testing.T) {
 	}
 }
 
+// GetPodScores and LongestPrefix resolve a prompt through one path: for
+// the same text, candidates and model, each pod's score is the most
+// blocks any of its ranks matched in LongestPrefix, and both refuse the
+// same bad requests with the same code.
+func TestPodScoresAgreeWithLongestPrefix(t *testing.T) {
+	tk := localTokenizer(t)
+	f := newFixture(t, func(c *Config) { c.Tokenizers = []NamedTokenizer{{client.SourceLocal, tk}} })
+	text := longText + "\n" + longText
+	ids, err := tk.Tokenize(context.Background(), testModel, tokenizer.Input{Prompt: text})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) < 5*testBlockSize {
+		t.Fatalf("text has %d tokens; the test needs 5 blocks", len(ids))
+	}
+	loadThree(t, f, ids)
+	ctx := context.Background()
+
+	tests := []struct {
+		name       string
+		model      string
+		text       string
+		candidates []string
+		code       codes.Code
+		scores     string // both answers, as pod:blocks
+	}{
+		{"all pods", testModel, text, nil, codes.OK, "map[a:4 b:3]"},
+		{"one candidate", testModel, text, []string{"b"}, codes.OK, "map[b:3]"},
+		{"unknown candidate", testModel, text, []string{"c", "a"}, codes.OK, "map[a:4 c:0]"},
+		{"other prompt", testModel, "an unrelated prompt that no engine holds", nil, codes.OK, "map[a:0 b:0]"},
+		{"other model", "other-model", text, nil, codes.OK, "map[]"},
+		{"default model", "", text, []string{"a", "b"}, codes.OK, "map[a:4 b:3]"},
+		{"empty candidate", testModel, text, []string{"a", ""}, codes.InvalidArgument, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			lp, lpErr := f.client.Index.LongestPrefix(ctx, &kvindexv1.LongestPrefixRequest{
+				Model: tc.model, Prompt: client.TextPrompt(tc.text), CandidatePods: tc.candidates,
+			})
+			scores, psErr := f.client.PodScores(ctx, tc.model, tc.text, tc.candidates)
+			if c1, c2 := status.Code(lpErr), status.Code(psErr); c1 != tc.code || c2 != tc.code {
+				t.Fatalf("LongestPrefix: %v; GetPodScores: %v; want code %v from both", lpErr, psErr, tc.code)
+			}
+			if tc.code != codes.OK {
+				// Each names the field of its own request.
+				if !strings.Contains(lpErr.Error(), "candidate_pods[1]") || !strings.Contains(psErr.Error(), "pod_identifiers[1]") {
+					t.Errorf("LongestPrefix: %v; GetPodScores: %v; want each to name its own field", lpErr, psErr)
+				}
+				return
+			}
+			want := map[string]float64{}
+			for _, c := range tc.candidates {
+				want[c] = 0
+			}
+			for _, p := range lp.GetPods() {
+				want[p.GetPod()] = max(want[p.GetPod()], float64(p.GetMatchedBlocks()))
+			}
+			got := map[string]float64{}
+			for _, s := range scores {
+				if _, dup := got[s.GetPod()]; dup {
+					t.Errorf("GetPodScores lists pod %q twice", s.GetPod())
+				}
+				got[s.GetPod()] = s.GetScore()
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) || fmt.Sprint(want) != tc.scores {
+				t.Errorf("GetPodScores = %v, LongestPrefix matched blocks per pod = %v; want both %s", got, want, tc.scores)
+			}
+		})
+	}
+}
+
 // vllmTokenize is a stand-in for an engine's /tokenize: it answers
 // with fixed ids, or with an error status.
 func vllmTokenize(t *testing.T, ids []uint64, code int) *httptest.Server {
@@ -220,7 +291,7 @@ func TestChatThroughEngineTokenizer(t *testing.T) {
 		c.Tokenizers = []NamedTokenizer{{client.SourceEngine, engineTokenizer(t, hs.URL)}, {client.SourceLocal, localTokenizer(t)}}
 	})
 	f.hub.Apply(engine("a", 0), 0, []kvevents.Event{stored(t, ids, 2)})
-	r, err := f.client.LongestPrefixMessages(context.Background(), testModel, []client.Message{{Role: "user", Content: "hi"}}, nil)
+	r, err := f.client.LongestPrefixMessages(context.Background(), testModel, []*kvindexv1.ChatMessage{{Role: "user", Content: "hi"}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,10 +345,10 @@ func TestErrorCodes(t *testing.T) {
 		{"mm beyond prompt", f, req("m", mmBeyond), codes.InvalidArgument, "beyond the prompt's 16 tokens"},
 		{"mm unsorted", f, req("m", mmUnsorted), codes.InvalidArgument, "must be sorted by offset"},
 		{"empty messages", local, req("m", client.MessagesPrompt()), codes.InvalidArgument, "prompt.messages is empty"},
-		{"message without role", local, req("m", client.MessagesPrompt(client.Message{Role: "", Content: "hi"})), codes.InvalidArgument, "has no role"},
+		{"message without role", local, req("m", client.MessagesPrompt(&kvindexv1.ChatMessage{Role: "", Content: "hi"})), codes.InvalidArgument, "has no role"},
 		{"text without tokenizer", f, req("m", client.TextPrompt("hello")), codes.FailedPrecondition, "need a tokenizer"},
-		{"chat with local tokenizer", local, req("m", client.MessagesPrompt(client.Message{Role: "user", Content: "hi"})), codes.FailedPrecondition, "chat templates"},
-		{"engine down, chat", unreachable, req("m", client.MessagesPrompt(client.Message{Role: "user", Content: "hi"})), codes.Unavailable, "engine tokenizer"},
+		{"chat with local tokenizer", local, req("m", client.MessagesPrompt(&kvindexv1.ChatMessage{Role: "user", Content: "hi"})), codes.FailedPrecondition, "chat templates"},
+		{"engine down, chat", unreachable, req("m", client.MessagesPrompt(&kvindexv1.ChatMessage{Role: "user", Content: "hi"})), codes.Unavailable, "engine tokenizer"},
 		{"engine refuses", refused, req("nope", client.TextPrompt("hi")), codes.InvalidArgument, "does not exist"},
 	}
 	for _, tc := range tests {

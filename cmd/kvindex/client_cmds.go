@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/tokenizer"
 )
 
 // clientFlags are the connection settings of the commands that talk to a
@@ -128,8 +129,10 @@ func (f *promptFlags) build() (*kvindexv1.Prompt, error) {
 }
 
 // readMessagesFile reads a JSON array of messages or an object holding
-// one under "messages" (an OpenAI chat request).
-func readMessagesFile(path string) ([]client.Message, error) {
+// one under "messages" (an OpenAI chat request). Messages decode as the
+// HTTP API decodes them (tokenizer.Message) and are sent as the API's
+// ChatMessage.
+func readMessagesFile(path string) ([]*kvindexv1.ChatMessage, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("--messages-file: %w", err)
@@ -141,15 +144,11 @@ func readMessagesFile(path string) ([]client.Message, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--messages-file: %w", err)
 	}
-	type message struct {
-		Role    string `json:"role"`
-		Content string `json:"content"`
-	}
-	var msgs []message
+	var msgs []tokenizer.Message
 	data = bytes.TrimSpace(data)
 	if len(data) > 0 && data[0] == '{' {
 		var req struct {
-			Messages []message `json:"messages"`
+			Messages []tokenizer.Message `json:"messages"`
 		}
 		err = json.Unmarshal(data, &req)
 		msgs = req.Messages
@@ -162,9 +161,9 @@ func readMessagesFile(path string) ([]client.Message, error) {
 	if len(msgs) == 0 {
 		return nil, fmt.Errorf("--messages-file %s: no messages", path)
 	}
-	out := make([]client.Message, len(msgs))
+	out := make([]*kvindexv1.ChatMessage, len(msgs))
 	for i, m := range msgs {
-		out[i] = client.Message{Role: m.Role, Content: m.Content}
+		out[i] = &kvindexv1.ChatMessage{Role: m.Role, Content: m.Content}
 	}
 	return out, nil
 }

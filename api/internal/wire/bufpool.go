@@ -11,7 +11,7 @@ import (
 // out buffers without zeroing them. gRPC's default pool zeroes the whole
 // capacity of every buffer it hands out, and its classes jump from 32 KiB
 // to 1 MiB: a 48 KiB query (16,384 token ids) cleared 1 MiB per message
-// on each side, a fifth of BenchmarkLongestPrefixGRPC's CPU time. Every
+// on each side, a large share of BenchmarkLongestPrefixGRPC's CPU time. Every
 // user of this pool (gRPC's framing, the codecs of both sides) overwrites
 // the bytes it asks for before reading them.
 type BufferPool struct {

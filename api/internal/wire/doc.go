@@ -1,7 +1,9 @@
 // Package wire holds what the kvindex gRPC client and server share below
 // their APIs: the non-zeroing buffer pool, the pooled protobuf codec each
 // side's own codec falls back to, the field numbers of the messages
-// encoded and decoded by hand, and the transport window sizes.
+// encoded and decoded by hand with a table per codec of the fields it
+// knows (Codecs, checked against the generated descriptors), and the
+// transport window sizes.
 //
 // Each hand-written encoder or decoder lives with the side that runs it:
 // the client encodes token-id requests and decodes LongestPrefix answers

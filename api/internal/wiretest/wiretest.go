@@ -69,3 +69,54 @@ func Split(data mem.BufferSlice) mem.BufferSlice {
 	}
 	return mem.BufferSlice{mem.SliceBuffer(b[:i]), mem.SliceBuffer(b[i:j]), mem.SliceBuffer(b[j:])}
 }
+
+// SetSample gives fd a non-default value in m: one element for a list,
+// an empty message for a message field, a one (or "x") for a scalar. The
+// codec tests use it to exercise each field a codec declares (wire.Codec).
+func SetSample(m protoreflect.Message, fd protoreflect.FieldDescriptor) {
+	switch {
+	case fd.IsList():
+		l := m.Mutable(fd).List()
+		if fd.Message() != nil {
+			l.Append(l.NewElement())
+		} else {
+			l.Append(sampleScalar(fd.Kind()))
+		}
+	case fd.IsMap():
+		mv := m.Mutable(fd).Map()
+		v := sampleScalar(fd.MapValue().Kind())
+		if fd.MapValue().Message() != nil {
+			v = mv.NewValue()
+		}
+		mv.Set(sampleScalar(fd.MapKey().Kind()).MapKey(), v)
+	case fd.Message() != nil:
+		m.Set(fd, m.NewField(fd))
+	default:
+		m.Set(fd, sampleScalar(fd.Kind()))
+	}
+}
+
+// sampleScalar is a non-default value of kind k.
+func sampleScalar(k protoreflect.Kind) protoreflect.Value {
+	switch k {
+	case protoreflect.StringKind:
+		return protoreflect.ValueOfString("x")
+	case protoreflect.BytesKind:
+		return protoreflect.ValueOfBytes([]byte("x"))
+	case protoreflect.BoolKind:
+		return protoreflect.ValueOfBool(true)
+	case protoreflect.EnumKind:
+		return protoreflect.ValueOfEnum(1)
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind:
+		return protoreflect.ValueOfInt32(1)
+	case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
+		return protoreflect.ValueOfInt64(1)
+	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
+		return protoreflect.ValueOfUint32(1)
+	case protoreflect.FloatKind:
+		return protoreflect.ValueOfFloat32(1)
+	case protoreflect.DoubleKind:
+		return protoreflect.ValueOfFloat64(1)
+	}
+	return protoreflect.ValueOfUint64(1)
+}
