@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/pprof"
-	"reflect"
 	"strings"
 	"time"
 
@@ -109,19 +108,12 @@ func (s *Server) maxBodyBytes() int64 { return int64(s.cfg.MaxTokens)*21 + 1<<20
 // decode into tokenizer.Message, whose JSON form is the OpenAI message
 // object the HTTP API documents; toProto turns them into the API's
 // ChatMessage so that both APIs resolve one Prompt.
-//
-// Token ids and block hashes decode with encoding/json straight into
-// uint64s, which is exact over the whole 64-bit range (it parses integers
-// into integer fields with strconv, never through float64). A hand-written
-// parser was no clear gain: the decoder scans the body either way
-// (BenchmarkIDList). The pointers tell a given array, even an empty one,
-// from an absent or null key.
 type promptJSON struct {
 	Model       string              `json:"model"`
-	Tokens      *[]uint64           `json:"tokens"`
+	Tokens      idList              `json:"tokens"`
 	Prompt      *string             `json:"prompt"`
 	Messages    []tokenizer.Message `json:"messages"`
-	BlockHashes *[]uint64           `json:"block_hashes"`
+	BlockHashes idList              `json:"block_hashes"`
 	LoraName    string              `json:"lora_name"`
 	CacheSalt   string              `json:"cache_salt"`
 	MMItems     []mmItemJSON        `json:"mm_items"`
@@ -142,9 +134,9 @@ type longestPrefixRequestJSON struct {
 func (p *promptJSON) toProto() (*kvindexv1.Prompt, error) {
 	var given []string
 	out := &kvindexv1.Prompt{LoraName: p.LoraName, CacheSalt: p.CacheSalt}
-	if p.Tokens != nil {
+	if p.Tokens.set {
 		given = append(given, "tokens")
-		out.Input = &kvindexv1.Prompt_Tokens{Tokens: &kvindexv1.TokenIds{Ids: *p.Tokens}}
+		out.Input = &kvindexv1.Prompt_Tokens{Tokens: &kvindexv1.TokenIds{Ids: p.Tokens.ids}}
 	}
 	if p.Prompt != nil {
 		given = append(given, "prompt")
@@ -158,9 +150,9 @@ func (p *promptJSON) toProto() (*kvindexv1.Prompt, error) {
 		}
 		out.Input = &kvindexv1.Prompt_Messages{Messages: &kvindexv1.ChatMessages{Messages: msgs}}
 	}
-	if p.BlockHashes != nil {
+	if p.BlockHashes.set {
 		given = append(given, "block_hashes")
-		out.Input = &kvindexv1.Prompt_BlockHashes{BlockHashes: &kvindexv1.BlockHashes{Hashes: *p.BlockHashes}}
+		out.Input = &kvindexv1.Prompt_BlockHashes{BlockHashes: &kvindexv1.BlockHashes{Hashes: p.BlockHashes.ids}}
 	}
 	switch len(given) {
 	case 0:
@@ -176,7 +168,14 @@ func (p *promptJSON) toProto() (*kvindexv1.Prompt, error) {
 }
 
 func (s *Server) httpLongestPrefix(w http.ResponseWriter, r *http.Request) error {
+	t := tokenIDs.Get().(*kvindexv1.TokenIds) // a pooled buffer for the ids
 	var body longestPrefixRequestJSON
+	body.Tokens = idList{name: "tokens", ids: t.Ids[:0]}
+	defer func() {
+		t.Ids = body.Tokens.ids
+		putTokenIDs(t)
+	}()
+	body.BlockHashes = idList{name: "block_hashes"}
 	if err := s.decodeBody(w, r, &body); err != nil {
 		return err
 	}
@@ -197,6 +196,8 @@ func (s *Server) httpLongestPrefix(w http.ResponseWriter, r *http.Request) error
 
 func (s *Server) httpLookup(w http.ResponseWriter, r *http.Request) error {
 	var body promptJSON
+	body.Tokens = idList{name: "tokens"}
+	body.BlockHashes = idList{name: "block_hashes"}
 	if err := s.decodeBody(w, r, &body); err != nil {
 		return err
 	}
@@ -266,7 +267,7 @@ func bodyError(err error) string {
 			return fmt.Sprintf("the body must be a JSON object, not %s", te.Value)
 		}
 		field := strings.TrimPrefix(te.Field, "promptJSON.") // the embedded struct
-		return fmt.Sprintf("field %s: got %s, want %s", field, te.Value, jsonType(te.Type))
+		return fmt.Sprintf("field %s: got %s, want %s", field, te.Value, jsonType(te.Type.Kind().String()))
 	}
 	msg := strings.TrimPrefix(err.Error(), "json: ")
 	if strings.HasPrefix(msg, "unknown field") {
@@ -275,25 +276,16 @@ func bodyError(err error) string {
 	return msg
 }
 
-// jsonType names the JSON value a Go type decodes from. An element of
-// tokens or block_hashes reports its own type (uint64), not the array's.
-func jsonType(t reflect.Type) string {
-	switch t.Kind() {
-	case reflect.String:
+func jsonType(kind string) string {
+	switch kind {
+	case "string":
 		return "a string"
-	case reflect.Slice:
-		if t.Elem().Kind() == reflect.Uint64 {
-			return "an array of integers from 0 to 18446744073709551615"
-		}
+	case "slice":
 		return "an array"
-	case reflect.Struct, reflect.Map:
+	case "struct", "map":
 		return "an object"
-	case reflect.Bool:
+	case "bool":
 		return "a boolean"
-	case reflect.Uint64:
-		return "an integer from 0 to 18446744073709551615"
-	case reflect.Uint32:
-		return "an integer from 0 to 4294967295"
 	}
 	return "a number"
 }

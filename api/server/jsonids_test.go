@@ -1,51 +1,13 @@
 package server
 
 import (
-	"bytes"
 	"encoding/json"
-	"math/rand/v2"
-	"net/http"
-	"net/http/httptest"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 )
 
-// decodeTokens decodes an HTTP longest-prefix body whose tokens are
-// tokensJSON, as the server does, and returns the prompt's ids or the
-// error the client would read.
-func decodeTokens(tb testing.TB, s *Server, tokensJSON string) ([]uint64, string) {
-	tb.Helper()
-	r := httptest.NewRequest(http.MethodPost, "/v1/longest-prefix", strings.NewReader(`{"model":"m","tokens":`+tokensJSON+`}`))
-	w := httptest.NewRecorder()
-	var body longestPrefixRequestJSON
-	if err := s.decodeBody(w, r, &body); err != nil {
-		var e struct{ Error string }
-		if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil {
-			tb.Fatalf("answer %q is not a JSON error: %v", w.Body.Bytes(), err)
-		}
-		return nil, e.Error
-	}
-	p, err := body.toProto()
-	if err != nil {
-		return nil, err.Error()
-	}
-	ids := p.GetTokens().GetIds()
-	if ids == nil {
-		ids = []uint64{}
-	}
-	return ids, ""
-}
-
-func jsonTestServer() *Server { return &Server{cfg: Config{MaxTokens: DefaultMaxTokens}} }
-
-// Token ids decode exactly over the whole uint64 range; anything else is
-// refused with a message naming the field, what it got and what it
-// wants.
-func TestIDsJSON(t *testing.T) {
-	s := jsonTestServer()
-	const wantID = "want an integer from 0 to 18446744073709551615"
+func TestIDList(t *testing.T) {
 	tests := []struct {
 		in   string
 		want []uint64
@@ -55,125 +17,69 @@ func TestIDsJSON(t *testing.T) {
 		{` [ 1 , 2,3 ] `, []uint64{1, 2, 3}, ""},
 		{`[0, 18446744073709551615]`, []uint64{0, 1<<64 - 1}, ""},
 		{`[9007199254740993]`, []uint64{9007199254740993}, ""}, // above 2^53: exact
-		{`[18446744073709551616]`, nil, "field tokens: got number 18446744073709551616, " + wantID},
-		{`[1, -1]`, nil, "field tokens: got number -1, " + wantID},
-		{`[1.5]`, nil, "field tokens: got number 1.5, " + wantID},
-		{`[1e3]`, nil, "field tokens: got number 1e3, " + wantID},
-		{`[1, "2"]`, nil, "field tokens: got string, " + wantID},
-		{`[null]`, []uint64{0}, ""}, // encoding/json's rule: null leaves the element zero
-		{`[[1]]`, nil, "field tokens: got array, " + wantID},
-		{`"1,2"`, nil, "field tokens: got string, want an array of integers from 0 to 18446744073709551615"},
-		{`{}`, nil, "field tokens: got object, want an array of integers"},
-		{`12`, nil, "field tokens: got number, want an array of integers"},
-		{`null`, nil, "needs one of tokens, prompt, messages or block_hashes"}, // null is absent
+		{`[18446744073709551616]`, nil, "tokens[0]: 18446744073709551616 does not fit in 64 bits"},
+		{`[1, -1]`, nil, "tokens[1]: -1 is negative"},
+		{`[1.5]`, nil, "tokens[0]: 1.5 is not an integer"},
+		{`[1e3]`, nil, "tokens[0]: 1e3 is not an integer"},
+		{`[1, "2"]`, nil, "tokens[1]: a string is not an integer"},
+		{`[null]`, nil, "tokens[0]: null is not an integer"},
+		{`[[1]]`, nil, "tokens[0]: an array is not an integer"},
+		{`"1,2"`, nil, "tokens must be an array"},
+		{`{}`, nil, "tokens must be an array"},
+		{`12`, nil, "tokens must be an array"},
 	}
 	for _, tc := range tests {
-		ids, err := decodeTokens(t, s, tc.in)
+		l := idList{name: "tokens"}
+		err := l.UnmarshalJSON([]byte(tc.in))
 		switch {
 		case tc.err != "":
-			if !strings.Contains(err, tc.err) {
-				t.Errorf("%s: error %q, want %q", tc.in, err, tc.err)
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: error %v, want %q", tc.in, err, tc.err)
 			}
-		case err != "":
-			t.Errorf("%s: %s", tc.in, err)
-		case !slices.Equal(ids, tc.want):
-			t.Errorf("%s: %v, want %v", tc.in, ids, tc.want)
+		case err != nil:
+			t.Errorf("%s: %v", tc.in, err)
+		case !slices.Equal(l.ids, tc.want) || !l.set:
+			t.Errorf("%s: %v (set %v), want %v", tc.in, l.ids, l.set, tc.want)
 		}
 	}
 }
 
-// referenceIDs reads a JSON value as token ids through its number
-// literals (json.Number and strconv, never float64): ok is false for
-// anything but an array of null or integers that fit in 64 bits.
-func referenceIDs(s string) (ids []uint64, given, ok bool) {
-	dec := json.NewDecoder(strings.NewReader(s))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, false, false
+// The list reuses its buffer.
+func TestIDListReuse(t *testing.T) {
+	buf := make([]uint64, 0, 8)
+	l := idList{name: "tokens", ids: buf}
+	if err := json.Unmarshal([]byte(`[4,5,6]`), &l); err != nil {
+		t.Fatal(err)
 	}
-	if v == nil {
-		return nil, false, true
+	if &l.ids[0] != &buf[:1][0] {
+		t.Error("decoding did not reuse the buffer")
 	}
-	arr, isArr := v.([]any)
-	if !isArr {
-		return nil, true, false
-	}
-	ids = []uint64{}
-	for _, e := range arr {
-		switch e := e.(type) {
-		case nil:
-			ids = append(ids, 0)
-		case json.Number:
-			x, err := strconv.ParseUint(string(e), 10, 64)
-			if err != nil {
-				return nil, true, false
-			}
-			ids = append(ids, x)
-		default:
-			return nil, true, false
-		}
-	}
-	return ids, true, true
 }
 
-// FuzzIDsJSON holds the decoding of token ids to a reading of the JSON
-// number literals that never goes through float64: the same ids are
-// accepted, exactly, and everything else is refused.
-func FuzzIDsJSON(f *testing.F) {
-	for _, s := range []string{`[]`, `[1,2,3]`, `[-1]`, `[1.0]`, `[18446744073709551615]`, `[9007199254740993]`, `["a"]`, `[1,]`, `[ 1 ]`, `[01]`, `null`, `[null]`} {
+// FuzzIDList checks that the decoder never panics and agrees with
+// encoding/json wherever encoding/json decodes into []uint64.
+func FuzzIDList(f *testing.F) {
+	for _, s := range []string{`[]`, `[1,2,3]`, `[-1]`, `[1.0]`, `[18446744073709551615]`, `["a"]`, `[1,]`, `[ 1 ]`, `[01]`} {
 		f.Add(s)
 	}
-	s := jsonTestServer()
-	f.Fuzz(func(t *testing.T, in string) {
-		if !json.Valid([]byte(in)) {
-			return // the whole body is malformed JSON then
+	f.Fuzz(func(t *testing.T, s string) {
+		if !json.Valid([]byte(s)) {
+			return // encoding/json validates before UnmarshalJSON runs
 		}
-		want, given, ok := referenceIDs(in)
-		ids, err := decodeTokens(t, s, in)
-		switch {
-		case !ok:
-			if err == "" {
-				t.Fatalf("%q: accepted %v; the reference refuses it", in, ids)
+		var l idList
+		err := l.UnmarshalJSON([]byte(s))
+		var ref []uint64
+		refErr := json.Unmarshal([]byte(s), &ref)
+		if refErr == nil && strings.TrimSpace(s) != "null" {
+			if err != nil {
+				t.Fatalf("%q: %v; encoding/json decodes %v", s, err, ref)
 			}
-		case !given:
-			if !strings.Contains(err, "needs one of tokens") {
-				t.Fatalf("%q: %q, want the tokens treated as absent", in, err)
+			if !slices.Equal(l.ids, ref) && !(len(l.ids) == 0 && len(ref) == 0) {
+				t.Fatalf("%q: %v, encoding/json %v", s, l.ids, ref)
 			}
-		case err != "":
-			t.Fatalf("%q: %s; the reference reads %v", in, err, want)
-		case !slices.Equal(ids, want):
-			t.Fatalf("%q: %v, the reference reads %v", in, ids, want)
+		}
+		if err == nil && refErr != nil {
+			t.Fatalf("%q: accepted %v; encoding/json: %v", s, l.ids, refErr)
 		}
 	})
-}
-
-// BenchmarkIDList decodes the body of an HTTP longest-prefix query of
-// 16,384 token ids (1,024 blocks of 16) as the server does. A
-// hand-written parser of the ids, measured here against encoding/json,
-// was not clearly faster and was removed (api/README.md, Performance).
-func BenchmarkIDList(b *testing.B) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	ids := make([]uint64, 16384)
-	for i := range ids {
-		ids[i] = uint64(rng.IntN(150_000))
-	}
-	body, err := json.Marshal(map[string]any{"model": testModel, "tokens": ids})
-	if err != nil {
-		b.Fatal(err)
-	}
-	s := jsonTestServer()
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	var v longestPrefixRequestJSON
-	for b.Loop() {
-		v = longestPrefixRequestJSON{}
-		r := httptest.NewRequest(http.MethodPost, "/v1/longest-prefix", bytes.NewReader(body))
-		if err := s.decodeBody(httptest.NewRecorder(), r, &v); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if v.Tokens == nil || !slices.Equal(*v.Tokens, ids) {
-		b.Fatal("decoded ids differ")
-	}
 }
