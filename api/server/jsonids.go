@@ -6,10 +6,13 @@ import (
 )
 
 // idList is a JSON array of non-negative integers decoded straight into
-// uint64s: encoding/json would go through float64 (losing ids above
-// 2^53) or report a negative id as a type error naming Go types. The
-// decoder has validated the JSON syntax before UnmarshalJSON runs, so
-// this only checks the shape.
+// uint64s, into a buffer the handler reuses across requests. encoding/json
+// would decode []uint64 exactly too; idList is kept because
+// BenchmarkIDList measures it faster with a third of the allocation on a
+// 16k-id body, and because its errors are stricter and clearer: a null or
+// fractional element is refused (encoding/json reads null as 0), and the
+// error names the element's index. The decoder has validated the JSON
+// syntax before UnmarshalJSON runs, so this only checks the shape.
 type idList struct {
 	name string // the field, for errors ("tokens")
 	ids  []uint64
