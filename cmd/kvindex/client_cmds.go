@@ -366,6 +366,7 @@ func newPodsCmd() *cobra.Command {
 	var (
 		cf     clientFlags
 		model  string
+		pods   podFilter
 		asJSON bool
 	)
 	cmd := &cobra.Command{
@@ -378,9 +379,13 @@ gaps, replays and resets seen, the blocks it holds in the index, the hash check
 "hash mismatch" in the documentation; unknown: nothing checked yet) and the
 age of its last event.`,
 		Example: `  kvindex pods
-  kvindex pods --server kvindex:50051 --model Qwen/Qwen2.5-7B --json`,
+  kvindex pods --server kvindex:50051 --model Qwen/Qwen2.5-7B --json
+  kvindex pods --pod pod-a --pod pod-b`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := pods.validate(); err != nil {
+				return err
+			}
 			c, err := cf.dial(cmd.Context())
 			if err != nil {
 				return err
@@ -393,6 +398,7 @@ age of its last event.`,
 				return cf.callError(err)
 			}
 			out := client.PodsJSONOf(r, time.Now())
+			out.Pods = slices.DeleteFunc(out.Pods, func(p client.PodInfoJSON) bool { return !pods.has(p.Pod) })
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
 			}
@@ -425,6 +431,7 @@ age of its last event.`,
 	}
 	cf.register(cmd.Flags())
 	cmd.Flags().StringVar(&model, "model", "", "only this model's engines")
+	pods.register(cmd.Flags(), "only this pod's engines; repeatable (default: every pod)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

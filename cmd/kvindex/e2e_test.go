@@ -364,6 +364,10 @@ func TestE2E(t *testing.T) {
 		if code != 0 || !strings.Contains(out, "HASH CHECK") || !strings.Contains(out, "pod-b") || !strings.Contains(out, "verified") {
 			t.Errorf("pods table:\n%s", out)
 		}
+		out, _, code = runCLI(t, "pods", "--server", x.svc.grpcAddr, "--pod", "pod-b")
+		if lines := strings.Split(strings.TrimSpace(out), "\n"); code != 0 || len(lines) != 2 || !strings.HasPrefix(lines[1], "pod-b ") {
+			t.Errorf("pods --pod pod-b:\n%s", out)
+		}
 	})
 
 	t.Run("dropped batch recovered by replay", func(t *testing.T) {
