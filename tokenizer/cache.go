@@ -31,8 +31,10 @@ func (k *keyer) key(model string, in *Input, special bool) cacheKey {
 	return out
 }
 
-// writeRequest writes every field that can change the ids, each length-
-// prefixed so that no two different requests write the same bytes.
+// writeRequest writes every field that can change the ids (for the chat
+// form: every message, Raw included, and the chat parameters: tools,
+// chat_template_kwargs, ...), each length-prefixed so that no two different
+// requests write the same bytes.
 func writeRequest(h *maphash.Hash, seed maphash.Seed, model string, in *Input, special bool) {
 	form := byte('p')
 	if in.IsChat() {

@@ -17,9 +17,12 @@
 // The engine applies the served model's tokenizer, special-token policy and
 // chat template, so its ids are exact for both forms, chat templates, tool
 // definitions and chat_template_kwargs included (pass those in
-// Input.ChatParams). Each call costs a round trip, so results are kept in an
-// LRU cache bounded by entries and bytes, keyed by a 128-bit keyed hash of
-// (model, form, add_special_tokens, content). Requests time out (5 s by
+// Input.ChatParams, the fields of ChatFields; content parts and tool calls
+// travel in Message.Raw). Everything the caller gives reaches the engine
+// verbatim, since the template renders it into the prompt. Each call costs
+// a round trip, so results are kept in an LRU cache bounded by entries and
+// bytes, keyed by a 128-bit keyed hash of (model, form, add_special_tokens,
+// content: the prompt, or every message whole and the chat parameters). Requests time out (5 s by
 // default); responses are size-limited; errors name the URL, the HTTP status
 // and the engine's own message.
 //
@@ -52,8 +55,8 @@
 // Metaspace pre-tokenizers, BPE dropout, subword prefixes and suffixes,
 // normalizers other than the Unicode forms. It renders no chat templates:
 // the Jinja templates of HuggingFace models rely on Python semantics that
-// only the engine reproduces faithfully, so the chat form returns
-// ErrChatTemplate. It reads tokenizer.json only: settings that some
+// only the engine reproduces faithfully, so the chat form (messages, with
+// or without tools and chat_template_kwargs) returns ErrChatTemplate. It reads tokenizer.json only: settings that some
 // transformers tokenizer classes take from tokenizer_config.json (such as
 // LlamaTokenizerFast's add_bos_token) are not applied, and neither are
 // tokenizer.json's truncation and padding (which vLLM ignores too). The

@@ -68,8 +68,9 @@ const (
 //
 // The completion form sends {"model","prompt","add_special_tokens"}; the
 // chat form sends {"model","messages","add_generation_prompt":true,
-// "add_special_tokens":false} plus Input.ChatParams. Both expect
-// {"count","max_model_len","tokens":[...]}.
+// "add_special_tokens":false} plus Input.ChatParams (which may override
+// both defaults; documents and reasoning_effort go into
+// chat_template_kwargs). Both expect {"count","max_model_len","tokens":[...]}.
 //
 // An HTTP is safe for concurrent use.
 type HTTP struct {
@@ -194,42 +195,45 @@ type completionRequest struct {
 	AddSpecialTokens bool   `json:"add_special_tokens"`
 }
 
+// chatRequest is the chat form of a /tokenize request.
+type chatRequest struct {
+	Model    string            `json:"model,omitempty"`
+	Messages []json.RawMessage `json:"messages"`
+	ChatFields
+}
+
 // requestBody renders the /tokenize request for in.
 func requestBody(model string, in *Input, special bool) ([]byte, error) {
 	if !in.IsChat() {
 		return json.Marshal(completionRequest{Model: model, Prompt: in.Prompt, AddSpecialTokens: special})
 	}
-	req := map[string]json.RawMessage{}
+	req := chatRequest{Model: model, Messages: make([]json.RawMessage, len(in.Messages))}
 	if len(in.ChatParams) > 0 {
-		if err := json.Unmarshal(in.ChatParams, &req); err != nil || req == nil {
-			return nil, fmt.Errorf("%w: chat parameters are not a JSON object", ErrInvalidInput)
+		var err error
+		if req.ChatFields, err = parseChatParams(in.ChatParams); err != nil {
+			return nil, err
 		}
-		if _, ok := req["messages"]; ok {
-			return nil, fmt.Errorf("%w: chat parameters must not carry messages", ErrInvalidInput)
+		if err := req.foldTemplateArgs(); err != nil {
+			return nil, err
 		}
 	}
-	msgs := make([]json.RawMessage, len(in.Messages))
 	for i, m := range in.Messages {
 		if m.Raw != nil {
 			if !json.Valid(m.Raw) {
 				return nil, fmt.Errorf("%w: message %d: raw message is not valid JSON", ErrInvalidInput, i)
 			}
-			msgs[i] = m.Raw
+			req.Messages[i] = m.Raw
 			continue
 		}
-		msgs[i], _ = json.Marshal(&m) // cannot fail: Raw, the one field that could, is not marshalled
+		req.Messages[i], _ = json.Marshal(plainMessage{m.Role, m.Content}) // cannot fail
 	}
-	req["messages"], _ = json.Marshal(msgs)
-	if model != "" {
-		req["model"], _ = json.Marshal(model)
+	if req.AddGenerationPrompt == nil {
+		req.AddGenerationPrompt = json.RawMessage("true")
 	}
-	if _, ok := req["add_generation_prompt"]; !ok {
-		req["add_generation_prompt"] = json.RawMessage("true")
+	if req.AddSpecialTokens == nil || in.AddSpecialTokens != nil {
+		req.AddSpecialTokens, _ = json.Marshal(special)
 	}
-	if _, ok := req["add_special_tokens"]; !ok || in.AddSpecialTokens != nil {
-		req["add_special_tokens"], _ = json.Marshal(special)
-	}
-	return json.Marshal(req)
+	return marshalVerbatim(&req)
 }
 
 type tokenizeResponse struct {

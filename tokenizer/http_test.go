@@ -94,7 +94,10 @@ func (e *engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var text string
 	var special bool
 	if raw, ok := req["messages"]; ok {
-		var msgs []struct{ Role, Content string }
+		var msgs []struct {
+			Role    string
+			Content json.RawMessage
+		}
 		if err := json.Unmarshal(raw, &msgs); err != nil {
 			vllmError(w, http.StatusBadRequest, "BadRequestError", err.Error())
 			return
@@ -106,8 +109,26 @@ func (e *engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		var b strings.Builder
+		if tools, ok := req["tools"]; ok {
+			// Qwen2.5's template lists the tools, as JSON, in the system turn.
+			var list []json.RawMessage
+			if err := json.Unmarshal(tools, &list); err != nil {
+				vllmError(w, http.StatusBadRequest, "BadRequestError", "tools: "+err.Error())
+				return
+			}
+			b.WriteString("<|im_start|>system\n# Tools\n<tools>")
+			for _, t := range list {
+				fmt.Fprintf(&b, "\n%s", t)
+			}
+			b.WriteString("\n</tools><|im_end|>\n")
+		}
 		for _, m := range msgs {
-			fmt.Fprintf(&b, "<|im_start|>%s\n%s<|im_end|>\n", m.Role, m.Content)
+			text, err := contentText(m.Content)
+			if err != nil {
+				vllmError(w, http.StatusBadRequest, "BadRequestError", err.Error())
+				return
+			}
+			fmt.Fprintf(&b, "<|im_start|>%s\n%s<|im_end|>\n", m.Role, text)
 		}
 		if gen {
 			b.WriteString("<|im_start|>assistant\n")
@@ -124,6 +145,27 @@ func (e *engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ids := e.tok.Encode(text, special)
 	writeJSON(w, http.StatusOK, map[string]any{"count": len(ids), "max_model_len": 32768, "tokens": ids})
+}
+
+// contentText renders a message's content as vLLM's "string" content
+// format does: a string as it is, content parts as their text parts
+// joined by newlines.
+func contentText(raw json.RawMessage) (string, error) {
+	var s string
+	if len(raw) == 0 || string(raw) == "null" || json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var parts []struct{ Type, Text string }
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", fmt.Errorf("content: %v", err)
+	}
+	var texts []string
+	for _, p := range parts {
+		if p.Type == "text" {
+			texts = append(texts, p.Text)
+		}
+	}
+	return strings.Join(texts, "\n"), nil
 }
 
 func newHTTPFor(t *testing.T, e *engine, cfg HTTPConfig) *HTTP {
@@ -257,6 +299,129 @@ func TestHTTPChatForm(t *testing.T) {
 	}
 }
 
+// Every chat field, content parts and tool calls reach the engine
+// verbatim: same values, same key order, no escaping of < and >. The
+// template renders them into the prompt, so anything else changes the ids.
+func TestHTTPChatVerbatim(t *testing.T) {
+	e := newEngine(t, nil)
+	h := newHTTPFor(t, e, HTTPConfig{CacheEntries: -1})
+	local, _ := qwen(t)
+	ctx := context.Background()
+
+	tool := `{"type":"function","function":{"name":"get_weather","description":"Weather in <city> & around",` +
+		`"parameters":{"type":"object","properties":{"zeta":{"type":"string"},"alpha":{"type":"integer","maximum":12345678901234567890}},"required":["zeta"]}}}`
+	params := map[string]string{
+		"tools":                  "[" + tool + "]",
+		"chat_template":          `"{% for m in messages %}{{ m.content }}{% endfor %}"`,
+		"chat_template_kwargs":   `{"enable_thinking":false,"z":1,"a":2}`,
+		"add_generation_prompt":  `true`,
+		"continue_final_message": `false`,
+		"mm_processor_kwargs":    `{"fps":2}`,
+		"media_io_kwargs":        `{"video":{"num_frames":8}}`,
+	}
+	var obj strings.Builder
+	obj.WriteString("{")
+	for _, name := range ChatFieldNames() {
+		if v, ok := params[name]; ok {
+			if obj.Len() > 1 {
+				obj.WriteString(", ")
+			}
+			fmt.Fprintf(&obj, "%q: %s", name, v)
+		}
+	}
+	obj.WriteString("}")
+	messages := `[{"role":"system","content":"Be brief."},` +
+		`{"role":"user","content":[{"type":"text","text":"Weather in"},{"type":"image_url","image_url":{"url":"http://img/1.png"}},{"type":"text","text":"<Paris>?"}]},` +
+		`{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"zeta\":\"Paris\"}"}}]},` +
+		`{"role":"tool","tool_call_id":"c1","content":"sunny"}]`
+	var msgs []Message
+	if err := json.Unmarshal([]byte(messages), &msgs); err != nil {
+		t.Fatal(err)
+	}
+
+	ids, err := h.Tokenize(ctx, engineModel, Input{Messages: msgs, ChatParams: json.RawMessage(obj.String())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.lastRequest()
+	for name, v := range params {
+		if got := string(req[name]); got != v {
+			t.Errorf("%s: engine got %s, want %s", name, got, v)
+		}
+	}
+	if got := string(req["messages"]); got != messages {
+		t.Errorf("messages: engine got\n%s\nwant\n%s", got, messages)
+	}
+	want := local.Encode("<|im_start|>system\n# Tools\n<tools>\n"+tool+"\n</tools><|im_end|>\n"+
+		"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWeather in\n<Paris>?<|im_end|>\n"+
+		"<|im_start|>assistant\n<|im_end|>\n<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n", false)
+	if !slices.Equal(ids, want) {
+		t.Errorf("ids %v, want %v", ids, want)
+	}
+}
+
+// documents and reasoning_effort reach the template through
+// chat_template_kwargs, overriding the keys there, as in vLLM's chat
+// completions; null and "auto" leave them unset.
+func TestHTTPTemplateArgs(t *testing.T) {
+	e := newEngine(t, nil)
+	h := newHTTPFor(t, e, HTTPConfig{CacheEntries: -1})
+	msgs := []Message{{Role: "user", Content: "hi"}}
+	for _, tc := range []struct {
+		name, params string
+		kwargs       string // chat_template_kwargs the engine gets; "" for none
+	}{
+		{"both", `{"chat_template_kwargs":{"reasoning_effort":"low","x":1},"documents":[{"title":"t","text":"<b>"}],"reasoning_effort":"high"}`,
+			`{"documents":[{"title":"t","text":"<b>"}],"reasoning_effort":"high","x":1}`},
+		{"no kwargs before", `{"reasoning_effort":"medium"}`, `{"reasoning_effort":"medium"}`},
+		{"null kwargs before", `{"chat_template_kwargs":null,"documents":[]}`, `{"documents":[]}`},
+		{"unset values", `{"chat_template_kwargs":{"b":1, "a":2},"documents":null,"reasoning_effort":"auto"}`, `{"b":1,"a":2}`},
+		{"none", `{"tools":[]}`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := h.Tokenize(context.Background(), engineModel, Input{Messages: msgs, ChatParams: json.RawMessage(tc.params)}); err != nil {
+				t.Fatal(err)
+			}
+			req := e.lastRequest()
+			if got := string(req["chat_template_kwargs"]); got != tc.kwargs {
+				t.Errorf("chat_template_kwargs %s, want %s", got, tc.kwargs)
+			}
+			for _, name := range []string{"documents", "reasoning_effort"} {
+				if v, ok := req[name]; ok {
+					t.Errorf("%s sent at the top level: %s", name, v)
+				}
+			}
+		})
+	}
+}
+
+func TestChatFields(t *testing.T) {
+	var f ChatFields
+	if b, err := f.JSON(); b != nil || err != nil || f.Set() != nil {
+		t.Errorf("empty: JSON %s %v, set %v", b, err, f.Set())
+	}
+	f.Tools, f.ReasoningEffort = json.RawMessage(`[ {"b":1, "a":"<x>"} ]`), json.RawMessage(`"low"`)
+	b, err := f.JSON()
+	if err != nil || string(b) != `{"tools":[{"b":1,"a":"<x>"}],"reasoning_effort":"low"}` {
+		t.Errorf("JSON = %s, %v", b, err)
+	}
+	if got := f.Set(); !slices.Equal(got, []string{"tools", "reasoning_effort"}) {
+		t.Errorf("Set = %v", got)
+	}
+	f.Tools = json.RawMessage(`[`)
+	if _, err := f.JSON(); !errors.Is(err, ErrInvalidInput) {
+		t.Errorf("invalid field: %v", err)
+	}
+	names := ChatFieldNames()
+	if len(names) != 10 || names[0] != "tools" || names[9] != "reasoning_effort" {
+		t.Errorf("names %v", names)
+	}
+	names[0] = "x"
+	if ChatFieldNames()[0] != "tools" {
+		t.Error("ChatFieldNames shares its slice")
+	}
+}
+
 func mustJSON(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
@@ -275,6 +440,10 @@ func TestHTTPInvalidInput(t *testing.T) {
 		{"chat params not an object", Input{Messages: msgs, ChatParams: json.RawMessage(`[1]`)}},
 		{"chat params with messages", Input{Messages: msgs, ChatParams: json.RawMessage(`{"messages":[]}`)}},
 		{"invalid raw message", Input{Messages: []Message{{Raw: json.RawMessage(`{"role":`)}}}},
+		{"unknown chat parameter", Input{Messages: msgs, ChatParams: json.RawMessage(`{"tool_choice":"auto"}`)}},
+		{"chat params null", Input{Messages: msgs, ChatParams: json.RawMessage(`null`)}},
+		{"chat params trailing data", Input{Messages: msgs, ChatParams: json.RawMessage(`{} {}`)}},
+		{"documents with kwargs not an object", Input{Messages: msgs, ChatParams: json.RawMessage(`{"chat_template_kwargs":[1],"documents":[]}`)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := h.Tokenize(context.Background(), engineModel, tc.in)
@@ -286,8 +455,12 @@ func TestHTTPInvalidInput(t *testing.T) {
 	if n := e.calls.Load(); n != 0 {
 		t.Errorf("invalid input reached the engine %d times", n)
 	}
-	if s := h.Stats(); s.Errors != 5 || s.Requests != 0 {
-		t.Errorf("stats %+v, want 5 errors, 0 requests", s)
+	if s := h.Stats(); s.Errors != 9 || s.Requests != 0 {
+		t.Errorf("stats %+v, want 9 errors, 0 requests", s)
+	}
+	_, err := h.Tokenize(context.Background(), engineModel, Input{Messages: msgs, ChatParams: json.RawMessage(`{"tools":[],"tool_choice":"auto"}`)})
+	if err == nil || !strings.Contains(err.Error(), `unknown field "tool_choice" (accepted: tools, chat_template, chat_template_kwargs,`) {
+		t.Errorf("unknown chat parameter: %v, want it named with the accepted ones", err)
 	}
 }
 
@@ -478,6 +651,12 @@ func TestHTTPCache(t *testing.T) {
 		{"role matters", engineModel, Input{Messages: []Message{{Role: "system", Content: "same text"}}}, 6},
 		{"field boundaries matter", engineModel, Input{Messages: []Message{{Role: "users", Content: "ame text"}}}, 7},
 		{"first prompt still cached", engineModel, Input{Prompt: "same text"}, 7},
+		{"tools miss", engineModel, Input{Messages: msgs, ChatParams: json.RawMessage(`{"tools":[{"type":"function","function":{"name":"a"}}]}`)}, 8},
+		{"other tools miss", engineModel, Input{Messages: msgs, ChatParams: json.RawMessage(`{"tools":[{"type":"function","function":{"name":"b"}}]}`)}, 9},
+		{"same tools hit", engineModel, Input{Messages: msgs, ChatParams: json.RawMessage(`{"tools":[{"type":"function","function":{"name":"a"}}]}`)}, 9},
+		{"template kwargs miss", engineModel, Input{Messages: msgs, ChatParams: json.RawMessage(`{"chat_template_kwargs":{"enable_thinking":false}}`)}, 10},
+		{"raw message misses", engineModel, Input{Messages: []Message{{Role: "user", Content: "same text", Raw: json.RawMessage(`{"role":"user","content":[{"type":"text","text":"same text"}]}`)}}}, 11},
+		{"plain message still cached", engineModel, Input{Messages: msgs}, 11},
 	}
 	var first []uint64
 	for i, s := range steps {
@@ -502,7 +681,7 @@ func TestHTTPCache(t *testing.T) {
 	if !slices.Equal(again, first) {
 		t.Errorf("cache corrupted through a returned slice: %v", again)
 	}
-	if s := h.Stats(); s.Requests != 7 || s.CacheHits != 6 || s.CacheEntries != 7 || s.Errors != 0 {
+	if s := h.Stats(); s.Requests != 11 || s.CacheHits != 8 || s.CacheEntries != 11 || s.Errors != 0 {
 		t.Errorf("stats %+v", s)
 	}
 }

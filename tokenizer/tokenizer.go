@@ -47,33 +47,33 @@ type Input struct {
 	// request that does not set add_special_tokens.
 	AddSpecialTokens *bool
 
-	// ChatParams optionally carries further top-level fields of a chat
-	// request that change its rendering, as one JSON object: for example
-	// {"add_generation_prompt":false,"continue_final_message":true,
-	// "chat_template_kwargs":{"enable_thinking":false},"tools":[...]}.
-	// They are forwarded to the engine's /tokenize. Ignored for the
-	// completion form.
+	// ChatParams optionally carries the top-level fields of a chat
+	// request that change its rendering, as one JSON object of ChatFields'
+	// fields: for example {"tools":[...],"chat_template_kwargs":
+	// {"enable_thinking":false},"add_generation_prompt":false}. They are
+	// forwarded to the engine's /tokenize verbatim; any other field is
+	// refused with ErrInvalidInput. Ignored for the completion form.
 	ChatParams json.RawMessage
 }
 
-// Message is one chat message. Its JSON form, {"role":...,"content":...},
-// is the message object of the engine's /tokenize and of OpenAI chat
-// requests; kvindex's HTTP API and its --messages-file decode messages
-// into it too.
+// Message is one chat message. Its JSON form is the message object of the
+// engine's /tokenize and of OpenAI chat requests, both ways (see
+// UnmarshalJSON and MarshalJSON); kvindex's HTTP API and its
+// --messages-file decode messages into it too.
 //
 // It is the only chat-message type outside the generated API
 // (kvindexv1.ChatMessage, which the gRPC client sends): the tokenizer does
 // not depend on the API, and the API's client does not depend on the
 // tokenizer, so the server converts between the two at that one boundary.
 type Message struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role    string
+	Content string
 
 	// Raw, when set, is sent verbatim as the whole message object instead
-	// of {"role":Role,"content":Content}. It carries what the simple form
-	// cannot: content parts, tool calls, names. It is never decoded from
-	// JSON.
-	Raw json.RawMessage `json:"-"`
+	// of {"role":Role,"content":Content}. It carries what the plain form
+	// cannot: content parts, a null content, tool calls, tool call ids,
+	// names. Decoding JSON sets it for every message that is not plain.
+	Raw json.RawMessage
 }
 
 // IsChat reports whether in is in the chat form.
@@ -108,8 +108,9 @@ var (
 	ErrInvalidInput = errors.New("tokenizer: invalid input")
 
 	// ErrChatTemplate is returned by backends that cannot render chat
-	// templates (the local tokenizer.json backend).
-	ErrChatTemplate = errors.New("tokenizer: chat templates need the engine's /tokenize; use --tokenize-url")
+	// templates (the local tokenizer.json backend) for the chat form.
+	ErrChatTemplate = errors.New("tokenizer: the local tokenizer encodes completion prompts only; it cannot render chat templates, " +
+		"so chat messages, tools and chat_template_kwargs need the engine's /tokenize (--tokenize-url)")
 
 	// ErrUnsupported marks a tokenizer.json this package cannot reproduce
 	// exactly. The wrapping error names the file and the feature.

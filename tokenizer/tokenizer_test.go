@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -142,9 +143,9 @@ func TestAppendTokenize(t *testing.T) {
 	}
 }
 
-// Message's JSON form is the /tokenize message object, both ways: role
-// and content always written (an empty content included), Raw neither
-// written nor read.
+// Message's JSON form is the /tokenize message object, both ways: a plain
+// message is role and content (an empty content included); anything more
+// is kept whole in Raw and written back verbatim.
 func TestMessageJSON(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -153,7 +154,7 @@ func TestMessageJSON(t *testing.T) {
 	}{
 		{"plain", Message{Role: "user", Content: "hi"}, `{"role":"user","content":"hi"}`},
 		{"empty content", Message{Role: "assistant"}, `{"role":"assistant","content":""}`},
-		{"raw is not marshalled", Message{Role: "user", Content: "x", Raw: json.RawMessage(`{"name":"bob"}`)}, `{"role":"user","content":"x"}`},
+		{"raw wins", Message{Role: "user", Content: "x", Raw: json.RawMessage(`{"name":"bob"}`)}, `{"name":"bob"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := json.Marshal(&tc.msg)
@@ -162,11 +163,57 @@ func TestMessageJSON(t *testing.T) {
 			}
 		})
 	}
-	var back Message
-	if err := json.Unmarshal([]byte(`{"role":"user","content":"x","Raw":{"a":1}}`), &back); err != nil {
-		t.Fatal(err)
+
+	for _, tc := range []struct {
+		name          string
+		in            string
+		role, content string
+		raw           bool // kept whole in Raw
+	}{
+		{"plain", `{"role":"user","content":"x"}`, "user", "x", false},
+		{"plain, other order", `{"content":"x","role":"user"}`, "user", "x", false},
+		{"unknown key", `{"role":"user","content":"x","Raw":{"a":1}}`, "user", "x", true},
+		{"content parts", `{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"http://x/y.png"}}]}`, "user", "", true},
+		{"null content with tool calls", `{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}`, "assistant", "", true},
+		{"no content", `{"role":"assistant"}`, "assistant", "", true},
+		{"tool result", `{"role":"tool","tool_call_id":"c1","content":"42"}`, "tool", "42", true},
+		{"name", `{"role":"user","name":"bob","content":"hi"}`, "user", "hi", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var m Message
+			if err := json.Unmarshal([]byte(tc.in), &m); err != nil {
+				t.Fatal(err)
+			}
+			if m.Role != tc.role || m.Content != tc.content || (m.Raw != nil) != tc.raw {
+				t.Fatalf("Unmarshal = %+v; want role %q content %q raw %v", m, tc.role, tc.content, tc.raw)
+			}
+			if tc.raw && string(m.Raw) != tc.in {
+				t.Errorf("Raw = %s, want the object verbatim", m.Raw)
+			}
+			back, err := json.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.raw && string(back) != tc.in || !tc.raw && !jsonEqual(back, []byte(tc.in)) {
+				t.Errorf("Marshal after Unmarshal = %s, want %s", back, tc.in)
+			}
+		})
 	}
-	if back.Role != "user" || back.Content != "x" || back.Raw != nil {
-		t.Errorf("Unmarshal = %+v, want role and content only", back)
+
+	for _, tc := range []struct{ in, want string }{
+		{`["user","hi"]`, `must be a JSON object such as {"role":"user","content":"hi"}, not an array`},
+		{`"hi"`, "not a string"},
+		{`{"role":1,"content":"x"}`, "role must be a string, not a number"},
+	} {
+		var m Message
+		if err := json.Unmarshal([]byte(tc.in), &m); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Unmarshal(%s): err %v, want %q", tc.in, err, tc.want)
+		}
 	}
+}
+
+// jsonEqual reports whether a and b are the same JSON value.
+func jsonEqual(a, b []byte) bool {
+	var x, y any
+	return json.Unmarshal(a, &x) == nil && json.Unmarshal(b, &y) == nil && reflect.DeepEqual(x, y)
 }
