@@ -120,6 +120,25 @@ func MessagesPrompt(msgs ...*kvindexv1.ChatMessage) *kvindexv1.Prompt {
 	return &kvindexv1.Prompt{Input: &kvindexv1.Prompt_Messages{Messages: &kvindexv1.ChatMessages{Messages: msgs}}}
 }
 
+// ChatPrompt is a chat conversation with the request fields that change
+// how the engine renders it, paramsJSON: a JSON object such as
+// {"tools":[...],"chat_template_kwargs":{"enable_thinking":false}}, or ""
+// for none (kvindexv1.ChatMessages.chat_params_json lists the fields).
+// Pass the values as the chat request has them: the template renders them
+// into the prompt, key order included.
+func ChatPrompt(paramsJSON string, msgs ...*kvindexv1.ChatMessage) *kvindexv1.Prompt {
+	p := MessagesPrompt(msgs...)
+	p.GetMessages().ChatParamsJson = paramsJSON
+	return p
+}
+
+// MessageJSON is a chat message given whole as its OpenAI JSON object, for
+// what a role and a text content cannot carry: content parts, tool calls,
+// tool results, names. The server sends it to the engine verbatim.
+func MessageJSON(obj string) *kvindexv1.ChatMessage {
+	return &kvindexv1.ChatMessage{MessageJson: obj}
+}
+
 // HashesPrompt is a prompt given by precomputed block hashes.
 func HashesPrompt(hashes []uint64) *kvindexv1.Prompt {
 	return &kvindexv1.Prompt{Input: &kvindexv1.Prompt_BlockHashes{BlockHashes: &kvindexv1.BlockHashes{Hashes: hashes}}}

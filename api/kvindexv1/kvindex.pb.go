@@ -427,12 +427,28 @@ func (x *BlockHashes) GetHashes() []uint64 {
 	return nil
 }
 
-// ChatMessages is a chat-completions conversation.
+// ChatMessages is a chat-completions conversation, with the request fields
+// that change how the engine renders it into tokens. kvindex needs the
+// engine's /tokenize (--tokenize-url) for it: a tokenizer.json alone cannot
+// render chat templates.
 type ChatMessages struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Messages      []*ChatMessage         `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Messages []*ChatMessage         `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
+	// chat_params_json is a JSON object of the chat request's top-level
+	// fields that change the rendered prompt, passed to the engine's
+	// /tokenize verbatim: tools, chat_template, chat_template_kwargs,
+	// add_generation_prompt, continue_final_message, add_special_tokens,
+	// mm_processor_kwargs, media_io_kwargs, and documents and
+	// reasoning_effort (which vLLM's chat completions hand to the template
+	// through chat_template_kwargs). Example:
+	// {"tools":[{"type":"function","function":{...}}],"chat_template_kwargs":{"enable_thinking":false}}.
+	// Empty for none. Other fields are refused, naming the ones accepted. It
+	// is a JSON string rather than a google.protobuf.Struct because a Struct
+	// would reorder object keys and turn integers into doubles, and the
+	// template renders tool schemas key by key: the tokens would differ.
+	ChatParamsJson string `protobuf:"bytes,2,opt,name=chat_params_json,json=chatParamsJson,proto3" json:"chat_params_json,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ChatMessages) Reset() {
@@ -472,11 +488,27 @@ func (x *ChatMessages) GetMessages() []*ChatMessage {
 	return nil
 }
 
-// ChatMessage is one message of a conversation.
+func (x *ChatMessages) GetChatParamsJson() string {
+	if x != nil {
+		return x.ChatParamsJson
+	}
+	return ""
+}
+
+// ChatMessage is one message of a conversation: role and content for plain
+// text, or message_json for anything else.
 type ChatMessage struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Role          string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
-	Content       string                 `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Role    string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	Content string                 `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	// message_json is the whole message as an OpenAI chat message JSON
+	// object, passed to the engine verbatim; role and content must then be
+	// empty. It carries what role and content cannot: content parts
+	// ({"role":"user","content":[{"type":"text","text":"..."},
+	// {"type":"image_url","image_url":{"url":"..."}}]}), tool calls
+	// ({"role":"assistant","content":null,"tool_calls":[...]}), tool results
+	// ({"role":"tool","tool_call_id":"...","content":"..."}), names.
+	MessageJson   string `protobuf:"bytes,3,opt,name=message_json,json=messageJson,proto3" json:"message_json,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -521,6 +553,13 @@ func (x *ChatMessage) GetRole() string {
 func (x *ChatMessage) GetContent() string {
 	if x != nil {
 		return x.Content
+	}
+	return ""
+}
+
+func (x *ChatMessage) GetMessageJson() string {
+	if x != nil {
+		return x.MessageJson
 	}
 	return ""
 }
@@ -1597,12 +1636,14 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\bTokenIds\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\x04R\x03ids\"%\n" +
 	"\vBlockHashes\x12\x16\n" +
-	"\x06hashes\x18\x01 \x03(\x04R\x06hashes\"C\n" +
+	"\x06hashes\x18\x01 \x03(\x04R\x06hashes\"m\n" +
 	"\fChatMessages\x123\n" +
-	"\bmessages\x18\x01 \x03(\v2\x17.kvindex.v1.ChatMessageR\bmessages\";\n" +
+	"\bmessages\x18\x01 \x03(\v2\x17.kvindex.v1.ChatMessageR\bmessages\x12(\n" +
+	"\x10chat_params_json\x18\x02 \x01(\tR\x0echatParamsJson\"^\n" +
 	"\vChatMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
-	"\acontent\x18\x02 \x01(\tR\acontent\"`\n" +
+	"\acontent\x18\x02 \x01(\tR\acontent\x12!\n" +
+	"\fmessage_json\x18\x03 \x01(\tR\vmessageJson\"`\n" +
 	"\x0eMultimodalItem\x12\x1e\n" +
 	"\n" +
 	"identifier\x18\x01 \x01(\tR\n" +

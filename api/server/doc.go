@@ -14,8 +14,10 @@
 //
 // A prompt arrives in one of four forms: token ids (exact, preferred),
 // text or chat messages (tokenized through the configured tokenizer
-// backends, the engine's /tokenize or a local tokenizer.json), or
-// precomputed block hashes (no hashing at all). Every client mistake maps
+// backends, the engine's /tokenize or a local tokenizer.json; a chat
+// prompt's tools, template arguments and whole messages travel with it to
+// the engine unchanged, since its template renders them), or precomputed
+// block hashes (no hashing at all). Every client mistake maps
 // to a gRPC status code (InvalidArgument, FailedPrecondition, ...) or an
 // HTTP 4xx with a JSON {"error": ...} body, never to Unknown or 500.
 //

@@ -106,8 +106,10 @@ func (s *Server) maxBodyBytes() int64 { return int64(s.cfg.MaxTokens)*21 + 1<<20
 
 // promptJSON is the prompt part of the HTTP requests. Its messages
 // decode into tokenizer.Message, whose JSON form is the OpenAI message
-// object the HTTP API documents; toProto turns them into the API's
-// ChatMessage so that both APIs resolve one Prompt.
+// object the HTTP API documents, and the chat request's rendering fields
+// (tools, chat_template_kwargs, ...) into tokenizer.ChatFields, at the top
+// level as in a chat request; toProto turns them into the API's
+// ChatMessages so that both APIs resolve one Prompt.
 type promptJSON struct {
 	Model       string              `json:"model"`
 	Tokens      idList              `json:"tokens"`
@@ -117,6 +119,7 @@ type promptJSON struct {
 	LoraName    string              `json:"lora_name"`
 	CacheSalt   string              `json:"cache_salt"`
 	MMItems     []mmItemJSON        `json:"mm_items"`
+	tokenizer.ChatFields
 }
 
 type mmItemJSON struct {
@@ -146,9 +149,17 @@ func (p *promptJSON) toProto() (*kvindexv1.Prompt, error) {
 		given = append(given, "messages")
 		msgs := make([]*kvindexv1.ChatMessage, len(p.Messages))
 		for i, m := range p.Messages {
-			msgs[i] = &kvindexv1.ChatMessage{Role: m.Role, Content: m.Content}
+			if m.Raw != nil {
+				msgs[i] = &kvindexv1.ChatMessage{MessageJson: string(m.Raw)}
+			} else {
+				msgs[i] = &kvindexv1.ChatMessage{Role: m.Role, Content: m.Content}
+			}
 		}
-		out.Input = &kvindexv1.Prompt_Messages{Messages: &kvindexv1.ChatMessages{Messages: msgs}}
+		// JSON cannot fail: the fields were decoded from valid JSON.
+		params, _ := p.ChatFields.JSON()
+		out.Input = &kvindexv1.Prompt_Messages{Messages: &kvindexv1.ChatMessages{Messages: msgs, ChatParamsJson: string(params)}}
+	} else if set := p.ChatFields.Set(); len(set) > 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "%s apply to chat prompts only: send them with messages", strings.Join(set, ", "))
 	}
 	if p.BlockHashes.set {
 		given = append(given, "block_hashes")
@@ -271,10 +282,14 @@ func bodyError(err error) string {
 	}
 	msg := strings.TrimPrefix(err.Error(), "json: ")
 	if strings.HasPrefix(msg, "unknown field") {
-		return msg + " (known: model, tokens, prompt, messages, block_hashes, lora_name, cache_salt, mm_items, candidate_pods)"
+		return msg + " (known: " + knownFields + ")"
 	}
 	return msg
 }
+
+// knownFields lists the fields of the HTTP request bodies.
+var knownFields = "model, tokens, prompt, messages, " + strings.Join(tokenizer.ChatFieldNames(), ", ") +
+	", block_hashes, lora_name, cache_salt, mm_items, candidate_pods"
 
 func jsonType(kind string) string {
 	switch kind {
