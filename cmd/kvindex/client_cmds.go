@@ -73,7 +73,7 @@ func (f *promptFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.model, "model", "", "model the prompt is for (default: the server's --model)")
 	f.tokens.register(fs)
 	fs.StringVar(&f.text, "prompt", "", "prompt text, tokenized by the server (completion form)")
-	fs.StringVar(&f.messagesFile, "messages-file", "", `chat messages, tokenized by the server: a JSON array of {"role","content"}, or a chat request with "messages"`)
+	fs.StringVar(&f.messagesFile, "messages-file", "", `chat messages, tokenized by the server: a JSON array of OpenAI messages, or a chat request object (its messages, tools, chat_template_kwargs, ... are used)`)
 	f.extras.register(fs)
 	_ = fs.MarkHidden("legacy-mm") // a hashing detail of kvindex hash; the server decides
 }
@@ -115,11 +115,9 @@ func (f *promptFlags) build() (*kvindexv1.Prompt, error) {
 	case f.text != "":
 		p = client.TextPrompt(f.text)
 	default:
-		msgs, err := readMessagesFile(f.messagesFile)
-		if err != nil {
+		if p, err = readMessagesFile(f.messagesFile); err != nil {
 			return nil, err
 		}
-		p = client.MessagesPrompt(msgs...)
 	}
 	p.LoraName, p.CacheSalt = x.LoRAName, x.CacheSalt
 	for _, m := range x.MM {
@@ -128,11 +126,14 @@ func (f *promptFlags) build() (*kvindexv1.Prompt, error) {
 	return p, nil
 }
 
-// readMessagesFile reads a JSON array of messages or an object holding
-// one under "messages" (an OpenAI chat request). Messages decode as the
-// HTTP API decodes them (tokenizer.Message) and are sent as the API's
-// ChatMessage.
-func readMessagesFile(path string) ([]*kvindexv1.ChatMessage, error) {
+// readMessagesFile reads a JSON array of messages, or an OpenAI chat
+// request object: its messages and the fields that change how they are
+// rendered (tokenizer.ChatFields: tools, chat_template_kwargs, ...); the
+// others (sampling parameters, tool_choice, stream, ...) do not reach the
+// template and are ignored. Messages decode as the HTTP API decodes them
+// (tokenizer.Message, content parts and tool calls kept whole) and are sent
+// as the API's ChatMessage.
+func readMessagesFile(path string) (*kvindexv1.Prompt, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("--messages-file: %w", err)
@@ -144,28 +145,35 @@ func readMessagesFile(path string) ([]*kvindexv1.ChatMessage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--messages-file: %w", err)
 	}
-	var msgs []tokenizer.Message
+	var req struct {
+		Messages []tokenizer.Message `json:"messages"`
+		tokenizer.ChatFields
+	}
 	data = bytes.TrimSpace(data)
 	if len(data) > 0 && data[0] == '{' {
-		var req struct {
-			Messages []tokenizer.Message `json:"messages"`
-		}
 		err = json.Unmarshal(data, &req)
-		msgs = req.Messages
 	} else {
-		err = json.Unmarshal(data, &msgs)
+		err = json.Unmarshal(data, &req.Messages)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("--messages-file %s: want a JSON array of {\"role\",\"content\"} or an object with \"messages\": %v", path, err)
+		return nil, fmt.Errorf("--messages-file %s: want a JSON array of messages ({\"role\",\"content\"}) or a chat request object with \"messages\": %v", path, err)
 	}
-	if len(msgs) == 0 {
+	if len(req.Messages) == 0 {
 		return nil, fmt.Errorf("--messages-file %s: no messages", path)
 	}
-	out := make([]*kvindexv1.ChatMessage, len(msgs))
-	for i, m := range msgs {
-		out[i] = &kvindexv1.ChatMessage{Role: m.Role, Content: m.Content}
+	params, err := req.ChatFields.JSON()
+	if err != nil {
+		return nil, fmt.Errorf("--messages-file %s: %v", path, err)
 	}
-	return out, nil
+	out := make([]*kvindexv1.ChatMessage, len(req.Messages))
+	for i, m := range req.Messages {
+		if m.Raw != nil {
+			out[i] = client.MessageJSON(string(m.Raw))
+		} else {
+			out[i] = &kvindexv1.ChatMessage{Role: m.Role, Content: m.Content}
+		}
+	}
+	return client.ChatPrompt(string(params), out...), nil
 }
 
 func newQueryCmd() *cobra.Command {

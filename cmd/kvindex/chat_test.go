@@ -1,0 +1,152 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvindex/kvindex/api/client"
+)
+
+// An agent's chat request, as it is sent to /v1/chat/completions: tools, a
+// tool call and its result, content parts, template arguments, and fields
+// that do not reach the template (sampling, tool_choice, stream).
+const (
+	chatTool = `{"type":"function","function":{"name":"get_weather","description":"Weather in <city>",` +
+		`"parameters":{"type":"object","properties":{"zeta":{"type":"string"},"alpha":{"type":"integer"}},"required":["zeta"]}}}`
+	chatMessages = `[{"role":"system","content":"Be brief."},` +
+		`{"role":"user","content":[{"type":"text","text":"Weather?"},{"type":"image_url","image_url":{"url":"http://img/1.png"}}]},` +
+		`{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{}"}}]},` +
+		`{"role":"tool","tool_call_id":"c1","content":"sunny"}]`
+	chatRequest = `{
+  "model": "` + e2eModel + `",
+  "messages": ` + chatMessages + `,
+  "tools": [` + chatTool + `],
+  "tool_choice": "auto",
+  "chat_template_kwargs": {"enable_thinking": false},
+  "temperature": 0.2,
+  "max_tokens": 64,
+  "stream": true
+}`
+)
+
+func TestReadMessagesFile(t *testing.T) {
+	for _, tc := range []struct {
+		name, file string
+		params     string // the prompt's chat_params_json
+		plain      int    // messages sent as role and content
+	}{
+		{"array", `[{"role":"user","content":"hi"},{"role":"assistant","content":"hello"}]`, "", 2},
+		{"request, messages only", `{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":1}`, "", 1},
+		{"full request", chatRequest, `{"tools":[` + chatTool + `],"chat_template_kwargs":{"enable_thinking":false}}`, 1},
+		{"array with parts", chatMessages, "", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := readMessagesFile(writeFile(t, "chat.json", tc.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := p.GetMessages()
+			if c.GetChatParamsJson() != tc.params {
+				t.Errorf("chat_params_json %s\nwant %s", c.GetChatParamsJson(), tc.params)
+			}
+			plain := 0
+			for _, m := range c.GetMessages() {
+				if m.GetMessageJson() == "" {
+					plain++
+				} else if m.GetRole() != "" || m.GetContent() != "" {
+					t.Errorf("message %v sets both forms", m)
+				}
+			}
+			if plain != tc.plain {
+				t.Errorf("%d plain messages, want %d: %v", plain, tc.plain, c.GetMessages())
+			}
+		})
+	}
+	for _, tc := range []struct{ file, want string }{
+		{`{"messages":[]}`, "no messages"},
+		{`{"messages":[["user","hi"]]}`, "a chat message must be a JSON object"},
+		{`{"messages":[{"role":"user","content":"hi"}],"tools":[1,}`, "want a JSON array of messages"},
+	} {
+		_, err := readMessagesFile(writeFile(t, "bad.json", tc.file))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err %v, want %q", tc.file, err, tc.want)
+		}
+	}
+}
+
+// recordingTokenize stands in for vLLM's /tokenize: it answers with ids
+// and records the request bodies it was sent.
+type recordingTokenize struct {
+	ids []uint64
+
+	mu     sync.Mutex
+	bodies []map[string]json.RawMessage
+}
+
+func (e *recordingTokenize) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var req map[string]json.RawMessage
+	body, _ := io.ReadAll(r.Body)
+	if r.URL.Path != "/tokenize" || json.Unmarshal(body, &req) != nil {
+		http.Error(w, `{"error":{"message":"bad request"}}`, http.StatusBadRequest)
+		return
+	}
+	e.mu.Lock()
+	e.bodies = append(e.bodies, req)
+	e.mu.Unlock()
+	ids, _ := json.Marshal(e.ids)
+	fmt.Fprintf(w, `{"count":%d,"max_model_len":32768,"tokens":%s}`, len(e.ids), ids)
+}
+
+func (e *recordingTokenize) last() map[string]json.RawMessage {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.bodies) == 0 {
+		return nil
+	}
+	return e.bodies[len(e.bodies)-1]
+}
+
+// kvindex query --messages-file with a whole chat request: the engine's
+// /tokenize gets the messages, tools and template arguments as the request
+// has them, and the answer is that of the ids it returns.
+func TestE2EChatRequestFile(t *testing.T) {
+	tok := &recordingTokenize{ids: tokensFrom(9000, 3*e2eBlockSize)}
+	engine := httptest.NewServer(tok)
+	t.Cleanup(engine.Close)
+	x := startE2E(t, []string{"pod-a"}, "--tokenize-url", engine.URL)
+	if _, err := x.engines["pod-a"].Process(tok.ids, nil); err != nil {
+		t.Fatal(err)
+	}
+	x.awaitMatched(tok.ids, map[string]uint32{"pod-a": 3})
+
+	out, errOut, code := runCLI(t, "query", "--server", x.svc.grpcAddr, "--messages-file", writeFile(t, "agent.json", chatRequest), "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var got client.LongestPrefixJSON
+	if err := json.Unmarshal([]byte(out), &got); err != nil || len(got.Pods) != 1 || got.Pods[0].MatchedBlocks != 3 || got.TokenSource != client.SourceEngine {
+		t.Errorf("answer %s (%v)", out, err)
+	}
+	req := tok.last()
+	for name, want := range map[string]string{
+		"messages":             chatMessages,
+		"tools":                "[" + chatTool + "]",
+		"chat_template_kwargs": `{"enable_thinking":false}`,
+		"model":                `"` + e2eModel + `"`,
+	} {
+		if string(req[name]) != want {
+			t.Errorf("/tokenize got %s = %s, want %s", name, req[name], want)
+		}
+	}
+	for _, name := range []string{"tool_choice", "temperature", "max_tokens", "stream"} {
+		if v, ok := req[name]; ok {
+			t.Errorf("/tokenize got %s = %s: it does not reach the template", name, v)
+		}
+	}
+}
