@@ -316,6 +316,18 @@ func (ix *Index) clear(id kvevents.EngineID, reason kvevents.ResetReason) {
 	}
 }
 
+// Models lists, sorted, the models the index knows: those an engine has
+// sent events for (or a snapshot restored), even if no block is left.
+func (ix *Index) Models() []string {
+	m := *ix.models.Load()
+	out := make([]string, 0, len(m))
+	for model := range m {
+		out = append(out, model)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Engines lists the engines the index knows, by model, pod and rank.
 func (ix *Index) Engines() []EngineInfo {
 	var out []EngineInfo

@@ -484,3 +484,21 @@ func TestApplyConcurrentWithReset(t *testing.T) {
 	<-done
 	checkInvariants(t, ix)
 }
+
+// Models lists the models engines have sent events for, sorted, and
+// keeps a model once its engines are gone.
+func TestModels(t *testing.T) {
+	ix, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ix.Models(); len(got) != 0 {
+		t.Errorf("empty index: %v", got)
+	}
+	ix.Apply(kvevents.EngineID{Model: "m2", Pod: "a"}, 0, nil)
+	ix.Apply(kvevents.EngineID{Model: "m1", Pod: "b"}, 0, nil)
+	ix.RemoveEngine(kvevents.EngineID{Model: "m1", Pod: "b"})
+	if got := ix.Models(); !slices.Equal(got, []string{"m1", "m2"}) {
+		t.Errorf("Models = %v, want [m1 m2]", got)
+	}
+}

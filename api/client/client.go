@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -13,6 +14,8 @@ import (
 	"google.golang.org/grpc/experimental"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/kvindex/kvindex/api/indexerv1"
 	"github.com/kvindex/kvindex/api/internal/wire"
@@ -91,7 +94,11 @@ func (c *Client) Ready(ctx context.Context) (bool, error) {
 	return r.GetStatus() == healthpb.HealthCheckResponse_SERVING, nil
 }
 
-// QueryOptions are the optional inputs of a query.
+// QueryOptions are the optional inputs of a query. LoRAName, CacheSalt
+// and MMItems fill the prompt's fields of the same name where the prompt
+// leaves them empty: a prompt field that is set is never replaced, and a
+// query whose options and prompt set one field to different values fails
+// (InvalidArgument) without being sent.
 type QueryOptions struct {
 	LoRAName  string
 	CacheSalt string
@@ -144,11 +151,56 @@ func HashesPrompt(hashes []uint64) *kvindexv1.Prompt {
 	return &kvindexv1.Prompt{Input: &kvindexv1.Prompt_BlockHashes{BlockHashes: &kvindexv1.BlockHashes{Hashes: hashes}}}
 }
 
-func withOptions(p *kvindexv1.Prompt, o *QueryOptions) *kvindexv1.Prompt {
-	if o != nil {
-		p.LoraName, p.CacheSalt, p.MmItems = o.LoRAName, o.CacheSalt, o.MMItems
+// withOptions returns p with o's prompt fields filled in where p leaves
+// them empty (see QueryOptions). p itself is never changed, as callers
+// may share it: when o adds anything, the result is a shallow copy of p
+// made field by field through protobuf reflection, so that it keeps every
+// field p has, those this code does not name included.
+func withOptions(p *kvindexv1.Prompt, o *QueryOptions) (*kvindexv1.Prompt, error) {
+	if o == nil || p == nil {
+		return p, nil
 	}
-	return p
+	lora, err := fillString("lora_name", p.GetLoraName(), o.LoRAName, "LoRAName")
+	if err != nil {
+		return nil, err
+	}
+	salt, err := fillString("cache_salt", p.GetCacheSalt(), o.CacheSalt, "CacheSalt")
+	if err != nil {
+		return nil, err
+	}
+	mm := p.GetMmItems()
+	switch {
+	case len(o.MMItems) == 0:
+	case len(mm) == 0:
+		mm = o.MMItems
+	case !slices.EqualFunc(mm, o.MMItems, func(a, b *kvindexv1.MultimodalItem) bool { return proto.Equal(a, b) }):
+		return nil, status.Error(codes.InvalidArgument, "the prompt's mm_items differ from QueryOptions.MMItems; give them in one place")
+	}
+	if lora == p.GetLoraName() && salt == p.GetCacheSalt() && len(mm) == len(p.GetMmItems()) {
+		return p, nil
+	}
+	q := &kvindexv1.Prompt{}
+	src, dst := p.ProtoReflect(), q.ProtoReflect()
+	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		dst.Set(fd, v) // messages and lists are shared, not copied
+		return true
+	})
+	dst.SetUnknown(src.GetUnknown())
+	q.LoraName, q.CacheSalt, q.MmItems = lora, salt, mm
+	return q, nil
+}
+
+// fillString is the value of a prompt field given in the prompt (has)
+// and in the options (opt): one of them, or an error if both are set and
+// differ.
+func fillString(field, has, opt, option string) (string, error) {
+	switch {
+	case opt == "" || opt == has:
+		return has, nil
+	case has == "":
+		return opt, nil
+	}
+	return "", status.Errorf(codes.InvalidArgument, "the prompt's %s %q differs from QueryOptions.%s %q; give it in one place", field, has, option, opt)
 }
 
 func candidates(o *QueryOptions) []string {
@@ -161,8 +213,12 @@ func candidates(o *QueryOptions) []string {
 // LongestPrefix asks which engines hold the prompt's leading blocks; o
 // may be nil.
 func (c *Client) LongestPrefix(ctx context.Context, model string, p *kvindexv1.Prompt, o *QueryOptions) (*kvindexv1.LongestPrefixResponse, error) {
+	p, err := withOptions(p, o)
+	if err != nil {
+		return nil, err
+	}
 	return c.Index.LongestPrefix(ctx, &kvindexv1.LongestPrefixRequest{
-		Model: model, Prompt: withOptions(p, o), CandidatePods: candidates(o),
+		Model: model, Prompt: p, CandidatePods: candidates(o),
 	})
 }
 
@@ -189,7 +245,11 @@ func (c *Client) LongestPrefixHashes(ctx context.Context, model string, hashes [
 // Lookup returns every block of the prompt with its holders; o may be
 // nil (its Candidates are ignored).
 func (c *Client) Lookup(ctx context.Context, model string, p *kvindexv1.Prompt, o *QueryOptions) (*kvindexv1.LookupResponse, error) {
-	return c.Index.Lookup(ctx, &kvindexv1.LookupRequest{Model: model, Prompt: withOptions(p, o)})
+	p, err := withOptions(p, o)
+	if err != nil {
+		return nil, err
+	}
+	return c.Index.Lookup(ctx, &kvindexv1.LookupRequest{Model: model, Prompt: p})
 }
 
 // LookupTokens is Lookup for token ids.

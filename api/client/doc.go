@@ -10,7 +10,7 @@
 //
 // A router that only asks kvindex questions imports this package and
 // nothing of the server: it depends on the generated code, gRPC and
-// protobuf only (no index, tokenizer, event decoding, Prometheus or
+// protobuf (and the google.rpc error details) only (no index, tokenizer, event decoding, Prometheus or
 // libzmq), and builds with CGO_ENABLED=0. TestDependencies keeps it so.
 //
 // Requests of token ids are encoded by hand and LongestPrefix answers

@@ -199,11 +199,11 @@ func TestChatErrors(t *testing.T) {
 		name, body string
 		msg        string
 	}{
-		{"tools without messages", `{"model":"m","prompt":"hi","tools":[]}`, "tools apply to chat prompts only: send them with messages"},
-		{"not a chat field", `{"model":"m","messages":[{"role":"user","content":"hi"}],"tool_choice":"auto"}`,
-			`unknown field "tool_choice" (known: model, tokens, prompt, messages, tools, chat_template, chat_template_kwargs, add_generation_prompt,`},
-		{"message not an object", `{"model":"m","messages":["hi"]}`, `a chat message must be a JSON object such as {"role":"user","content":"hi"}, not a string`},
-		{"message without role", `{"model":"m","messages":[{"content":[{"type":"text","text":"hi"}]}]}`, "prompt.messages[0] has no role"},
+		{"tools without messages", `{"model":"qwen","prompt":"hi","tools":[]}`, "tools apply to chat prompts only: send them with messages"},
+		{"not a chat field", `{"model":"qwen","messages":[{"role":"user","content":"hi"}],"tool_choice":"auto"}`,
+			`unknown field "tool_choice" (known: model, tokens, prompt, messages, block_hashes, lora_name, cache_salt, mm_items, tools, chat_template, chat_template_kwargs, add_generation_prompt,`},
+		{"message not an object", `{"model":"qwen","messages":["hi"]}`, `a chat message must be a JSON object such as {"role":"user","content":"hi"}, not a string`},
+		{"message without role", `{"model":"qwen","messages":[{"content":[{"type":"text","text":"hi"}]}]}`, "prompt.messages[0] has no role"},
 	} {
 		t.Run("HTTP "+tc.name, func(t *testing.T) {
 			code, body := post(t, f.url+"/v1/longest-prefix", tc.body)

@@ -21,6 +21,14 @@
 // to a gRPC status code (InvalidArgument, FailedPrecondition, ...) or an
 // HTTP 4xx with a JSON {"error": ...} body, never to Unknown or 500.
 //
+// An answer is for a router, which must see every pod it may send the
+// request to: LongestPrefix and GetPodScores list every engine in the
+// query's scope, matched or not, including engines kvindex follows that
+// have sent no event yet and candidate pods it does not know
+// (completeScope); a model kvindex does not know is NotFound, naming the
+// ones it knows (checkModel), so that zeros always mean "not cached" and
+// never "wrong model name".
+//
 // The package does not own ingest: the wiring (cmd/kvindex) hands it the
 // index, a Hub placed between the event subscriber and the index (so that
 // Watch sees every applied event), and a StreamSource reporting the

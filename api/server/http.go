@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/pprof"
+	"reflect"
 	"strings"
 	"time"
 
@@ -253,7 +254,7 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) error
 	if err == nil {
 		return nil
 	}
-	code, msg := http.StatusBadRequest, bodyError(err)
+	code, msg := http.StatusBadRequest, bodyError(err, v)
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		code, msg = http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds the %d-byte limit", limit)
@@ -262,8 +263,9 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) error
 	return status.Error(codes.InvalidArgument, msg)
 }
 
-// bodyError turns a JSON decoding error into a message for the client.
-func bodyError(err error) string {
+// bodyError turns a JSON decoding error of a request body decoded into
+// v into a message for the client.
+func bodyError(err error, v any) string {
 	var se *json.SyntaxError
 	var te *json.UnmarshalTypeError
 	switch {
@@ -282,14 +284,39 @@ func bodyError(err error) string {
 	}
 	msg := strings.TrimPrefix(err.Error(), "json: ")
 	if strings.HasPrefix(msg, "unknown field") {
-		return msg + " (known: " + knownFields + ")"
+		return msg + " (known: " + strings.Join(jsonFields(reflect.TypeOf(v)), ", ") + ")"
 	}
 	return msg
 }
 
-// knownFields lists the fields of the HTTP request bodies.
-var knownFields = "model, tokens, prompt, messages, " + strings.Join(tokenizer.ChatFieldNames(), ", ") +
-	", block_hashes, lora_name, cache_salt, mm_items, candidate_pods"
+// jsonFields lists the JSON keys a struct (or pointer to one) decodes, in
+// declaration order, those of embedded structs in place: the keys a
+// request of that type accepts, read from the type itself so that the
+// list cannot disagree with it.
+func jsonFields(t reflect.Type) []string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return nil
+	}
+	var out []string
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case name == "-":
+		case f.Anonymous && name == "":
+			out = append(out, jsonFields(f.Type)...)
+		case !f.IsExported():
+		case name != "":
+			out = append(out, name)
+		default:
+			out = append(out, f.Name)
+		}
+	}
+	return out
+}
 
 func jsonType(kind string) string {
 	switch kind {

@@ -113,6 +113,7 @@ func TestHTTPLookupAndPods(t *testing.T) {
 // Client mistakes get a 4xx with a JSON error naming the problem.
 func TestHTTPBadRequests(t *testing.T) {
 	f := newFixture(t, func(c *Config) { c.MaxTokens = 100 })
+	f.hub.Apply(kvevents.EngineID{Model: "m", Pod: "p"}, 0, nil) // kvindex knows model "m"
 	huge := `{"model":"m","tokens":[` + strings.Repeat("1,", 2<<20) + `1]}`
 	tests := []struct {
 		name string
@@ -205,3 +206,45 @@ type responseRecorder struct {
 func (r *responseRecorder) Header() http.Header         { return r.header }
 func (r *responseRecorder) Write(b []byte) (int, error) { return r.body.Write(b) }
 func (r *responseRecorder) WriteHeader(code int)        { r.code = code }
+
+// An unknown key is refused with the list of the keys that request
+// accepts: exactly those, so the list never names a key that would be
+// refused (lookup has no candidate_pods) nor misses one that is accepted.
+func TestHTTPUnknownFieldListsAcceptedKeys(t *testing.T) {
+	f := newFixture(t, nil)
+	tests := []struct {
+		path     string
+		has, not string
+	}{
+		{"/v1/longest-prefix", "candidate_pods", ""},
+		{"/v1/lookup", "tokens", "candidate_pods"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.path, func(t *testing.T) {
+			code, body := post(t, f.url+tc.path, `{"model":"qwen","tokens":[1],"bogus":1}`)
+			var e struct{ Error string }
+			json.Unmarshal(body, &e)
+			prefix := `unknown field "bogus" (known: `
+			if code != http.StatusBadRequest || !strings.HasPrefix(e.Error, prefix) || !strings.HasSuffix(e.Error, ")") {
+				t.Fatalf("%d %q", code, e.Error)
+			}
+			keys := strings.Split(strings.TrimSuffix(strings.TrimPrefix(e.Error, prefix), ")"), ", ")
+			if !slices.Contains(keys, tc.has) || (tc.not != "" && slices.Contains(keys, tc.not)) || !slices.Contains(keys, "model") {
+				t.Errorf("known keys %v: want %q, not %q", keys, tc.has, tc.not)
+			}
+			for _, k := range keys {
+				_, body := post(t, f.url+tc.path, `{"`+k+`":null}`)
+				if strings.Contains(string(body), "unknown field") {
+					t.Errorf("listed key %q is refused: %s", k, body)
+				}
+			}
+			if tc.not != "" {
+				_, body := post(t, f.url+tc.path, `{"`+tc.not+`":null}`)
+				json.Unmarshal(body, &e)
+				if !strings.HasPrefix(e.Error, `unknown field "`+tc.not+`" (known: `) {
+					t.Errorf("unlisted key %q: %s", tc.not, body)
+				}
+			}
+		})
+	}
+}

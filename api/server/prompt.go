@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -175,7 +174,7 @@ func (s *Server) tokenize(ctx context.Context, model string, in tokenizer.Input)
 		default:
 			code = codes.Unavailable // unreachable, timed out, 5xx
 		}
-		msgs = append(msgs, t.Source+" tokenizer: "+err.Error())
+		msgs = append(msgs, tokenizeProblem(t, err))
 	}
-	return nil, "", status.Error(code, "cannot tokenize the prompt: "+strings.Join(msgs, "; "))
+	return nil, "", tokenizeError(code, msgs)
 }

@@ -41,6 +41,7 @@ type Index interface {
 	LongestPrefix(q *indexer.Query, res *indexer.Result) error
 	Lookup(q *indexer.Query) ([]indexer.BlockHolders, error)
 	Engines() []indexer.EngineInfo
+	Models() []string
 	Stats() indexer.Stats
 }
 
@@ -309,11 +310,24 @@ func (s *Server) computeReady() bool {
 	return connected >= s.cfg.ExpectStreams
 }
 
-// healthView caches the engines' stream health for queries, which must
-// not snapshot every stream each time.
+// healthView caches, for queries, what the streams and the index say
+// about engines and models: a query must not snapshot every stream each
+// time.
 type healthView struct {
 	at     time.Time
 	health map[kvevents.EngineID]kvindexv1.EngineHealth
+	// streams are the engines kvindex follows, by model: configured ones
+	// from the start, discovered ones (bind mode) from their first message.
+	streams map[string]*followed
+	// models are the models known at the refresh (knownModels).
+	models map[string]bool
+}
+
+// followed are the engines of one model that kvindex follows, sorted by
+// pod and rank, and the same by pod.
+type followed struct {
+	all   []kvevents.EngineID
+	byPod map[string][]kvevents.EngineID
 }
 
 // healthViewTTL bounds how stale the health a query reports may be.
@@ -334,14 +348,71 @@ func (s *Server) healthOf() *healthView {
 	if nv := s.view.Load(); nv != v && nv != nil {
 		return nv
 	}
-	nv := &healthView{at: s.now(), health: make(map[kvevents.EngineID]kvindexv1.EngineHealth)}
+	nv := &healthView{
+		at:      s.now(),
+		health:  make(map[kvevents.EngineID]kvindexv1.EngineHealth),
+		streams: make(map[string]*followed),
+		models:  make(map[string]bool),
+	}
+	var streams []kvevents.StreamStats
 	if s.cfg.Streams != nil {
-		for _, st := range s.cfg.Streams.Streams() {
-			nv.health[st.Engine] = streamHealth(&st)
+		streams = s.cfg.Streams.Streams()
+	}
+	for _, st := range streams {
+		nv.health[st.Engine] = streamHealth(&st)
+		f := nv.streams[st.Engine.Model]
+		if f == nil {
+			f = &followed{byPod: make(map[string][]kvevents.EngineID)}
+			nv.streams[st.Engine.Model] = f
+		}
+		f.all = append(f.all, st.Engine)
+		f.byPod[st.Engine.Pod] = append(f.byPod[st.Engine.Pod], st.Engine)
+	}
+	for _, f := range nv.streams {
+		slices.SortFunc(f.all, compareEngines)
+		for _, es := range f.byPod {
+			slices.SortFunc(es, compareEngines)
 		}
 	}
+	for _, m := range s.index.Models() {
+		nv.models[m] = true
+	}
+	for _, st := range streams {
+		nv.models[st.Engine.Model] = true
+	}
+	if s.cfg.DefaultModel != "" {
+		nv.models[s.cfg.DefaultModel] = true
+	}
+	delete(nv.models, "") // no request names it: it resolves to the default
 	s.view.Store(nv)
 	return nv
+}
+
+func compareEngines(a, b kvevents.EngineID) int {
+	return cmp.Or(cmp.Compare(a.Pod, b.Pod), cmp.Compare(a.DPRank, b.DPRank))
+}
+
+// checkModel refuses a model this kvindex does not know with NotFound,
+// naming the models it knows: the default model (--model), the models of
+// the engines it follows (configured ones before their first event
+// included) and the models the index holds. A model unknown at the view's
+// refresh is looked for in the index again before it is refused, as its
+// first event may have come since; that costs a refused request no more
+// than a look at the index's few models.
+func (s *Server) checkModel(model string, hv *healthView) error {
+	if model == s.cfg.DefaultModel || hv.models[model] {
+		return nil
+	}
+	known := s.index.Models()
+	if slices.Contains(known, model) {
+		return nil
+	}
+	for m := range hv.models {
+		known = append(known, m)
+	}
+	slices.Sort(known)
+	known = slices.Compact(slices.DeleteFunc(known, func(m string) bool { return m == "" }))
+	return unknownModel(model, known)
 }
 
 // model resolves a request's model.
@@ -401,6 +472,10 @@ func (s *Server) resolveLongestPrefix(ctx context.Context, st *queryState, in pr
 			return resolved{}, status.Errorf(codes.InvalidArgument, "%s[%d] is empty", in.candidatesField, i)
 		}
 	}
+	hv := s.healthOf()
+	if err := s.checkModel(model, hv); err != nil {
+		return resolved{}, err
+	}
 	p, err := s.resolvePrompt(ctx, in.prompt, model, &st.q, &st.x)
 	if err != nil {
 		return resolved{}, err
@@ -410,7 +485,95 @@ func (s *Server) resolveLongestPrefix(ctx context.Context, st *queryState, in pr
 	if err := s.index.LongestPrefix(&st.q, &st.res); err != nil {
 		return resolved{}, indexStatus(err)
 	}
+	completeScope(&st.res, model, in.candidates, hv)
 	return p, nil
+}
+
+// completeScope adds to res the engines in the query's scope that the
+// index does not list, each matching 0 blocks, so that a router sees
+// every pod it may send the request to (an empty pod is where a new
+// conversation should go). The index lists the engines it has applied
+// events of; the scope is every engine kvindex follows for the model
+// (or, with candidates, those of the candidate pods), configured ones
+// before their first event included, and every candidate pod: one that
+// kvindex does not know at all is listed once, as rank 0, and its health
+// (UNSPECIFIED, "unknown") says that kvindex cannot vouch for it.
+//
+// Usually the index lists them all; that is checked without allocating.
+func completeScope(res *indexer.Result, model string, candidates []string, hv *healthView) {
+	f := hv.streams[model]
+	if scopeListed(res, f, candidates, hv) {
+		return
+	}
+	listed := make(map[kvevents.EngineID]bool, len(res.Pods))
+	pods := make(map[string]bool, len(res.Pods))
+	for i := range res.Pods {
+		listed[res.Pods[i].Engine] = true
+		pods[res.Pods[i].Engine.Pod] = true
+	}
+	zeros := len(res.Pods)
+	for zeros > 0 && res.Pods[zeros-1].MatchedBlocks == 0 {
+		zeros--
+	}
+	add := func(e kvevents.EngineID) {
+		if !listed[e] {
+			listed[e], pods[e.Pod] = true, true
+			res.Pods = append(res.Pods, indexer.PodMatch{Engine: e})
+		}
+	}
+	if len(candidates) == 0 && f != nil {
+		for _, e := range f.all {
+			add(e)
+		}
+	}
+	for _, c := range candidates {
+		if f != nil {
+			for _, e := range f.byPod[c] {
+				add(e)
+			}
+		}
+		if !pods[c] {
+			add(kvevents.EngineID{Model: model, Pod: c})
+		}
+	}
+	slices.SortFunc(res.Pods[zeros:], func(a, b indexer.PodMatch) int { return compareEngines(a.Engine, b.Engine) })
+}
+
+// scopeListed reports whether res already lists every engine of the
+// scope completeScope completes: as many followed engines as the scope
+// has (a repeated candidate only makes it answer false), and each
+// candidate pod.
+func scopeListed(res *indexer.Result, f *followed, candidates []string, hv *healthView) bool {
+	want := 0
+	switch {
+	case f == nil:
+	case len(candidates) == 0:
+		want = len(f.all)
+	default:
+		for _, c := range candidates {
+			want += len(f.byPod[c])
+		}
+	}
+	if want > 0 {
+		n := 0
+		for i := range res.Pods {
+			if _, ok := hv.health[res.Pods[i].Engine]; ok {
+				n++
+			}
+		}
+		if n != want {
+			return false
+		}
+	}
+	for _, c := range candidates {
+		if f != nil && len(f.byPod[c]) > 0 {
+			continue
+		}
+		if !slices.ContainsFunc(res.Pods, func(m indexer.PodMatch) bool { return m.Engine.Pod == c }) {
+			return false
+		}
+	}
+	return true
 }
 
 // prefixResponse converts res into a pooled response message.
@@ -455,6 +618,9 @@ func (s *Server) Lookup(ctx context.Context, req *kvindexv1.LookupRequest) (*kvi
 	defer putQueryState(st)
 	model, err := s.model(req.GetModel())
 	if err != nil {
+		return nil, err
+	}
+	if err := s.checkModel(model, s.healthOf()); err != nil {
 		return nil, err
 	}
 	p, err := s.resolvePrompt(ctx, req.GetPrompt(), model, &st.q, &st.x)
@@ -581,8 +747,10 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream kvindexv1.IndexServic
 // is tokenized (completion form) and resolved as LongestPrefix resolves a
 // text prompt (resolveLongestPrefix), and each pod scores the number of
 // leading blocks it holds (its best data-parallel rank). Every pod of the
-// answer and every pod asked about is listed, zeros included, the best
-// first.
+// answer's scope (completeScope: every pod asked about, or every pod of
+// the model) is listed, zeros included, the best first. An unknown model
+// is NotFound, as in LongestPrefix: llm-d's scorers log a failed call and
+// score no pod, as they would for an empty answer.
 func (s *Server) GetPodScores(ctx context.Context, req *indexerv1.GetPodScoresRequest) (*indexerv1.GetPodScoresResponse, error) {
 	st := getQueryState()
 	defer putQueryState(st)
@@ -595,15 +763,13 @@ func (s *Server) GetPodScores(ctx context.Context, req *indexerv1.GetPodScoresRe
 	if err != nil {
 		return nil, err
 	}
-	return podScores(&st.res, req.GetPodIdentifiers()), nil
+	return podScores(&st.res), nil
 }
 
-// podScores folds ranks into pods: a pod scores its best rank. Candidate
-// pods the index does not know score 0, so that every pod asked about
-// has a score.
-func podScores(res *indexer.Result, candidates []string) *indexerv1.GetPodScoresResponse {
+// podScores folds ranks into pods: a pod scores its best rank.
+func podScores(res *indexer.Result) *indexerv1.GetPodScoresResponse {
 	out := &indexerv1.GetPodScoresResponse{}
-	seen := make(map[string]*indexerv1.PodScore, len(res.Pods)+len(candidates))
+	seen := make(map[string]*indexerv1.PodScore, len(res.Pods))
 	add := func(pod string) *indexerv1.PodScore {
 		ps := seen[pod]
 		if ps == nil {
@@ -617,9 +783,6 @@ func podScores(res *indexer.Result, candidates []string) *indexerv1.GetPodScores
 		m := &res.Pods[i]
 		ps := add(m.Engine.Pod)
 		ps.Score = max(ps.Score, float64(m.MatchedBlocks))
-	}
-	for _, c := range candidates {
-		add(c)
 	}
 	slices.SortStableFunc(out.Scores, func(a, b *indexerv1.PodScore) int {
 		return cmp.Or(cmp.Compare(b.Score, a.Score), cmp.Compare(a.Pod, b.Pod))

@@ -105,12 +105,10 @@ func TestLongestPrefixDefaultModel(t *testing.T) {
 	if got := rows(r); !slices.Equal(got, []matchRow{{"a", 0, 2, 32, 2}}) {
 		t.Errorf("pods = %v", got)
 	}
+	// A model kvindex does not know is NotFound, naming the known ones.
 	r, err = f.client.LongestPrefixTokens(context.Background(), "other-model", tokens, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(r.GetPods()) != 0 {
-		t.Errorf("another model's query found %v", rows(r))
+	if st := status.Convert(err); st.Code() != codes.NotFound || st.Message() != `unknown model "other-model": kvindex follows "qwen"` {
+		t.Errorf("another model's query: %v, %v", rows(r), err)
 	}
 }
 
@@ -196,14 +194,17 @@ func TestPodScoresAgreeWithLongestPrefix(t *testing.T) {
 		candidates []string
 		code       codes.Code
 		scores     string // both answers, as pod:blocks
+		lpMsg      string // LongestPrefix's error contains it
+		psMsg      string // GetPodScores's error contains it
 	}{
-		{"all pods", testModel, text, nil, codes.OK, "map[a:4 b:3]"},
-		{"one candidate", testModel, text, []string{"b"}, codes.OK, "map[b:3]"},
-		{"unknown candidate", testModel, text, []string{"c", "a"}, codes.OK, "map[a:4 c:0]"},
-		{"other prompt", testModel, "an unrelated prompt that no engine holds", nil, codes.OK, "map[a:0 b:0]"},
-		{"other model", "other-model", text, nil, codes.OK, "map[]"},
-		{"default model", "", text, []string{"a", "b"}, codes.OK, "map[a:4 b:3]"},
-		{"empty candidate", testModel, text, []string{"a", ""}, codes.InvalidArgument, ""},
+		{"all pods", testModel, text, nil, codes.OK, "map[a:4 b:3]", "", ""},
+		{"one candidate", testModel, text, []string{"b"}, codes.OK, "map[b:3]", "", ""},
+		{"unknown candidate", testModel, text, []string{"c", "a"}, codes.OK, "map[a:4 c:0]", "", ""},
+		{"other prompt", testModel, "an unrelated prompt that no engine holds", nil, codes.OK, "map[a:0 b:0]", "", ""},
+		{"other model", "other-model", text, nil, codes.NotFound, "", `unknown model "other-model"`, `unknown model "other-model"`},
+		{"default model", "", text, []string{"a", "b"}, codes.OK, "map[a:4 b:3]", "", ""},
+		// Each names the field of its own request.
+		{"empty candidate", testModel, text, []string{"a", ""}, codes.InvalidArgument, "", "candidate_pods[1]", "pod_identifiers[1]"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -215,9 +216,8 @@ func TestPodScoresAgreeWithLongestPrefix(t *testing.T) {
 				t.Fatalf("LongestPrefix: %v; GetPodScores: %v; want code %v from both", lpErr, psErr, tc.code)
 			}
 			if tc.code != codes.OK {
-				// Each names the field of its own request.
-				if !strings.Contains(lpErr.Error(), "candidate_pods[1]") || !strings.Contains(psErr.Error(), "pod_identifiers[1]") {
-					t.Errorf("LongestPrefix: %v; GetPodScores: %v; want each to name its own field", lpErr, psErr)
+				if !strings.Contains(lpErr.Error(), tc.lpMsg) || !strings.Contains(psErr.Error(), tc.psMsg) {
+					t.Errorf("LongestPrefix: %v; GetPodScores: %v; want them to contain %q and %q", lpErr, psErr, tc.lpMsg, tc.psMsg)
 				}
 				return
 			}
@@ -309,7 +309,8 @@ func uitoa(v uint64) string { return strconv.FormatUint(v, 10) }
 
 func TestErrorCodes(t *testing.T) {
 	tk := localTokenizer(t)
-	down := engineTokenizer(t, closedPort(t))
+	downURL := closedPort(t)
+	down := engineTokenizer(t, downURL)
 	refusing := engineTokenizer(t, vllmTokenize(t, nil, http.StatusNotFound).URL)
 	f := newFixture(t, func(c *Config) { c.MaxTokens = 64; c.DefaultModel = "" })
 	local := newFixture(t, func(c *Config) { c.Tokenizers = []NamedTokenizer{{client.SourceLocal, tk}} })
@@ -317,6 +318,11 @@ func TestErrorCodes(t *testing.T) {
 		c.Tokenizers = []NamedTokenizer{{client.SourceEngine, down}, {client.SourceLocal, tk}}
 	})
 	refused := newFixture(t, func(c *Config) { c.Tokenizers = []NamedTokenizer{{client.SourceEngine, refusing}} })
+	// The requests are for model "m", which each kvindex knows from an
+	// engine's (empty) batch.
+	for _, x := range []*fixture{f, local, unreachable, refused} {
+		x.hub.Apply(kvevents.EngineID{Model: "m", Pod: "p"}, 0, nil)
+	}
 
 	req := func(model string, p *kvindexv1.Prompt, cands ...string) *kvindexv1.LongestPrefixRequest {
 		return &kvindexv1.LongestPrefixRequest{Model: model, Prompt: p, CandidatePods: cands}
@@ -348,8 +354,11 @@ func TestErrorCodes(t *testing.T) {
 		{"message without role", local, req("m", client.MessagesPrompt(&kvindexv1.ChatMessage{Role: "", Content: "hi"})), codes.InvalidArgument, "has no role"},
 		{"text without tokenizer", f, req("m", client.TextPrompt("hello")), codes.FailedPrecondition, "need a tokenizer"},
 		{"chat with local tokenizer", local, req("m", client.MessagesPrompt(&kvindexv1.ChatMessage{Role: "user", Content: "hi"})), codes.FailedPrecondition, "chat templates"},
-		{"engine down, chat", unreachable, req("m", client.MessagesPrompt(&kvindexv1.ChatMessage{Role: "user", Content: "hi"})), codes.Unavailable, "engine tokenizer"},
-		{"engine refuses", refused, req("nope", client.TextPrompt("hi")), codes.InvalidArgument, "does not exist"},
+		{"engine down, chat", unreachable, req("m", client.MessagesPrompt(&kvindexv1.ChatMessage{Role: "user", Content: "hi"})), codes.Unavailable,
+			"cannot tokenize the prompt: the engine's /tokenize at " + downURL + " is unreachable: dial tcp "},
+		{"engine refuses", refused, req("m", client.TextPrompt("hi")), codes.InvalidArgument, "the engine's /tokenize at " + refusing.URL()[:len(refusing.URL())-len("/tokenize")] + " answered HTTP 404: The model 'nope' does not exist."},
+		{"unknown model", f, req("x", client.TokensPrompt([]uint64{1})), codes.NotFound, `unknown model "x": kvindex follows "m"`},
+		{"unknown model, none known", refused, req("x", client.TokensPrompt([]uint64{1})), codes.NotFound, `unknown model "x": kvindex follows "m", "qwen"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -47,6 +47,9 @@ func (f *clientFlags) dial(ctx context.Context) (*client.Client, error) {
 
 // callError turns an RPC failure into the CLI's one line.
 func (f *clientFlags) callError(err error) error {
+	if problem, ok := client.TokenizerUnavailable(err); ok {
+		return fmt.Errorf("kvindex at %s could not tokenize the prompt: %s", f.server, problem)
+	}
 	st := status.Convert(err)
 	switch st.Code() {
 	case codes.Unavailable:
