@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -25,6 +26,7 @@ type serveFlags struct {
 	model          string
 	engines        []string
 	listen         string
+	listenRanks    int
 	topicPattern   string
 	replayTemplate string
 	hash           hashFlags
@@ -45,9 +47,10 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "HTTP listen address (JSON API, /metrics, /healthz, /readyz)")
 	fs.StringVar(&f.model, "model", "", "model of engines that name none, and of queries that name none")
 	fs.StringArrayVar(&f.engines, "engine", nil, "engine to connect to (connect mode): NAME=ENDPOINT[,replay=ENDPOINT][,ranks=N][,model=M][,topic=PREFIX]; repeatable")
-	fs.StringVar(&f.listen, "listen", "", "bind one SUB socket here for engines to connect to (bind mode), e.g. tcp://*:5557")
+	fs.StringVar(&f.listen, "listen", "", "bind a SUB socket here for engines to connect to (bind mode), e.g. tcp://*:5557; with --listen-ranks, on that many ports")
+	fs.IntVar(&f.listenRanks, "listen-ranks", 1, "bind mode: the engines' data-parallel size; vLLM's rank r connects to the --listen port + r, so kvindex binds that many consecutive ports")
 	fs.StringVar(&f.topicPattern, "topic-pattern", zmqtransport.LLMDTopicPattern, "bind mode: how topics name engines, with {pod} and optionally {model}")
-	fs.StringVar(&f.replayTemplate, "replay-template", "", "bind mode: engines' replay endpoint, with {pod}, e.g. tcp://{pod}:5558 (default: no replay)")
+	fs.StringVar(&f.replayTemplate, "replay-template", "", "bind mode: engines' replay endpoint, with {pod}, e.g. tcp://{pod}:5567; rank r replays on its port + r (default: no replay)")
 	f.hash.register(fs)
 	fs.Var(&f.memoryBudget, "memory-budget", "cap on the index's memory, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited")
 	fs.StringVar(&f.tokenizeURL, "tokenize-url", "", "engine server root whose /tokenize tokenizes text and chat prompts, e.g. http://vllm:8000")
@@ -102,7 +105,56 @@ func parseEngine(s, defaultModel string) (zmqtransport.EngineConfig, error) {
 	if ec.Model == "" {
 		return ec, usagef("--engine %q: no model: add ,model=M or set --model", s)
 	}
+	if err := zmqtransport.CheckConnectEndpoint(ec.Endpoint, ec.Ranks); err != nil {
+		return ec, engineEndpointError(s, ec, false, err)
+	}
+	if ec.ReplayEndpoint != "" {
+		if err := zmqtransport.CheckConnectEndpoint(ec.ReplayEndpoint, ec.Ranks); err != nil {
+			return ec, engineEndpointError(s, ec, true, err)
+		}
+	}
+	var le *zmqtransport.LayoutError
+	if err := zmqtransport.CheckLayout([]zmqtransport.EngineConfig{ec}); errors.As(err, &le) {
+		return ec, usagef("--engine %q: %s", s, le.Detail)
+	}
 	return ec, nil
+}
+
+// engineEndpointError explains why kvindex cannot connect to an --engine
+// value's event (or replay) endpoint. A "*" host is what the engine's own
+// configuration says where it binds; kvindex needs the engine's address,
+// or bind mode.
+func engineEndpointError(s string, ec zmqtransport.EngineConfig, replay bool, err error) error {
+	var ee *zmqtransport.EndpointError
+	if !errors.As(err, &ee) {
+		return usagef("--engine %q: %v", s, err)
+	}
+	which := ""
+	if replay {
+		which = "replay "
+	}
+	if !ee.Wildcard {
+		return usagef("--engine %q: %s%v", s, which, ee)
+	}
+	port := ee.Endpoint[strings.LastIndexByte(ee.Endpoint, ':')+1:]
+	if !replay {
+		return usagef("--engine %q: a connect-mode endpoint needs the engine's host, e.g. tcp://10.0.0.5:%s; %q binds — for engines that connect to kvindex, use --listen 'tcp://*:%s' (bind mode)",
+			s, port, hostOf(ee.Endpoint), port)
+	}
+	example := "tcp://10.0.0.5:" + port
+	if zmqtransport.CheckConnectEndpoint(ec.Endpoint, 1) == nil && strings.HasPrefix(ec.Endpoint, "tcp://") {
+		example = "tcp://" + hostOf(ec.Endpoint) + ":" + port
+	}
+	return usagef("--engine %q: the replay endpoint needs the engine's host, e.g. replay=%s (%q is where the engine binds it)", s, example, hostOf(ee.Endpoint))
+}
+
+// hostOf returns the host of a tcp://HOST:PORT endpoint.
+func hostOf(ep string) string {
+	rest := strings.TrimPrefix(ep, "tcp://")
+	if i := strings.LastIndexByte(rest, ':'); i >= 0 {
+		return rest[:i]
+	}
+	return rest
 }
 
 // endpoint adds tcp:// to a bare host:port.

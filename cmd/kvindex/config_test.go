@@ -69,8 +69,8 @@ func TestParseEngine(t *testing.T) {
 		err   string
 	}{
 		{"a=tcp://10.0.0.5:5557", "m", zmqtransport.EngineConfig{Name: "a", Model: "m", Endpoint: "tcp://10.0.0.5:5557", Ranks: 1}, ""},
-		{"a=10.0.0.5:5557,replay=10.0.0.5:5558,ranks=4,model=x,topic=kv@", "",
-			zmqtransport.EngineConfig{Name: "a", Model: "x", Endpoint: "tcp://10.0.0.5:5557", ReplayEndpoint: "tcp://10.0.0.5:5558", Ranks: 4, Topic: "kv@"}, ""},
+		{"a=10.0.0.5:5557,replay=10.0.0.5:5567,ranks=4,model=x,topic=kv@", "",
+			zmqtransport.EngineConfig{Name: "a", Model: "x", Endpoint: "tcp://10.0.0.5:5557", ReplayEndpoint: "tcp://10.0.0.5:5567", Ranks: 4, Topic: "kv@"}, ""},
 		{"a=ipc:///tmp/kv.sock", "m", zmqtransport.EngineConfig{Name: "a", Model: "m", Endpoint: "ipc:///tmp/kv.sock", Ranks: 1}, ""},
 		{"a", "m", zmqtransport.EngineConfig{}, `--engine "a": missing "=ENDPOINT"`},
 		{"a=", "m", zmqtransport.EngineConfig{}, `--engine "a=": missing "=ENDPOINT"`},
@@ -81,6 +81,18 @@ func TestParseEngine(t *testing.T) {
 		{"a=tcp://x:1,replay", "m", zmqtransport.EngineConfig{}, `option "replay": want KEY=VALUE`},
 		{"a=tcp://x:1,color=red", "m", zmqtransport.EngineConfig{}, `unknown option "color"`},
 		{"a=,replay=tcp://x:2", "m", zmqtransport.EngineConfig{}, "empty endpoint"},
+		// Endpoints kvindex cannot connect to, and overlapping rank layouts.
+		{"a=tcp://*:5557", "m", zmqtransport.EngineConfig{}, `--engine "a=tcp://*:5557": a connect-mode endpoint needs the engine's host, e.g. tcp://10.0.0.5:5557; "*" binds — for engines that connect to kvindex, use --listen 'tcp://*:5557' (bind mode)`},
+		{"a=*:5557", "m", zmqtransport.EngineConfig{}, `--engine "a=*:5557": a connect-mode endpoint needs the engine's host`},
+		{"a=tcp://10.0.0.5:5557,replay=tcp://*:5558", "m", zmqtransport.EngineConfig{}, `--engine "a=tcp://10.0.0.5:5557,replay=tcp://*:5558": the replay endpoint needs the engine's host, e.g. replay=tcp://10.0.0.5:5558 ("*" is where the engine binds it)`},
+		{"a=127.0.0.1", "m", zmqtransport.EngineConfig{}, `--engine "a=127.0.0.1": endpoint "tcp://127.0.0.1": no port (want tcp://HOST:PORT, e.g. tcp://10.0.0.5:5557)`},
+		{"a=tcp://h:1,replay=h", "m", zmqtransport.EngineConfig{}, `--engine "a=tcp://h:1,replay=h": replay endpoint "tcp://h": no port`},
+		{"a=tcp://h:99999", "m", zmqtransport.EngineConfig{}, `endpoint "tcp://h:99999": port "99999" is not in 1..65535`},
+		{"a=udp://h:1", "m", zmqtransport.EngineConfig{}, `unknown transport "udp" (want tcp://HOST:PORT, ipc://PATH or inproc://NAME)`},
+		{"a=tcp://h:65535,ranks=2", "m", zmqtransport.EngineConfig{}, "port 65535 cannot be offset by 2 data-parallel ranks"},
+		{"pod-b=tcp://10.0.0.6:5557,replay=tcp://10.0.0.6:5558,ranks=2", "m", zmqtransport.EngineConfig{},
+			`--engine "pod-b=tcp://10.0.0.6:5557,replay=tcp://10.0.0.6:5558,ranks=2": ranks=2 uses event ports 5557-5558 and replay ports 5558-5559, which overlap at 5558; vLLM offsets both by the rank, so leave a gap: replay=tcp://10.0.0.6:5567`},
+		{"a=tcp://h:5557,replay=tcp://h:5557", "m", zmqtransport.EngineConfig{}, "the event and replay ports are both 5557"},
 	}
 	for _, tc := range tests {
 		got, err := parseEngine(tc.in, tc.model)
@@ -229,7 +241,27 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{"serve", "--listen", "tcp://*:1", "--tokenizer", "/nonexistent/tokenizer.json", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --tokenizer /nonexistent/tokenizer.json: "},
 		{[]string{"serve", "--listen", "tcp://*:1", "--tokenize-url", "vllm:8000", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --tokenize-url: base URL \"vllm:8000\""},
 		{[]string{"serve", "--listen", "tcp://*:1", "--topic-pattern", "kv@{model}", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --topic-pattern: topic template \"kv@{model}\" has no {pod}"},
-		{[]string{"serve", "--listen", "tcp://*:1", "--replay-template", "tcp://x:1", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --replay-template: "},
+		{[]string{"serve", "--listen", "tcp://*:1", "--replay-template", "tcp://x:1", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --replay-template \"tcp://x:1\": no {pod}"},
+		// Data-parallel layouts: every rank's ports, within and across engines.
+		// (--check: a setting that is wrongly accepted fails at once
+		// instead of starting a server.)
+		{[]string{"serve", "--check", "--model", "m", "--engine", "pod-a=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5567", "--engine", "pod-b=tcp://10.0.0.6:5557,replay=tcp://10.0.0.6:5558,ranks=2"},
+			"kvindex: --engine \"pod-b=tcp://10.0.0.6:5557,replay=tcp://10.0.0.6:5558,ranks=2\": ranks=2 uses event ports 5557-5558 and replay ports 5558-5559, which overlap at 5558; vLLM offsets both by the rank, so leave a gap: replay=tcp://10.0.0.6:5567"},
+		{[]string{"serve", "--check", "--model", "m", "--engine", "a=tcp://h:5557,ranks=2", "--engine", "b=tcp://h:5558"},
+			"kvindex: --engine \"b=tcp://h:5558\": event port 5558 is taken: engine \"a\" uses it for rank 1's events"},
+		// Endpoints.
+		{[]string{"serve", "--check", "--model", "m", "--engine", "a=tcp://*:5557"}, "kvindex: --engine \"a=tcp://*:5557\": a connect-mode endpoint needs the engine's host"},
+		{[]string{"serve", "--check", "--model", "m", "--engine", "a=127.0.0.1"}, "kvindex: --engine \"a=127.0.0.1\": endpoint \"tcp://127.0.0.1\": no port"},
+		{[]string{"serve", "--check", "--listen", "tcp://127.0.0.1:99999"}, "kvindex: --listen \"tcp://127.0.0.1:99999\": port \"99999\" is not in 1..65535"},
+		{[]string{"serve", "--check", "--listen", "127.0.0.1"}, "kvindex: --listen \"127.0.0.1\": no port"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:*", "--listen-ranks", "2"}, "kvindex: --listen \"tcp://*:*\": an ephemeral port (\"*\") cannot be offset by the rank"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:65535", "--listen-ranks", "2"}, "kvindex: --listen \"tcp://*:65535\": port 65535 cannot be offset by 2 data-parallel ranks"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:5557", "--listen-ranks", "0"}, "kvindex: --listen-ranks 0: want an integer in 1..1024"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--replay-template", "tcp://{pod}:0"}, "kvindex: --replay-template \"tcp://{pod}:0\": port \"0\": connecting needs the engine's port"},
+		// Bind-mode flags without bind mode.
+		{[]string{"serve", "--check", "--model", "m", "--engine", "a=tcp://h:1", "--replay-template", "tcp://{pod}:5567"}, "kvindex: --replay-template applies to bind mode (--listen) only; in connect mode give each engine's replay endpoint: --engine NAME=ENDPOINT,replay=ENDPOINT"},
+		{[]string{"serve", "--check", "--model", "m", "--engine", "a=tcp://h:1", "--topic-pattern", "x.{pod}"}, "kvindex: --topic-pattern applies to bind mode (--listen) only"},
+		{[]string{"serve", "--check", "--model", "m", "--engine", "a=tcp://h:1", "--listen-ranks", "2"}, "kvindex: --listen-ranks applies to bind mode (--listen) only; in connect mode give each engine's ranks: --engine NAME=ENDPOINT,ranks=N"},
 	}
 	for _, tc := range tests {
 		_, stderr, code := runCLI(t, tc.args...)
@@ -334,6 +366,10 @@ func TestServeCheck(t *testing.T) {
 	if code != exitOK || !strings.HasPrefix(out, "settings ok: hash sha256 seed \"vllm-none-hash\", block size 16") ||
 		!strings.Contains(out, "engine pod-a (model m): tcp://127.0.0.1:3, replay tcp://127.0.0.1:4, 1 rank(s)") {
 		t.Errorf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	out, errOut, code = runCLI(t, "serve", "--check", "--listen", "tcp://127.0.0.1:3", "--listen-ranks", "4", "--replay-template", "tcp://{pod}:20")
+	if code != exitOK || !strings.Contains(out, "listen tcp://127.0.0.1:3, 4 rank(s), topics kv@{pod}@{model}, replay tcp://{pod}:20") {
+		t.Errorf("bind mode with ranks: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	bad := writeFile(t, "tokenizer.json", `{"model":{"type":"Unigram"}}`)
 	_, errOut, code = runCLI(t, "serve", "--check", "--listen", "tcp://127.0.0.1:*", "--tokenizer", bad)

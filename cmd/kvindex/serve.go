@@ -22,6 +22,7 @@ import (
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/buildinfo"
+	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/tokenizer"
 )
@@ -45,12 +46,18 @@ socket (vLLM's endpoint "tcp://*:5557"). Bind mode (--listen): kvindex binds
 one socket and the engines connect to it; their topics (kv@<pod>@<model> by
 default, see --topic-pattern) name them.
 
+vLLM's data-parallel rank r uses the event port + r and the replay port + r,
+so an engine's event and replay ports must be at least its rank count apart
+(e.g. 5557 and 5567); kvindex refuses layouts that overlap. In bind mode rank
+r connects to the --listen port + r: give --listen-ranks.
+
 Every flag can also be set in a YAML --config file, keyed by flag name;
 flags on the command line override the file.`,
 		Example: `  kvindex serve --model Qwen/Qwen2.5-7B --hash-algo sha256_cbor --hash-seed 0 \
-      --engine pod-a=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558 \
-      --engine pod-b=tcp://10.0.0.6:5557,replay=tcp://10.0.0.6:5558,ranks=2
-  kvindex serve --listen 'tcp://*:5557' --hash-algo sha256_cbor --tokenize-url http://vllm:8000
+      --engine pod-a=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5567 \
+      --engine pod-b=tcp://10.0.0.6:5557,replay=tcp://10.0.0.6:5567,ranks=2
+  kvindex serve --listen 'tcp://*:5557' --listen-ranks 2 --replay-template 'tcp://{pod}:5567' \
+      --hash-algo sha256_cbor --tokenize-url http://vllm:8000
   kvindex serve --config kvindex.yaml --log-format json`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -80,6 +87,7 @@ type serveOptions struct {
 	model              string
 	engines            []zmqtransport.EngineConfig
 	listen             string
+	listenRanks        int
 	topicPattern       string
 	replayTemplate     string
 	index              indexer.Options
@@ -99,7 +107,7 @@ func (f *serveFlags) options() (*serveOptions, error) {
 	budget := int64(f.memoryBudget)
 	o := &serveOptions{
 		grpcAddr: f.grpcAddr, httpAddr: f.httpAddr, model: f.model,
-		listen: f.listen, topicPattern: f.topicPattern, replayTemplate: f.replayTemplate,
+		listen: f.listen, listenRanks: f.listenRanks, topicPattern: f.topicPattern, replayTemplate: f.replayTemplate,
 		index:       indexer.Options{Hasher: h, MemoryBudget: budget},
 		tokenizeURL: f.tokenizeURL, tokenizerFile: f.tokenizer,
 		maxQueryTokens: f.maxQueryTokens, readyGrace: f.readyGrace, pprof: f.pprof,
@@ -115,6 +123,13 @@ func (f *serveFlags) options() (*serveOptions, error) {
 		}
 		seen[ec.Name] = true
 		o.engines = append(o.engines, ec)
+	}
+	var le *zmqtransport.LayoutError
+	if err := zmqtransport.CheckLayout(o.engines); errors.As(err, &le) {
+		return nil, usagef("--engine %q: %s", f.engines[le.Index], le.Detail)
+	}
+	if err := f.checkBindMode(); err != nil {
+		return nil, err
 	}
 	switch {
 	case len(o.engines) == 0 && o.listen == "":
@@ -132,6 +147,44 @@ func (f *serveFlags) options() (*serveOptions, error) {
 		o.listen = endpoint(o.listen)
 	}
 	return o, nil
+}
+
+// checkBindMode validates the bind-mode flags: they apply with --listen
+// only, and name endpoints kvindex can bind and connect to.
+func (f *serveFlags) checkBindMode() error {
+	if f.listenRanks < 1 || f.listenRanks > kvevents.MaxDPRank {
+		return usagef("--listen-ranks %d: want an integer in 1..%d", f.listenRanks, kvevents.MaxDPRank)
+	}
+	if f.listen == "" {
+		switch {
+		case f.replayTemplate != "":
+			return usagef("--replay-template applies to bind mode (--listen) only; in connect mode give each engine's replay endpoint: --engine NAME=ENDPOINT,replay=ENDPOINT")
+		case f.topicPattern != zmqtransport.LLMDTopicPattern:
+			return usagef("--topic-pattern applies to bind mode (--listen) only; in connect mode an engine is named by --engine NAME=ENDPOINT (and filtered with ,topic=PREFIX)")
+		case f.listenRanks != 1:
+			return usagef("--listen-ranks applies to bind mode (--listen) only; in connect mode give each engine's ranks: --engine NAME=ENDPOINT,ranks=N")
+		}
+		return nil
+	}
+	if err := zmqtransport.CheckBindEndpoint(endpoint(f.listen), f.listenRanks); err != nil {
+		return usagef("--listen %q: %s", f.listen, endpointReason(err))
+	}
+	if f.replayTemplate != "" {
+		if err := zmqtransport.CheckReplayTemplate(f.replayTemplate, f.listenRanks); err != nil {
+			return usagef("--replay-template %q: %s", f.replayTemplate, endpointReason(err))
+		}
+	}
+	return nil
+}
+
+// endpointReason is what an endpoint error says is wrong, without the
+// endpoint (the caller names the flag and its value).
+func endpointReason(err error) string {
+	var ee *zmqtransport.EndpointError
+	if errors.As(err, &ee) {
+		return ee.Reason
+	}
+	return err.Error()
 }
 
 // service is a running kvindex: subscriber, index, API servers.
@@ -166,7 +219,7 @@ func checkServe(w io.Writer, o *serveOptions, log *slog.Logger) error {
 		fmt.Fprintf(w, "  engine %s (model %s): %s, replay %s, %d rank(s)\n", e.Name, e.Model, e.Endpoint, cmpOr(e.ReplayEndpoint, "none"), max(e.Ranks, 1))
 	}
 	if o.listen != "" {
-		fmt.Fprintf(w, "  listen %s, topics %s, replay %s\n", o.listen, o.topicPattern, cmpOr(o.replayTemplate, "none"))
+		fmt.Fprintf(w, "  listen %s, %d rank(s), topics %s, replay %s\n", o.listen, o.listenRanks, o.topicPattern, cmpOr(o.replayTemplate, "none"))
 	}
 	return nil
 }
@@ -203,7 +256,7 @@ func buildParts(o *serveOptions, log *slog.Logger) (*parts, error) {
 	}
 	hub := server.NewHub(ix)
 	scfg := zmqtransport.SubscriberConfig{
-		Engines: o.engines, Listen: o.listen, TopicPattern: o.topicPattern,
+		Engines: o.engines, Listen: o.listen, ListenRanks: o.listenRanks, TopicPattern: o.topicPattern,
 		Model: o.model, ReplayTemplate: o.replayTemplate,
 	}
 	sub, err := zmqtransport.NewSubscriber(scfg, hub, log.With("component", "kvevents"))
@@ -269,7 +322,7 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 	log.Info("kvindex starting",
 		"hash_algo", string(hcfg.Algo), "hash_seed", hcfg.Seed, "block_size", hcfg.BlockSize,
 		"memory_budget", formatSize(o.index.MemoryBudget), "model", o.model, "engines", len(o.engines),
-		"listen", cmpOr(o.listen, "none"), "tokenizer", tokenizerSummary(o),
+		"listen", cmpOr(o.listen, "none"), "listen_ranks", o.listenRanks, "tokenizer", tokenizerSummary(o),
 		"max_query_tokens", o.maxQueryTokens, "ready_grace", o.readyGrace.String())
 	// The subscriber logs each engine it follows and its listen socket.
 	if err := sub.Start(); err != nil {
@@ -307,6 +360,17 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		defer wg.Done()
 		srv.Run(runCtx)
 	}()
+	if o.readyGrace > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-srv.ReadyC():
+				logNotConnected(log, sub.Streams())
+			case <-runCtx.Done():
+			}
+		}()
+	}
 	go func() {
 		var cause error
 		select {
@@ -320,6 +384,31 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		close(s.done)
 	}()
 	return s, nil
+}
+
+// maxNamedStreams bounds the streams one log line names.
+const maxNamedStreams = 20
+
+// logNotConnected names the engine streams that were not connected when
+// kvindex became ready: --ready-grace ran out before they connected.
+func logNotConnected(log *slog.Logger, streams []kvevents.StreamStats) {
+	var names []string
+	n := 0
+	for _, st := range streams {
+		if st.Bind || st.Connected {
+			continue
+		}
+		if n++; n <= maxNamedStreams {
+			names = append(names, fmt.Sprintf("%s (%s)", st.Engine, st.Endpoint))
+		}
+	}
+	if n == 0 {
+		return
+	}
+	if n > maxNamedStreams {
+		names = append(names, fmt.Sprintf("and %d more", n-maxNamedStreams))
+	}
+	log.Warn("ready after grace period; engines not connected", "count", n, "not_connected", strings.Join(names, ", "))
 }
 
 // shutdown stops accepting requests, lets in-flight ones finish (within

@@ -21,12 +21,25 @@
 // its PUB socket and the subscriber connects one SUB per engine and
 // data-parallel rank. Rank r publishes on the configured port + r and
 // replays on the replay port + r (inproc endpoints get "_dp<r>"; ipc ones
-// carry rank 0 only); a batch's own dp_rank, when present, overrides the
+// carry rank 0 only), so the two bases must be at least the rank count
+// apart (CheckLayout); a batch's own dp_rank, when present, overrides the
 // port's rank. In bind mode (SubscriberConfig.Listen) the subscriber binds
-// one SUB that every engine connects to (llm-d's deployment) and names each
+// one SUB that every engine connects to (llm-d's deployment), on one port
+// per rank (ListenRanks: rank r connects to the port + r), and names each
 // engine from its topic (TopicPattern: llm-d's kv@<pod>@<model>, a
 // {pod}/{model} template or a regexp) and dp_rank; replay endpoints then
-// come from ReplayTemplate.
+// come from ReplayTemplate. CheckConnectEndpoint, CheckBindEndpoint and
+// CheckReplayTemplate say which endpoints are accepted.
+//
+// # Reconnecting
+//
+// libzmq reconnects a SUB socket by itself, backing off from ReconnectIvl
+// to ReconnectIvlMax while TCP connects fail. A peer that accepts TCP but
+// closes before the ZMQ handshake (no ZMQ publisher there) would be
+// retried every ReconnectIvl, since each accepted connection restarts
+// libzmq's backoff; the subscriber closes the socket instead and reopens
+// it after a backoff of its own, and a connection counts as connected
+// only once its handshake succeeded.
 //
 // # Streams and loops
 //

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	zmq "github.com/pebbe/zmq4"
 
@@ -15,7 +16,8 @@ import (
 // topics cannot grow memory without bound.
 const maxRoutes = 1 << 16
 
-// listener is a bind-mode SUB socket shared by many engines. It decodes
+// listener is a bind-mode SUB socket shared by many engines, bound to one
+// port per data-parallel rank (SubscriberConfig.ListenRanks). It decodes
 // each batch first (the dp_rank inside it picks the stream), then hands it
 // to that stream's sequencer. It lives on its own ioLoop.
 type listener struct {
@@ -23,6 +25,7 @@ type listener struct {
 	loop   *ioLoop
 	sub    *zmq.Socket
 	mon    *zmq.Socket
+	bound  []string // the bound endpoint of each rank's port
 	ctr    listenerCounters
 	dec    kvevents.Decoder
 	batch  kvevents.Batch
@@ -51,33 +54,49 @@ func (s *Subscriber) startListener() error {
 		rx:     newReceiver(),
 		routes: map[string]*route{},
 	}
-	err = l.call(func() error { return ln.open(s.cfg.Listen, s.cfg.Topic) })
+	err = l.call(func() error { return ln.open(s.cfg.Listen, s.cfg.Topic, s.cfg.ListenRanks) })
 	if err != nil {
 		l.stop()
 		return err
 	}
 	s.listener = ln
 	s.listenerView.Store(ln)
-	s.log.Info("zmqtransport: listening", "endpoint", ln.ctr.snapshot().Endpoint,
+	s.log.Info("zmqtransport: listening", "endpoint", ln.bound[0], "ranks", len(ln.bound),
+		"endpoints", strings.Join(ln.bound, " "),
 		"topic_pattern", s.topic.src, "replay_template", s.cfg.ReplayTemplate)
 	return nil
 }
 
-func (ln *listener) open(endpoint, topic string) error {
+// open binds the SUB socket to endpoint's port + r for each rank r, as
+// vLLM's rank r connects there: one socket may be bound to many
+// endpoints, and the batches' dp_rank tells the ranks apart.
+func (ln *listener) open(endpoint, topic string, ranks int) error {
+	var bound []string
 	sub, mon, err := ln.s.openSUB(topic, zmq.EVENT_ACCEPTED|zmq.EVENT_DISCONNECTED, func(sub *zmq.Socket) error {
-		if err := sub.Bind(endpoint); err != nil {
-			return fmt.Errorf("zmqtransport: bind %s: %w", endpoint, err)
+		for r := range ranks {
+			ep, err := offsetEndpoint(endpoint, r)
+			if err != nil {
+				return err
+			}
+			if err := sub.Bind(ep); err != nil {
+				if ranks > 1 {
+					return fmt.Errorf("zmqtransport: bind %s (rank %d's port): %w", ep, r, err)
+				}
+				return fmt.Errorf("zmqtransport: bind %s: %w", ep, err)
+			}
+			got, err := sub.GetLastEndpoint()
+			if err != nil {
+				got = ep
+			}
+			bound = append(bound, got)
 		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	bound, err := sub.GetLastEndpoint()
-	if err != nil {
-		bound = endpoint
-	}
-	ln.ctr.endpoint.Store(&bound)
+	ln.bound = bound
+	ln.ctr.endpoint.Store(&bound[0])
 	ln.sub, ln.mon = sub, mon
 	ln.loop.add(sub, ln.onMessage)
 	ln.loop.add(mon, ln.onMonitor)
@@ -223,7 +242,11 @@ func (ln *listener) stream(rt *route, rank int) *stream {
 			replayEP = ep
 		}
 	}
-	st := ln.s.newStream(ln.loop, id, ln.ctr.snapshot().Endpoint, replayEP, ln)
+	endpoint := ln.bound[0]
+	if rank < len(ln.bound) {
+		endpoint = ln.bound[rank]
+	}
+	st := ln.s.newStream(ln.loop, id, endpoint, replayEP, ln)
 	if !ln.s.claim(id, st) {
 		st.close()
 		// Remember the conflict so the next message does not try again.

@@ -19,7 +19,7 @@ type ioLoop struct {
 	poller   *zmq.Poller
 	handlers map[*zmq.Socket]func()
 	ctl      *zmq.Socket          // read end of the wake-up pipe; loop-owned
-	timed    map[*stream]struct{} // streams with an outstanding replay
+	timed    map[*stream]struct{} // streams with a deadline: a replay, a reconnect backoff
 	members  map[closer]struct{}  // what to close at shutdown
 	exit     bool
 	done     chan struct{}
@@ -182,14 +182,14 @@ func (l *ioLoop) run() {
 	l.shutdown()
 }
 
-// timeout is how long Poll may wait: until the earliest replay deadline.
+// timeout is how long Poll may wait: until the earliest deadline.
 func (l *ioLoop) timeout() time.Duration {
 	if len(l.timed) == 0 {
 		return -1
 	}
 	first := int64(-1)
 	for st := range l.timed {
-		if d, ok := st.seq.ReplayDeadline(); ok && (first < 0 || d < first) {
+		if d, ok := st.deadline(); ok && (first < 0 || d < first) {
 			first = d
 		}
 	}

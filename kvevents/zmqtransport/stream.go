@@ -35,8 +35,15 @@ type stream struct {
 
 	// Connect mode: the SUB socket and its monitor.
 	sub, mon    *zmq.Socket
-	portRank    int  // the rank the endpoint's port implies
-	rankSettled bool // the first dp_rank-carrying batch was checked
+	subEP       string // what sub connects to
+	topic       string // sub's subscription
+	handshook   bool   // sub's current connection completed the ZMTP handshake
+	refused     int    // connections in a row closed before the handshake
+	refusedLog  uint64 // all such connections, for the log's rate limit
+	retryAt     int64  // when to reopen sub, closed after a refused connection; 0 if open
+	timed       bool   // in loop.timed
+	portRank    int    // the rank the endpoint's port implies
+	rankSettled bool   // the first dp_rank-carrying batch was checked
 	strayLogged uint64
 
 	// Replay: a DEALER to the engine's replay ROUTER; nil without one.
@@ -109,8 +116,14 @@ func (s *Subscriber) openConnectStream(l *ioLoop, cfg EngineConfig, r int) (*str
 	return st, nil
 }
 
+// subEvents are the SUB socket events a connect-mode stream follows: a
+// connection counts once its ZMTP handshake succeeded, so a peer that
+// accepts TCP but is no ZMQ publisher never looks connected.
+const subEvents = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+
 func (st *stream) openSub(endpoint, topic string) error {
-	sub, mon, err := st.s.openSUB(topic, zmq.EVENT_CONNECTED|zmq.EVENT_DISCONNECTED, func(sub *zmq.Socket) error {
+	st.subEP, st.topic = endpoint, topic
+	sub, mon, err := st.s.openSUB(topic, subEvents, func(sub *zmq.Socket) error {
 		if err := sub.Connect(endpoint); err != nil {
 			return fmt.Errorf("zmqtransport: connect %s: %w", endpoint, err)
 		}
@@ -166,6 +179,7 @@ func (st *stream) close() {
 	st.closeDealer()
 	st.rx.free()
 	delete(st.loop.timed, st)
+	st.timed, st.retryAt = false, 0
 	delete(st.loop.members, st)
 	st.ctr.connected.Store(false)
 	st.ctr.replaying.Store(false)
@@ -234,15 +248,58 @@ func (st *stream) onMonitor() {
 			return
 		}
 		switch {
-		case ev&zmq.EVENT_CONNECTED != 0:
+		case ev&zmq.EVENT_HANDSHAKE_SUCCEEDED != 0:
+			st.handshook, st.refused = true, 0
 			st.ctr.connected.Store(true)
 			st.logAttrs(slog.LevelInfo, "zmqtransport: connected", slog.String("addr", addr))
 			st.seq.Connected(st.s.mono())
 			st.after()
-		case ev&zmq.EVENT_DISCONNECTED != 0:
+		case ev&zmq.EVENT_DISCONNECTED != 0 && st.handshook:
+			st.handshook = false
 			st.ctr.connected.Store(false)
 			st.logAttrs(slog.LevelWarn, "zmqtransport: disconnected; reconnecting", slog.String("addr", addr))
+		case ev&zmq.EVENT_DISCONNECTED != 0:
+			st.refusedConnection(addr)
+			return // the monitor is closed
 		}
+	}
+}
+
+// refusedConnection handles a connection closed before the ZMTP
+// handshake: something accepts TCP there but is no ZMQ publisher (or not
+// yet). libzmq would reconnect after ReconnectIvl every time, since its
+// backoff only grows while TCP connects fail, so the SUB socket is closed
+// and reopened after a backoff of its own instead: ReconnectIvl doubled
+// per refusal in a row, up to ReconnectIvlMax. The log is rate-limited.
+func (st *stream) refusedConnection(addr string) {
+	st.refused++
+	st.refusedLog++
+	wait := st.s.cfg.ReconnectIvl
+	for i := 1; i < st.refused && wait < st.s.cfg.ReconnectIvlMax; i++ {
+		wait *= 2
+	}
+	wait = min(wait, st.s.cfg.ReconnectIvlMax)
+	if logEvery(st.refusedLog) {
+		st.logAttrs(slog.LevelWarn, "zmqtransport: connection closed before the ZMQ handshake (is a ZMQ PUB socket bound there?); retrying with backoff",
+			slog.String("addr", addr), slog.Duration("retry_in", wait), slog.Uint64("count", st.refusedLog))
+	}
+	st.loop.remove(st.sub)
+	st.loop.remove(st.mon)
+	closeMonitored(st.sub, st.mon)
+	st.sub, st.mon = nil, nil
+	st.retryAt = st.s.mono() + int64(wait)
+	st.after()
+}
+
+// reopen reconnects the SUB socket once a refusal's backoff has passed.
+func (st *stream) reopen(now int64) {
+	if st.retryAt == 0 || now < st.retryAt {
+		return
+	}
+	st.retryAt = 0
+	if err := st.openSub(st.subEP, st.topic); err != nil {
+		st.logAttrs(slog.LevelError, "zmqtransport: SUB socket not reopened; retrying", slog.Any("err", err))
+		st.retryAt = now + int64(st.s.cfg.ReconnectIvlMax)
 	}
 }
 
@@ -261,22 +318,35 @@ func (st *stream) malformed(where string, frames int) {
 }
 
 func (st *stream) tick(now int64) {
+	st.reopen(now)
 	st.seq.Tick(now)
 	st.after()
 }
 
-// after mirrors the sequencer's replay state into the counters and the
-// loop's timer set.
+// deadline is when the stream next needs a tick: its replay's deadline or
+// the end of a reconnect backoff, whichever comes first.
+func (st *stream) deadline() (int64, bool) {
+	d, ok := st.seq.ReplayDeadline()
+	if st.retryAt != 0 && (!ok || st.retryAt < d) {
+		return st.retryAt, true
+	}
+	return d, ok
+}
+
+// after mirrors the sequencer's replay state into the counters, and the
+// stream's deadlines into the loop's timer set.
 func (st *stream) after() {
 	_, replaying := st.seq.ReplayDeadline()
-	if replaying == st.ctr.replaying.Load() {
-		return
+	if replaying != st.ctr.replaying.Load() {
+		st.ctr.replaying.Store(replaying)
 	}
-	st.ctr.replaying.Store(replaying)
-	if replaying {
-		st.loop.timed[st] = struct{}{}
-	} else {
-		delete(st.loop.timed, st)
+	if timed := replaying || st.retryAt != 0; timed != st.timed {
+		st.timed = timed
+		if timed {
+			st.loop.timed[st] = struct{}{}
+		} else {
+			delete(st.loop.timed, st)
+		}
 	}
 }
 

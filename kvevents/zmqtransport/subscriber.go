@@ -8,7 +8,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,7 +41,8 @@ type EngineConfig struct {
 	// the stream instead of being replayed).
 	ReplayEndpoint string
 	// Ranks is the engine's data-parallel size (0 means 1). Rank r is read
-	// from Endpoint's port + r and replayed from ReplayEndpoint's port + r.
+	// from Endpoint's port + r and replayed from ReplayEndpoint's port + r,
+	// as vLLM offsets them (see CheckLayout for the ports this takes).
 	Ranks int
 	// Topic is the SUB subscription: a byte prefix of the topics to accept
 	// ("" accepts all).
@@ -55,9 +55,15 @@ type SubscriberConfig struct {
 	Engines []EngineConfig
 
 	// Listen, if set, is an endpoint to bind one SUB socket to (bind
-	// mode), e.g. "tcp://*:5557"; a port of "*" binds an ephemeral port,
-	// which ListenEndpoint reports.
+	// mode), e.g. "tcp://*:5557"; a port of "*" binds an ephemeral port
+	// (one rank only), which ListenEndpoint reports.
 	Listen string
+	// ListenRanks is the largest data-parallel size of the engines that
+	// connect to Listen (0 means 1). vLLM's rank r connects to the
+	// configured port + r, so the listen socket binds that many
+	// consecutive ports (one socket bound to each) and tells the ranks
+	// apart by their batches' dp_rank.
+	ListenRanks int
 	// Topic is the listen socket's subscription prefix ("" accepts all).
 	Topic string
 	// TopicPattern extracts pod and model from the topics of a listen
@@ -82,7 +88,9 @@ type SubscriberConfig struct {
 	// MaxBuffered bounds the live batches held per stream while a replay
 	// is outstanding; beyond it the replay is given up.
 	MaxBuffered int
-	// ReconnectIvl and ReconnectIvlMax bound libzmq's reconnect backoff.
+	// ReconnectIvl and ReconnectIvlMax bound the reconnect backoff:
+	// libzmq's while TCP connects fail, the subscriber's own after
+	// connections closed before the ZMQ handshake.
 	ReconnectIvl, ReconnectIvlMax time.Duration
 	// RcvHWM is the receive high-water mark of SUB and DEALER sockets, in
 	// messages; a slow reader loses batches beyond it (seen as gaps).
@@ -126,6 +134,9 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = DefaultHeartbeatInterval
 	}
+	if c.ListenRanks <= 0 {
+		c.ListenRanks = 1
+	}
 	if c.Pollers <= 0 {
 		c.Pollers = runtime.GOMAXPROCS(0)
 	}
@@ -148,7 +159,10 @@ func (c *EngineConfig) validate() error {
 		return fmt.Errorf("zmqtransport: engine %q: %d ranks exceed %d", c.Name, c.Ranks, kvevents.MaxDPRank)
 	}
 	for _, ep := range []string{c.Endpoint, c.ReplayEndpoint} {
-		if _, err := offsetEndpoint(ep, c.Ranks-1); err != nil {
+		if ep == "" {
+			continue
+		}
+		if err := CheckConnectEndpoint(ep, c.Ranks); err != nil {
 			return fmt.Errorf("zmqtransport: engine %q: %w", c.Name, err)
 		}
 	}
@@ -168,9 +182,10 @@ func (c *EngineConfig) validate() error {
 //     dp_rank, when present, overrides the port's rank (see
 //     kvevents.StreamStats.RankMismatches).
 //   - bind mode (SubscriberConfig.Listen): the subscriber binds one SUB
-//     socket and every engine connects its PUB to it (llm-d's deployment).
-//     Engines are told apart by their topic (TopicPattern, by default
-//     kv@<pod>@<model>) and, within an engine, by the batch's dp_rank.
+//     socket, on one port per rank (ListenRanks), and every engine connects
+//     its PUB to it (llm-d's deployment). Engines are told apart by their
+//     topic (TopicPattern, by default kv@<pod>@<model>) and, within an
+//     engine, by the batch's dp_rank.
 //
 // Each (engine, rank) stream has its own kvevents.Sequencer: a gap is
 // replayed from the engine's replay socket over a DEALER; a sequence going
@@ -185,7 +200,7 @@ func (c *EngineConfig) validate() error {
 // calls are serial. Connect-mode engines are spread over up to
 // SubscriberConfig.Pollers loops; a listen socket has a loop of its own.
 // Engines are independent: a stopped engine leaves only its own socket
-// idle while libzmq reconnects in the background (backoff ReconnectIvl to
+// idle while it is reconnected in the background (backoff ReconnectIvl to
 // ReconnectIvlMax).
 //
 // Sink calls for one EngineID never overlap; calls for different engines
@@ -243,6 +258,14 @@ func NewSubscriber(cfg SubscriberConfig, sink kvevents.Sink, log *slog.Logger) (
 		}
 		seen[cfg.Engines[i].Name] = true
 	}
+	if err := CheckLayout(cfg.Engines); err != nil {
+		return nil, err
+	}
+	if cfg.Listen != "" {
+		if err := CheckBindEndpoint(cfg.Listen, cfg.ListenRanks); err != nil {
+			return nil, fmt.Errorf("zmqtransport: listen %w", err)
+		}
+	}
 	if len(cfg.Engines) == 0 && cfg.Listen == "" {
 		// Engines may still be added at run time (discovery).
 		log.Debug("zmqtransport: subscriber starts without engines")
@@ -251,9 +274,10 @@ func NewSubscriber(cfg SubscriberConfig, sink kvevents.Sink, log *slog.Logger) (
 	if err != nil {
 		return nil, err
 	}
-	if cfg.ReplayTemplate != "" && !strings.Contains(cfg.ReplayTemplate, "{pod}") {
-		// Without {pod} every engine would ask one socket for its gaps.
-		return nil, fmt.Errorf("zmqtransport: replay template %q has no {pod}", cfg.ReplayTemplate)
+	if cfg.ReplayTemplate != "" {
+		if err := CheckReplayTemplate(cfg.ReplayTemplate, cfg.ListenRanks); err != nil {
+			return nil, fmt.Errorf("zmqtransport: replay template: %w", err)
+		}
 	}
 	return &Subscriber{
 		cfg:     cfg,
@@ -352,12 +376,22 @@ func (s *Subscriber) AddEngine(cfg EngineConfig) error {
 	if s.closed {
 		return errors.New("zmqtransport: subscriber closed")
 	}
-	if !s.started {
-		for _, ec := range s.cfg.Engines {
-			if ec.Name == cfg.Name {
-				return fmt.Errorf("zmqtransport: engine %q already configured", cfg.Name)
-			}
+	others := s.cfg.Engines
+	if s.started {
+		others = others[:0:0]
+		for _, e := range s.engines {
+			others = append(others, e.cfg)
 		}
+	}
+	for _, ec := range others {
+		if ec.Name == cfg.Name {
+			return fmt.Errorf("zmqtransport: engine %q already configured", cfg.Name)
+		}
+	}
+	if err := CheckLayout(append(slices.Clone(others), cfg)); err != nil {
+		return err
+	}
+	if !s.started {
 		s.cfg.Engines = append(s.cfg.Engines, cfg)
 		return nil
 	}
@@ -459,8 +493,9 @@ func (s *Subscriber) RemoveEngine(name string) bool {
 	return removed
 }
 
-// ListenEndpoint returns the listen socket's bound endpoint, with an
-// ephemeral port resolved ("" without a listen socket or before Start).
+// ListenEndpoint returns the listen socket's bound endpoint (rank 0's
+// port), with an ephemeral port resolved ("" without a listen socket or
+// before Start).
 func (s *Subscriber) ListenEndpoint() string {
 	ln := s.listenerView.Load()
 	if ln == nil {

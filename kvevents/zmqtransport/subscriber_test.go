@@ -479,7 +479,7 @@ func TestSubscriberCloseLeavesNoGoroutines(t *testing.T) {
 	for _, mode := range []string{"Close", "Run"} {
 		sink := newRecSink()
 		s, err := NewSubscriber(SubscriberConfig{
-			Engines: []EngineConfig{connectCfg(pub, "pod-l"), {Name: "nowhere", Endpoint: "tcp://127.0.0.1:1", ReplayEndpoint: "tcp://127.0.0.1:2", Ranks: 3}},
+			Engines: []EngineConfig{connectCfg(pub, "pod-l"), {Name: "nowhere", Endpoint: "tcp://127.0.0.1:1", ReplayEndpoint: "tcp://127.0.0.1:11", Ranks: 3}},
 			Listen:  "tcp://127.0.0.1:*",
 			Pollers: 2,
 		}, sink, testLogger(t))
@@ -533,6 +533,14 @@ func TestSubscriberConfigErrors(t *testing.T) {
 		{"too many ranks", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://a:1", Ranks: kvevents.MaxDPRank + 1}}}, "exceed"},
 		{"bad pattern", SubscriberConfig{Listen: "tcp://*:1", TopicPattern: "kv@{pod"}, "unclosed"},
 		{"replay template without pod", SubscriberConfig{Listen: "tcp://*:1", ReplayTemplate: "tcp://replay:5558"}, "no {pod}"},
+		{"listen port out of range", SubscriberConfig{Listen: "tcp://127.0.0.1:99999"}, `listen endpoint "tcp://127.0.0.1:99999": port "99999" is not in 1..65535`},
+		{"ephemeral listen port for ranks", SubscriberConfig{Listen: "tcp://127.0.0.1:*", ListenRanks: 2}, "cannot be offset by the rank"},
+		{"replay template port", SubscriberConfig{Listen: "tcp://*:1", ReplayTemplate: "tcp://{pod}:0"}, `port "0"`},
+		{"engine at a wildcard", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://*:5557"}}}, `engine "a": endpoint "tcp://*:5557": "*" is not a host to connect to`},
+		{"engine without port", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://127.0.0.1"}}}, `engine "a": endpoint "tcp://127.0.0.1": no port`},
+		{"replay without port", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://h:1", ReplayEndpoint: "tcp://h"}}}, `endpoint "tcp://h": no port`},
+		{"overlapping ranks", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://h:5557", ReplayEndpoint: "tcp://h:5558", Ranks: 2}}}, "overlap at 5558"},
+		{"engines sharing a port", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://h:5557", Ranks: 2}, {Name: "b", Endpoint: "tcp://h:5558"}}}, `engine "b": event port 5558 is taken`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strconv"
 	"strings"
 )
 
@@ -127,34 +126,30 @@ func (tp *topicPattern) parse(topic string) (pod, model string, err error) {
 	return m[tp.pod], model, nil
 }
 
-// offsetEndpoint returns the endpoint data-parallel rank r of an engine
-// uses, the way vLLM derives it: a tcp port grows by r, an inproc name gets
-// "_dp<r>", and ipc endpoints cannot carry ranks above 0.
-func offsetEndpoint(endpoint string, r int) (string, error) {
-	if r == 0 || endpoint == "" {
-		return endpoint, nil
+// CheckReplayTemplate reports whether tmpl is a usable bind-mode replay
+// template (SubscriberConfig.ReplayTemplate) for engines of up to ranks
+// data-parallel ranks: it names {pod} (without it every engine would ask
+// one socket for its gaps) and is an endpoint to connect to, the
+// placeholders standing in for the host. A template ending in a
+// placeholder may take its port from it and is not checked further. The
+// error is an *EndpointError.
+func CheckReplayTemplate(tmpl string, ranks int) error {
+	if !strings.Contains(tmpl, "{pod}") {
+		return &EndpointError{Endpoint: tmpl, Reason: "no {pod}: every engine would ask one socket for its gaps (want e.g. tcp://{pod}:5567)"}
 	}
-	switch {
-	case strings.HasPrefix(endpoint, "inproc://"):
-		return endpoint + "_dp" + strconv.Itoa(r), nil
-	case strings.HasPrefix(endpoint, "tcp://"):
-		i := strings.LastIndexByte(endpoint, ':')
-		if i < len("tcp://") {
-			return "", fmt.Errorf("zmqtransport: endpoint %q has no port", endpoint)
-		}
-		port, err := strconv.Atoi(endpoint[i+1:])
-		if err != nil || port <= 0 || port+r > 65535 {
-			return "", fmt.Errorf("zmqtransport: endpoint %q: port cannot be offset by rank %d", endpoint, r)
-		}
-		return endpoint[:i+1] + strconv.Itoa(port+r), nil
+	if strings.HasSuffix(tmpl, "}") {
+		return nil
 	}
-	return "", fmt.Errorf("zmqtransport: endpoint %q cannot carry data-parallel rank %d (only tcp:// and inproc:// can)", endpoint, r)
+	return CheckConnectEndpoint(tmpl, ranks)
 }
 
 // expandReplayTemplate fills a bind-mode replay template such as
-// "tcp://{pod}:5558" for one engine's rank ({model} is also recognised).
+// "tcp://{pod}:5567" for one engine's rank ({model} is also recognised).
 func expandReplayTemplate(tmpl, pod, model string, rank int) (string, error) {
 	ep := strings.ReplaceAll(tmpl, "{pod}", pod)
 	ep = strings.ReplaceAll(ep, "{model}", model)
+	if err := CheckConnectEndpoint(ep, rank+1); err != nil {
+		return "", err
+	}
 	return offsetEndpoint(ep, rank)
 }

@@ -67,33 +67,6 @@ func TestTopicPatternErrors(t *testing.T) {
 	}
 }
 
-func TestOffsetEndpoint(t *testing.T) {
-	tests := []struct {
-		ep   string
-		rank int
-		want string // "" with wantErr
-		err  bool
-	}{
-		{"tcp://10.0.0.5:5557", 0, "tcp://10.0.0.5:5557", false},
-		{"tcp://10.0.0.5:5557", 3, "tcp://10.0.0.5:5560", false},
-		{"tcp://[::1]:5557", 1, "tcp://[::1]:5558", false},
-		{"tcp://host.svc:5558", 2, "tcp://host.svc:5560", false},
-		{"inproc://events", 2, "inproc://events_dp2", false},
-		{"ipc:///tmp/ev", 0, "ipc:///tmp/ev", false},
-		{"", 5, "", false},
-		{"ipc:///tmp/ev", 1, "", true},
-		{"tcp://host", 1, "", true},
-		{"tcp://host:abc", 1, "", true},
-		{"tcp://host:65535", 1, "", true},
-	}
-	for _, tt := range tests {
-		got, err := offsetEndpoint(tt.ep, tt.rank)
-		if (err != nil) != tt.err || got != tt.want {
-			t.Errorf("offsetEndpoint(%q, %d) = %q, %v; want %q, error %v", tt.ep, tt.rank, got, err, tt.want, tt.err)
-		}
-	}
-}
-
 func TestExpandReplayTemplate(t *testing.T) {
 	got, err := expandReplayTemplate("tcp://{pod}:5558", "10.0.0.5", "m", 2)
 	if err != nil || got != "tcp://10.0.0.5:5560" {
