@@ -64,7 +64,7 @@ func (f *simFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.capacity, "capacity", 4096, "KV-cache blocks per engine (and per data-parallel rank)")
 	fs.IntVar(&f.ranks, "ranks", 1, "data-parallel ranks per engine; rank r publishes on the engine's port + r, as vLLM does")
 	fs.IntVar(&f.port, "port", 5557, "connect mode: the first engine's event port (PUB, bound on 127.0.0.1); engine i rank r uses port + i*ranks + r")
-	fs.IntVar(&f.replayPort, "replay-port", 0, "first replay port, laid out as the event ports (default: the port after the last event port)")
+	fs.IntVar(&f.replayPort, "replay-port", 0, "first replay port, laid out as the event ports (default: the port after the last event port; with --connect, the port after its port)")
 	fs.BoolVar(&f.noReplay, "no-replay", false, "engines without a replay socket (kvindex then cannot recover lost batches)")
 	fs.StringVar(&f.connect, "connect", "", "bind mode: the engines connect to a kvindex listening here (kvindex serve --listen), e.g. tcp://127.0.0.1:5557, with topics kv@<pod>@<model>; engine i runs on 127.0.0.<i+1> and is named by it")
 	fs.Float64Var(&f.rate, "rate", 2, "requests per second, over all engines (Poisson arrivals)")
