@@ -5,13 +5,23 @@
 #               test with the race detector, the race-shortened tests without it,
 #               and the decoder's tests against the msgpack library's reader
 
-GO      ?= go
+# Go: the one on PATH, else the standard install's (/usr/local/go/bin, not
+# on every PATH), whose directory then goes first on the PATH of every
+# command here, so that tools and tests that run go find it too.
+ifeq ($(origin GO),undefined)
+GO := $(or $(shell command -v go 2>/dev/null),$(wildcard /usr/local/go/bin/go),go)
+endif
+GO_DIR := $(patsubst %/,%,$(dir $(filter /%,$(GO))))
+ifneq ($(GO_DIR),)
+export PATH := $(GO_DIR):$(PATH)
+endif
 PKGS    := ./...
 BENCH   ?= .
-# System packages the build and tests need (Debian names): libzmq for the ZMQ
-# transport (cgo), Python's zmq and msgpack for the interop test, cbor2 and
-# xxhash (with msgpack) for the golden-file generators.
-DEB_PKGS := libzmq3-dev pkg-config python3-zmq python3-msgpack python3-cbor2 python3-xxhash
+# System packages the build and tests need (Debian names): gcc, the C
+# compiler cgo needs, and libzmq for the ZMQ transport (cgo); Python's zmq and
+# msgpack for the interop test, cbor2 and xxhash (with msgpack) for the
+# golden-file generators.
+DEB_PKGS := gcc libzmq3-dev pkg-config python3-zmq python3-msgpack python3-cbor2 python3-xxhash
 
 # The packages that must build without cgo (no libzmq, no C compiler): the
 # core, the Go client and the server (only kvevents/zmqtransport needs libzmq).

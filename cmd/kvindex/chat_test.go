@@ -47,7 +47,7 @@ func TestReadMessagesFile(t *testing.T) {
 		{"array with parts", chatMessages, "", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := readMessagesFile(writeFile(t, "chat.json", tc.file))
+			p, err := readMessagesFile(writeFile(t, "chat.json", tc.file), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -73,7 +73,7 @@ func TestReadMessagesFile(t *testing.T) {
 		{`{"messages":[["user","hi"]]}`, "a chat message must be a JSON object"},
 		{`{"messages":[{"role":"user","content":"hi"}],"tools":[1,}`, "want a JSON array of messages"},
 	} {
-		_, err := readMessagesFile(writeFile(t, "bad.json", tc.file))
+		_, err := readMessagesFile(writeFile(t, "bad.json", tc.file), nil)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err %v, want %q", tc.file, err, tc.want)
 		}

@@ -6,7 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
+	"net"
 	"os/signal"
 	"slices"
 	"sort"
@@ -31,18 +31,102 @@ import (
 type clientFlags struct {
 	server  string
 	timeout time.Duration
+	addr    string // the gRPC target --server names, set by dial
 }
 
 func (f *clientFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.server, "server", client.DefaultAddr, "address of the kvindex gRPC API")
+	fs.StringVar(&f.server, "server", client.DefaultAddr, "address of the kvindex gRPC API: HOST[:PORT] (port "+defaultGRPCPort()+" when omitted)")
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "deadline for connecting and for the request")
+}
+
+// defaultGRPCPort is the port of client.DefaultAddr, which --server adds
+// to a bare host.
+func defaultGRPCPort() string {
+	_, port, _ := net.SplitHostPort(client.DefaultAddr)
+	return port
+}
+
+// grpcSchemes are gRPC's own target schemes, which --server passes through
+// as gRPC reads them (e.g. dns:///kvindex:50051, unix:///run/kvindex.sock).
+var grpcSchemes = []string{"dns", "unix", "unix-abstract", "passthrough", "ipv4", "ipv6", "xds"}
+
+// serverTarget turns --server into the gRPC target to dial: HOST:PORT,
+// with the default port added to a bare host, and an http:// or grpc://
+// prefix dropped (kvindex's gRPC API is plaintext HTTP/2). gRPC's own
+// target schemes pass through unchanged.
+func serverTarget(s string) (string, error) {
+	want := "want HOST[:PORT] (port " + defaultGRPCPort() + " when omitted), optionally after http:// or grpc://"
+	in := s
+	s = strings.TrimSpace(s)
+	if scheme, rest, ok := strings.Cut(s, ":"); ok && slices.Contains(grpcSchemes, scheme) && (strings.HasPrefix(rest, "/") || strings.HasPrefix(scheme, "unix")) {
+		return s, nil
+	}
+	if scheme, rest, ok := strings.Cut(s, "://"); ok {
+		switch strings.ToLower(scheme) {
+		case "http", "grpc":
+			s = strings.TrimSuffix(rest, "/")
+		case "https", "grpcs":
+			return "", usagef("--server %q: kvindex's gRPC API is plaintext, not TLS: %s", in, want)
+		default:
+			return "", usagef("--server %q: unknown scheme %q: %s", in, scheme, want)
+		}
+	}
+	if s == "" || strings.ContainsAny(s, "/ ") {
+		return "", usagef("--server %q: %s", in, want)
+	}
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		// No port: a host name, an IPv4 address, or an IPv6 address with
+		// or without brackets.
+		host = strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")
+		if strings.Contains(host, ":") && net.ParseIP(host) == nil || strings.ContainsAny(host, "[]") {
+			return "", usagef("--server %q: %s", in, want)
+		}
+		port = defaultGRPCPort()
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return "", usagef("--server %q: port %q is not a number in 1..65535: %s", in, port, want)
+	}
+	return net.JoinHostPort(host, port), nil
 }
 
 // dial connects within the timeout.
 func (f *clientFlags) dial(ctx context.Context) (*client.Client, error) {
+	addr, err := serverTarget(f.server)
+	if err != nil {
+		return nil, err
+	}
+	f.addr = addr
 	dctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	return client.Dial(dctx, f.server)
+	c, err := client.Dial(dctx, addr)
+	if err != nil && answersHTTP1(err) {
+		return nil, f.httpPortError()
+	}
+	return c, err
+}
+
+// answersHTTP1 recognises gRPC's failure when the peer speaks HTTP/1.1:
+// its reply reads as an oversized HTTP/2 frame.
+func answersHTTP1(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "looked like an HTTP/1.1 header") || strings.Contains(msg, "http2: frame too large")
+}
+
+// httpPortError says that --server names an HTTP port, most likely
+// kvindex's own --http-addr.
+func (f *clientFlags) httpPortError() error {
+	return fmt.Errorf("--server %s answers HTTP/1.1, not gRPC: that looks like kvindex's HTTP port (--http-addr); the gRPC API is on --grpc-addr (default %s)",
+		f.server, serveFlagDefault("grpc-addr"))
+}
+
+// serveFlagDefault returns the default of one of serve's flags, so that
+// messages quote it from its one home.
+func serveFlagDefault(name string) string {
+	var sf serveFlags
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	sf.register(fs)
+	return fs.Lookup(name).DefValue
 }
 
 // callError turns an RPC failure into the CLI's one line.
@@ -53,9 +137,12 @@ func (f *clientFlags) callError(err error) error {
 	st := status.Convert(err)
 	switch st.Code() {
 	case codes.Unavailable:
-		return fmt.Errorf("cannot reach kvindex at %s: %s", f.server, st.Message())
+		if answersHTTP1(err) {
+			return f.httpPortError()
+		}
+		return fmt.Errorf("cannot reach kvindex at %s: %s", f.addr, st.Message())
 	case codes.DeadlineExceeded:
-		return fmt.Errorf("kvindex at %s did not answer within %v", f.server, f.timeout)
+		return fmt.Errorf("kvindex at %s did not answer within %v", f.addr, f.timeout)
 	}
 	return fmt.Errorf("%s (%s)", st.Message(), st.Code())
 }
@@ -76,13 +163,14 @@ func (f *promptFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.model, "model", "", "model the prompt is for (default: the server's --model)")
 	f.tokens.register(fs)
 	fs.StringVar(&f.text, "prompt", "", "prompt text, tokenized by the server (completion form)")
-	fs.StringVar(&f.messagesFile, "messages-file", "", `chat messages, tokenized by the server: a JSON array of OpenAI messages, or a chat request object (its messages, tools, chat_template_kwargs, ... are used)`)
+	fs.StringVar(&f.messagesFile, "messages-file", "", `chat messages, tokenized by the server: a JSON array of OpenAI messages, or a chat request object (its messages, tools, chat_template_kwargs, ... are used); - reads stdin`)
 	f.extras.register(fs)
 	_ = fs.MarkHidden("legacy-mm") // a hashing detail of kvindex hash; the server decides
 }
 
-// build returns the prompt the flags describe.
-func (f *promptFlags) build() (*kvindexv1.Prompt, error) {
+// build returns the prompt the flags describe; stdin is what a "-" file
+// reads.
+func (f *promptFlags) build(stdin io.Reader) (*kvindexv1.Prompt, error) {
 	var given []string
 	if f.tokens.set() {
 		given = append(given, "--tokens/--tokens-file")
@@ -110,7 +198,7 @@ func (f *promptFlags) build() (*kvindexv1.Prompt, error) {
 	var p *kvindexv1.Prompt
 	switch {
 	case f.tokens.set():
-		ids, err := f.tokens.load()
+		ids, err := f.tokens.load(stdin)
 		if err != nil {
 			return nil, err
 		}
@@ -118,7 +206,7 @@ func (f *promptFlags) build() (*kvindexv1.Prompt, error) {
 	case f.text != "":
 		p = client.TextPrompt(f.text)
 	default:
-		if p, err = readMessagesFile(f.messagesFile); err != nil {
+		if p, err = readMessagesFile(f.messagesFile, stdin); err != nil {
 			return nil, err
 		}
 	}
@@ -135,19 +223,13 @@ func (f *promptFlags) build() (*kvindexv1.Prompt, error) {
 // others (sampling parameters, tool_choice, stream, ...) do not reach the
 // template and are ignored. Messages decode as the HTTP API decodes them
 // (tokenizer.Message, content parts and tool calls kept whole) and are sent
-// as the API's ChatMessage.
-func readMessagesFile(path string) (*kvindexv1.Prompt, error) {
-	st, err := os.Stat(path)
+// as the API's ChatMessage. "-" reads stdin.
+func readMessagesFile(path string, stdin io.Reader) (*kvindexv1.Prompt, error) {
+	data, err := readInput("--messages-file", path, stdin, maxMessagesFile)
 	if err != nil {
-		return nil, fmt.Errorf("--messages-file: %w", err)
+		return nil, err
 	}
-	if st.Size() > maxMessagesFile {
-		return nil, fmt.Errorf("--messages-file %s: %d bytes exceeds the %d-byte limit", path, st.Size(), maxMessagesFile)
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("--messages-file: %w", err)
-	}
+	path = inputName(path)
 	var req struct {
 		Messages []tokenizer.Message `json:"messages"`
 		tokenizer.ChatFields
@@ -202,7 +284,7 @@ pods sorted by matched_blocks, descending.`,
   kvindex query --server kvindex:50051 --messages-file chat.json --pod pod-a --pod pod-b`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, err := pf.build()
+			p, err := pf.build(cmd.InOrStdin())
 			if err != nil {
 				return err
 			}
@@ -323,7 +405,7 @@ data-parallel rank above 0, then the medium in brackets, e.g. pod-a[GPU].
   kvindex lookup --prompt "Hello" --pod pod-a --json`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, err := pf.build()
+			p, err := pf.build(cmd.InOrStdin())
 			if err != nil {
 				return err
 			}
@@ -481,6 +563,9 @@ the next line then says how many were dropped. Ctrl-C ends it.`,
 				return err
 			}
 			defer c.Close()
+			if err := cf.checkPods(ctx, c, pods); err != nil {
+				return err
+			}
 			w := cmd.OutOrStdout()
 			err = c.Watch(ctx, pods, func(ev *kvindexv1.WatchResponse) error {
 				_, err := io.WriteString(w, formatEvent(ev))
@@ -495,6 +580,37 @@ the next line then says how many were dropped. Ctrl-C ends it.`,
 	cf.register(cmd.Flags())
 	pods.register(cmd.Flags(), "only this pod's events; repeatable (default: every pod)")
 	return cmd
+}
+
+// checkPods refuses --pod names the server does not know, naming those it
+// does: a misspelt pod would otherwise wait for events that never come.
+func (f *clientFlags) checkPods(ctx context.Context, c *client.Client, pods podFilter) error {
+	if len(pods) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	list, err := c.ListPods(ctx, "")
+	if err != nil {
+		return f.callError(err)
+	}
+	var known []string
+	for _, p := range list {
+		if !slices.Contains(known, p.GetPod()) {
+			known = append(known, p.GetPod())
+		}
+	}
+	sort.Strings(known)
+	for _, name := range pods {
+		if slices.Contains(known, name) {
+			continue
+		}
+		if len(known) == 0 {
+			return fmt.Errorf("--pod %q: kvindex at %s follows no engines yet (an engine in bind mode is known once it has published)", name, f.addr)
+		}
+		return fmt.Errorf("--pod %q: kvindex at %s follows no such pod; known pods: %s", name, f.addr, strings.Join(known, ", "))
+	}
+	return nil
 }
 
 // formatEvent prints one streamed event as a line.

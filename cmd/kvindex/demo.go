@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -30,6 +31,12 @@ func newDemoCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cfg.Validate(); err != nil {
 				return usagef("%v", err)
+			}
+			if outDir != "" {
+				// Before the simulation, not after it.
+				if err := checkWritableDir(outDir); err != nil {
+					return err
+				}
 			}
 			stderr := cmd.ErrOrStderr()
 			bar := newProgressBar(stderr, !jsonOut && isTerminal(stderr))
@@ -149,6 +156,30 @@ func writeCharts(dir string, rep *demo.Report) error {
 		}
 	}
 	return nil
+}
+
+// checkWritableDir creates dir if needed and checks that a file can be
+// written in it.
+func checkWritableDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("--out %s: cannot create the directory: %w", dir, pathCause(err))
+	}
+	f, err := os.CreateTemp(dir, ".kvindex-demo-*")
+	if err != nil {
+		return fmt.Errorf("--out %s: cannot write there: %w", dir, pathCause(err))
+	}
+	f.Close()
+	return os.Remove(f.Name())
+}
+
+// pathCause drops the operation and path of a *fs.PathError, which the
+// message names already.
+func pathCause(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // isTerminal reports whether w is a character device (a terminal).

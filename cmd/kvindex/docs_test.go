@@ -96,6 +96,10 @@ type docExample struct {
 	file, cmd string
 	line      int
 	output    []string
+	// walkthrough: the line is in the block after a "<!-- walkthrough"
+	// comment, whose commands run together (TestWalkthrough), not one by
+	// one.
+	walkthrough bool
 }
 
 // docExamples extracts the kvindex command lines of the documents' fenced
@@ -111,11 +115,15 @@ func docExamples(t *testing.T, files ...string) []docExample {
 			t.Fatal(err)
 		}
 		lines := strings.Split(string(data), "\n")
-		inBlock := false
+		inBlock, marked, walkthrough := false, false, false
 		for i := 0; i < len(lines); i++ {
 			l := lines[i]
+			if strings.HasPrefix(l, "<!-- walkthrough") {
+				marked = true
+			}
 			if strings.HasPrefix(l, "```") {
 				inBlock = !inBlock
+				walkthrough, marked = inBlock && marked, false
 				continue
 			}
 			if inBlock && strings.HasPrefix(l, "$ ") && !strings.HasPrefix(l, "$ kvindex ") {
@@ -129,7 +137,7 @@ func docExamples(t *testing.T, files ...string) []docExample {
 			if !inBlock || !(shown || strings.HasPrefix(l, "kvindex ")) {
 				continue
 			}
-			ex := docExample{file: file, line: i + 1, cmd: strings.TrimPrefix(l, "$ ")}
+			ex := docExample{file: file, line: i + 1, cmd: strings.TrimPrefix(l, "$ "), walkthrough: walkthrough}
 			for strings.HasSuffix(ex.cmd, `\`) && i+1 < len(lines) {
 				i++
 				ex.cmd = strings.TrimSuffix(ex.cmd, `\`) + " " + strings.TrimSpace(lines[i])
@@ -163,15 +171,7 @@ func TestDocsExamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := t.TempDir()
-	goCmd, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatal("building the binary needs the go command on PATH:", err)
-	}
-	build := exec.Command(goCmd, "build", "-o", filepath.Join(bin, "kvindex"), ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildKvindex(t)
 
 	x := startE2E(t, []string{"pod-a", "pod-b"})
 	prompt := tokensFrom(5000, 5*e2eBlockSize+7)
@@ -198,6 +198,9 @@ func TestDocsExamples(t *testing.T) {
 		t.Fatalf("found only %d examples; is the extraction broken?", len(examples))
 	}
 	for _, ex := range examples {
+		if ex.walkthrough {
+			continue
+		}
 		t.Run(fmt.Sprintf("%s:%d", strings.TrimPrefix(ex.file, "../../"), ex.line), func(t *testing.T) {
 			args := strings.Fields(ex.cmd)
 			switch args[1] {
@@ -233,6 +236,27 @@ func TestDocsExamples(t *testing.T) {
 			}
 		})
 	}
+}
+
+// buildKvindex builds the binary into a temporary directory, which it
+// returns.
+func buildKvindex(t *testing.T) string {
+	t.Helper()
+	bin := t.TempDir()
+	goCmd, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatal("building the binary needs the go command on PATH:", err)
+	}
+	pkg, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	build := exec.Command(goCmd, "build", "-o", filepath.Join(bin, "kvindex"), ".")
+	build.Dir = pkg
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
 }
 
 // runTailExample runs a tail example until it prints an event of the pod

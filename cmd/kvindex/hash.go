@@ -112,9 +112,12 @@ With --json:
 			if err != nil {
 				return err
 			}
-			toks, err := tf.load()
+			toks, err := tf.load(cmd.InOrStdin())
 			if err != nil {
 				return err
+			}
+			if bs := h.BlockSize(); len(toks) < bs {
+				return fmt.Errorf("%s less than one block of %d: engines hash only full blocks", countTokens(len(toks)), bs)
 			}
 			hashes, err := h.Chain(nil, nil, 0, toks, x)
 			if err != nil {
@@ -128,6 +131,14 @@ With --json:
 	tf.register(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of lines")
 	return cmd
+}
+
+// countTokens says "1 token is" or "N tokens are".
+func countTokens(n int) string {
+	if n == 1 {
+		return "1 token is"
+	}
+	return strconv.Itoa(n) + " tokens are"
 }
 
 func printHashes(cmd *cobra.Command, h *blockhash.Hasher, hashes []blockhash.Hash, asJSON bool) error {

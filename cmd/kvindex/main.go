@@ -34,8 +34,15 @@ const (
 // error is printed as one line on stderr; a usage error names the help
 // command to run.
 func run(args []string, stdout, stderr io.Writer) int {
+	return runIn(args, os.Stdin, stdout, stderr)
+}
+
+// runIn is run with stdin as the input that "-" names (--tokens-file -,
+// --messages-file -).
+func runIn(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	root := newRootCmd()
 	root.SetArgs(args)
+	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	cmd, err := root.ExecuteC()
@@ -92,6 +99,7 @@ Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 	root.AddCommand(newPodsCmd())
 	root.AddCommand(newTailCmd())
 	root.AddCommand(newDemoCmd())
+	root.AddCommand(newSimCmd())
 	root.AddCommand(newVersionCmd())
 	return root
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -23,13 +24,14 @@ type tokenFlags struct {
 
 func (f *tokenFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.list, "tokens", "", "token ids, comma-separated (e.g. 1,2,3)")
-	fs.StringVar(&f.file, "tokens-file", "", "file holding token ids: a JSON array, or ids separated by commas or whitespace")
+	fs.StringVar(&f.file, "tokens-file", "", "file holding token ids: a JSON array, or ids separated by commas or whitespace; - reads stdin")
 }
 
 func (f *tokenFlags) set() bool { return f.list != "" || f.file != "" }
 
-// load returns the token ids given by --tokens or --tokens-file.
-func (f *tokenFlags) load() ([]uint64, error) {
+// load returns the token ids given by --tokens or --tokens-file; stdin is
+// what --tokens-file - reads.
+func (f *tokenFlags) load(stdin io.Reader) ([]uint64, error) {
 	switch {
 	case f.list != "" && f.file != "":
 		return nil, usagef("--tokens and --tokens-file are mutually exclusive")
@@ -40,31 +42,60 @@ func (f *tokenFlags) load() ([]uint64, error) {
 		}
 		return ids, nil
 	case f.file != "":
-		return readTokensFile(f.file)
+		return readTokensFile(f.file, stdin)
 	}
 	return nil, usagef("no tokens: give --tokens 1,2,3 or --tokens-file FILE")
 }
 
-func readTokensFile(path string) ([]uint64, error) {
+func readTokensFile(path string, stdin io.Reader) ([]uint64, error) {
+	data, err := readInput("--tokens-file", path, stdin, maxTokensFile)
+	if err != nil {
+		return nil, err
+	}
+	name := inputName(path)
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 {
+		return nil, fmt.Errorf("--tokens-file %s is empty", name)
+	}
+	if data[0] == '[' {
+		return parseTokenJSON(data, name)
+	}
+	return parseTokenList(string(data), "--tokens-file "+name)
+}
+
+// readInput reads the file a --*-file flag names, or stdin when it is
+// "-", refusing more than limit bytes.
+func readInput(flag, path string, stdin io.Reader, limit int64) ([]byte, error) {
+	if path == "-" {
+		data, err := io.ReadAll(io.LimitReader(stdin, limit+1))
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %w", flag, inputName(path), err)
+		}
+		if int64(len(data)) > limit {
+			return nil, fmt.Errorf("%s %s: more than the %d-byte limit", flag, inputName(path), limit)
+		}
+		return data, nil
+	}
 	st, err := os.Stat(path)
 	if err != nil {
-		return nil, fmt.Errorf("--tokens-file: %w", err)
+		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
-	if st.Size() > maxTokensFile {
-		return nil, fmt.Errorf("--tokens-file %s: %d bytes exceeds the %d-byte limit", path, st.Size(), maxTokensFile)
+	if st.Size() > limit {
+		return nil, fmt.Errorf("%s %s: %d bytes exceeds the %d-byte limit", flag, path, st.Size(), limit)
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("--tokens-file: %w", err)
+		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
-	data = bytes.TrimSpace(data)
-	if len(data) == 0 {
-		return nil, fmt.Errorf("--tokens-file %s is empty", path)
+	return data, nil
+}
+
+// inputName names an input file in messages; "-" is stdin.
+func inputName(path string) string {
+	if path == "-" {
+		return "- (stdin)"
 	}
-	if data[0] == '[' {
-		return parseTokenJSON(data, path)
-	}
-	return parseTokenList(string(data), "--tokens-file "+path)
+	return path
 }
 
 // parseTokenJSON accepts a JSON array of non-negative integers; json.Number

@@ -29,6 +29,12 @@ type PublisherConfig struct {
 	// vLLM adds the DP rank to both ports, so pass the offset ports for
 	// rank > 0.
 	Endpoint string
+	// Connect makes the PUB socket connect to Endpoint instead of binding
+	// it: the bind-mode deployment, where the subscriber binds one socket
+	// that every engine connects to (vLLM connects for an endpoint without
+	// a wildcard). Endpoint is then required, and the replay socket still
+	// binds.
+	Connect bool
 	// ReplayEndpoint is where the replay ROUTER socket binds; "" means no
 	// replay service.
 	ReplayEndpoint string
@@ -93,6 +99,9 @@ var errPublisherClosed = errors.New("zmqtransport: publisher closed")
 // replay ROUTER socket. Replay requests wait in the ROUTER until
 // ServeReplay names what to answer them with.
 func NewPublisher(cfg PublisherConfig) (p *Publisher, err error) {
+	if cfg.Connect && cfg.Endpoint == "" {
+		return nil, errors.New("zmqtransport: PublisherConfig.Connect needs an Endpoint to connect to")
+	}
 	if cfg.Endpoint == "" {
 		cfg.Endpoint = DefaultPubEndpoint
 	}
@@ -121,7 +130,12 @@ func NewPublisher(cfg PublisherConfig) (p *Publisher, err error) {
 	if p.pub, err = p.socket(zmq.PUB, cfg.PubHWM); err != nil {
 		return p, err
 	}
-	if p.pubEndpoint, err = bind(p.pub, "PUB", cfg.Endpoint); err != nil {
+	if cfg.Connect {
+		if err = p.pub.Connect(cfg.Endpoint); err != nil {
+			return p, fmt.Errorf("zmqtransport: connect PUB to %s: %w", cfg.Endpoint, err)
+		}
+		p.pubEndpoint = cfg.Endpoint
+	} else if p.pubEndpoint, err = bind(p.pub, "PUB", cfg.Endpoint); err != nil {
 		return p, err
 	}
 	if cfg.ReplayEndpoint == "" {
@@ -196,7 +210,7 @@ func connectable(ep string) string {
 }
 
 // Endpoint returns the connectable address of the PUB socket, e.g.
-// "tcp://127.0.0.1:40123".
+// "tcp://127.0.0.1:40123", or with Connect the address it connects to.
 func (p *Publisher) Endpoint() string { return p.pubEndpoint }
 
 // ReplayEndpoint returns the connectable address of the replay socket, or

@@ -4,6 +4,9 @@ import (
 	"encoding/binary"
 	"iter"
 	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
 
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
@@ -88,5 +91,58 @@ func TestPublisherLifecycle(t *testing.T) {
 				t.Fatal("ServeReplay after Close succeeded")
 			}
 		})
+	}
+}
+
+// TestPublisherConnect: with Connect the PUB socket dials a bound SUB (the
+// bind-mode deployment) and its batches arrive there, framed as usual.
+func TestPublisherConnect(t *testing.T) {
+	ctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := ctx.NewSocket(zmq.SUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Close(); ctx.Term() })
+	for _, err := range []error{sub.SetLinger(0), sub.SetRcvtimeo(10 * time.Millisecond), sub.SetSubscribe(""), sub.Bind("tcp://127.0.0.1:*")} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	ep, err := sub.GetLastEndpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := zmqtransport.NewPublisher(zmqtransport.PublisherConfig{Endpoint: ep, Connect: true, Topic: "kv@pod-a@m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if p.Endpoint() != ep {
+		t.Errorf("Endpoint() = %q, want %q", p.Endpoint(), ep)
+	}
+	// A PUB drops what it sends before the subscription reaches it, so
+	// publish until a batch arrives.
+	deadline := time.Now().Add(recvTimeout)
+	for seq := uint64(0); ; seq++ {
+		if err := p.Publish(seq, []byte("payload")); err != nil {
+			t.Fatal(err)
+		}
+		msg, err := sub.RecvMessageBytes(0)
+		if err == nil {
+			if len(msg) != 3 || string(msg[0]) != "kv@pod-a@m" || len(msg[1]) != 8 || string(msg[2]) != "payload" {
+				t.Fatalf("received %q", msg)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no batch arrived at the bound SUB")
+		}
+	}
+
+	if _, err := zmqtransport.NewPublisher(zmqtransport.PublisherConfig{Connect: true}); err == nil {
+		t.Error("Connect without an Endpoint was accepted")
 	}
 }

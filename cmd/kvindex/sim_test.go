@@ -1,0 +1,506 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/tokenizer"
+)
+
+// parseSim parses kvindex sim's flags and plans the run.
+func parseSim(args ...string) (*simPlan, error) {
+	var f simFlags
+	fs := pflag.NewFlagSet("sim", pflag.ContinueOnError)
+	f.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return f.plan(fs)
+}
+
+// The serve line sim prints follows its engines: every rank's event and
+// replay ports, the hashing, the tokenizer; event and replay ports never
+// overlap (vLLM offsets both by the rank).
+func TestSimServeLine(t *testing.T) {
+	const hash = "--hash-algo sha256 --hash-seed vllm-none-hash --block-size 16"
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash +
+			" --engine pod-0=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5559 --engine pod-1=tcp://127.0.0.1:5558,replay=tcp://127.0.0.1:5560"},
+		{[]string{"--engines", "2", "--ranks", "3", "--port", "7000", "--model", "m", "--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "32"},
+			"kvindex serve --model m --hash-algo sha256_cbor --hash-seed 0 --block-size 32" +
+				" --engine pod-0=tcp://127.0.0.1:7000,replay=tcp://127.0.0.1:7006,ranks=3 --engine pod-1=tcp://127.0.0.1:7003,replay=tcp://127.0.0.1:7009,ranks=3"},
+		{[]string{"--engines", "1", "--replay-port", "6000", "--tokenizer", "my tokenizer.json"},
+			"kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash + " --tokenizer 'my tokenizer.json' --engine pod-0=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:6000"},
+		{[]string{"--engines", "3", "--no-replay"},
+			"kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash + " --engine pod-0=tcp://127.0.0.1:5557 --engine pod-1=tcp://127.0.0.1:5558 --engine pod-2=tcp://127.0.0.1:5559"},
+		{[]string{"--connect", "tcp://127.0.0.1:5557", "--ranks", "2"},
+			"kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash + " --listen tcp://127.0.0.1:5557 --replay-template 'tcp://{pod}:5558'"},
+		{[]string{"--connect", "kvindex.example:6000", "--no-replay"},
+			"kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash + " --listen 'tcp://*:6000'"},
+	} {
+		p, err := parseSim(tc.args...)
+		if err != nil {
+			t.Errorf("%v: %v", tc.args, err)
+			continue
+		}
+		if got := shellLine(p.serveArgs()); got != tc.want {
+			t.Errorf("%v:\n got %s\nwant %s", tc.args, got, tc.want)
+		}
+	}
+	// Bind mode: engine i is 127.0.0.<i+1>, replaying on the template's
+	// port plus its rank.
+	p, err := parseSim("--connect", "tcp://127.0.0.1:5557", "--engines", "2", "--ranks", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(p.pods, []string{"127.0.0.1", "127.0.0.2"}) || p.pubs[1][1] != "tcp://127.0.0.1:5557" ||
+		!slices.Equal(p.replays[1], []string{"tcp://127.0.0.2:5558", "tcp://127.0.0.2:5559"}) {
+		t.Errorf("bind-mode layout: pods %v, pubs %v, replays %v", p.pods, p.pubs, p.replays)
+	}
+}
+
+func TestSimBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--engines", "0"}, "--engines 0: want 1..256"},
+		{[]string{"--ranks", "0"}, "--ranks 0: want 1..1024"},
+		{[]string{"--capacity", "0"}, "--capacity 0: want 1..16777216 blocks"},
+		{[]string{"--engines", "256", "--ranks", "16", "--capacity", "8192"}, "--engines 256 x --ranks 16 x --capacity 8192 = 33554432 blocks: at most 16777216 in all"},
+		{[]string{"--rate", "0"}, "--rate 0: want a number of requests per second above 0, at most 10000"},
+		{[]string{"--rate", "NaN"}, "--rate NaN: want"},
+		{[]string{"--sessions", "0"}, "--sessions 0: want 1..4096"},
+		{[]string{"--turns", "0"}, "--turns 0: want at least 1"},
+		{[]string{"--requests", "-1"}, "--requests -1: want 0 (until Ctrl-C) or more"},
+		{[]string{"--model", "a b"}, `--model "a b": want a model name without spaces`},
+		{[]string{"--hash-algo", "md5"}, `unknown --hash-algo "md5"`},
+		{[]string{"--no-replay", "--replay-port", "6000"}, "--replay-port and --no-replay contradict each other: give one"},
+		{[]string{"--port", "65535"}, "--port 65535: 2 engine ranks need ports 65535-65536, beyond 1..65535"},
+		{[]string{"--engines", "2", "--ranks", "2", "--replay-port", "5559"},
+			"--port 5557 and --replay-port 5559 overlap: 4 engine ranks use event ports 5557-5560 and replay ports 5559-5562; vLLM adds the rank to both, so the two ranges must be apart (e.g. --replay-port 5561)"},
+		{[]string{"--connect", "tcp://127.0.0.1:5557", "--port", "6000"}, "--port 6000 applies to connect mode, where the engines bind; with --connect they connect to kvindex's --listen endpoint"},
+		{[]string{"--connect", "tcp://*:5557"}, `--connect "tcp://*:5557": want tcp://HOST:PORT, where a kvindex serve --listen binds (e.g. tcp://127.0.0.1:5557)`},
+		{[]string{"--connect", "ipc:///tmp/x"}, `--connect "ipc:///tmp/x": want tcp://HOST:PORT`},
+		{[]string{"--connect", "127.0.0.1:5557", "--engines", "255"}, "--engines 255: bind mode runs engine i on 127.0.0.<i+1>, so at most 254"},
+	} {
+		_, err := parseSim(tc.args...)
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("%v: %v; want %q", tc.args, err, tc.want)
+			continue
+		}
+		if _, ok := err.(usageError); !ok && !strings.HasPrefix(tc.want, "unknown --hash-algo") {
+			t.Errorf("%v: %v is not a usage error", tc.args, err)
+		}
+	}
+	// Through the CLI: one line, exit 2.
+	_, errOut, code := runCLI(t, "sim", "--engines", "0")
+	if code != exitUsage || errOut != "kvindex: --engines 0: want 1..256 (see 'kvindex sim --help')\n" {
+		t.Errorf("exit %d, %q", code, errOut)
+	}
+	_, errOut, code = runCLI(t, "sim", "--port", "0")
+	if code != exitUsage || !strings.HasPrefix(errOut, "kvindex: --port 0: 2 engine ranks need ports 0-1") {
+		t.Errorf("exit %d, %q", code, errOut)
+	}
+	bad := writeFile(t, "tokenizer.json", `{"model":{"type":"Unigram"}}`)
+	_, errOut, code = runCLI(t, "sim", "--tokenizer", bad, "--port", "1")
+	if code != exitUsage || !strings.HasPrefix(errOut, "kvindex: --tokenizer "+bad+": ") {
+		t.Errorf("bad tokenizer: exit %d, %q", code, errOut)
+	}
+}
+
+// The workload is a function of the seed: conversations share the system
+// prompt, each resends its context, and text prompts are single lines.
+func TestSimWorkload(t *testing.T) {
+	for _, text := range []bool{false, true} {
+		a, b := newSimWorkload(7, text, 3, 4, 5, 1000), newSimWorkload(7, text, 3, 4, 5, 1000)
+		last := map[int]simRequest{}
+		for i := range 40 {
+			ra, rb := a.next(), b.next()
+			if ra.conv != rb.conv || ra.target != rb.target || ra.prompt.text != rb.prompt.text || !slices.Equal(ra.prompt.ids, rb.prompt.ids) {
+				t.Fatalf("text %v, request %d differs between two runs of one seed", text, i)
+			}
+			if ra.target < 0 || ra.target >= 5 || ra.turn >= 4 {
+				t.Fatalf("request %d: target %d, turn %d", i, ra.target, ra.turn)
+			}
+			if text {
+				if !strings.HasPrefix(ra.prompt.text, a.system.text+" User: ") || strings.ContainsAny(ra.prompt.text, "\n\r") {
+					t.Fatalf("request %d: %.80q...", i, ra.prompt.text)
+				}
+			} else if !slices.Equal(ra.prompt.ids[:simSystemIDs], a.system.ids) || slices.ContainsFunc(ra.prompt.ids, func(id uint64) bool { return id >= 1000 }) {
+				t.Fatalf("request %d does not start with the system prompt or leaves the vocabulary", i)
+			}
+			// A conversation's next turn resends its previous prompt and
+			// stays on its engine.
+			if prev, ok := last[ra.conv]; ok {
+				grew := len(ra.prompt.text) > len(prev.prompt.text) && strings.HasPrefix(ra.prompt.text, prev.prompt.text)
+				if !text {
+					grew = len(ra.prompt.ids) > len(prev.prompt.ids) && slices.Equal(ra.prompt.ids[:len(prev.prompt.ids)], prev.prompt.ids)
+				}
+				if ra.target != prev.target || ra.turn != prev.turn+1 || !grew {
+					t.Fatalf("request %d does not continue conversation %d", i, ra.conv)
+				}
+			}
+			last[ra.conv] = ra
+		}
+		if len(last) < 4 {
+			t.Errorf("text %v: only %d conversations in 40 requests of 4 turns", text, len(last))
+		}
+	}
+	if newSimWorkload(8, true, 3, 4, 5, 1000).next().prompt.text == newSimWorkload(7, true, 3, 4, 5, 1000).next().prompt.text {
+		t.Error("two seeds gave the same first prompt")
+	}
+}
+
+// simHarness runs kvindex sim in-process.
+type simHarness struct {
+	t    *testing.T
+	run  *simRun
+	out  *syncBuffer
+	done chan error
+	stop context.CancelFunc
+}
+
+// startSim runs kvindex sim with args, adding --port (connect mode) or
+// --replay-port (bind mode) at free ports; a port taken meanwhile is
+// retried elsewhere.
+func startSim(t *testing.T, args ...string) *simHarness {
+	t.Helper()
+	p, err := parseSim(args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flag, hosts, n := "--port", []string{"127.0.0.1"}, p.f.engines*p.f.ranks*2
+	if !p.bind {
+		flag, hosts, n = "--replay-port", p.pods, p.f.ranks
+	}
+	for attempt := 0; ; attempt++ {
+		base := freePorts(t, hosts, n)
+		h, err := tryStartSim(t, append(slices.Clone(args), flag, strconv.Itoa(base))...)
+		if err == nil {
+			return h
+		}
+		if attempt == 4 || !strings.Contains(err.Error(), "in use") {
+			t.Fatal(err)
+		}
+	}
+}
+
+func tryStartSim(t *testing.T, args ...string) (*simHarness, error) {
+	started := make(chan *simRun, 1)
+	simStarted = func(r *simRun) { started <- r }
+	t.Cleanup(func() { simStarted = nil })
+	h := &simHarness{t: t, out: &syncBuffer{}, done: make(chan error, 1)}
+	root := newRootCmd()
+	root.SetArgs(append([]string{"sim"}, args...))
+	root.SetOut(h.out)
+	root.SetErr(h.out)
+	ctx, cancel := context.WithCancel(context.Background())
+	h.stop = cancel
+	go func() { h.done <- root.ExecuteContext(ctx) }()
+	select {
+	case h.run = <-started:
+	case err := <-h.done:
+		cancel()
+		return nil, err
+	case <-time.After(e2eDeadline):
+		t.Fatal("kvindex sim did not start")
+	}
+	t.Cleanup(func() {
+		if err := h.close(); err != nil {
+			t.Errorf("kvindex sim ended with %v", err)
+		}
+	})
+	return h, nil
+}
+
+// close stops the sim as Ctrl-C does and returns how it ended.
+func (h *simHarness) close() error {
+	h.stop()
+	if h.done == nil {
+		return nil
+	}
+	err := <-h.done
+	h.done = nil
+	if err == nil && !strings.Contains(h.out.String(), "stopped after ") {
+		err = fmt.Errorf("no closing line in its output:\n%s", h.out.String())
+	}
+	return err
+}
+
+// serveLine returns the kvindex serve command line the sim printed.
+func (h *simHarness) serveLine() string {
+	for _, l := range strings.Split(h.out.String(), "\n") {
+		if strings.HasPrefix(l, "kvindex serve ") {
+			return l
+		}
+	}
+	h.t.Fatalf("kvindex sim printed no serve line:\n%s", h.out.String())
+	return ""
+}
+
+// freePorts returns a base port such that n ports from it are free on
+// every host.
+func freePorts(t *testing.T, hosts []string, n int) int {
+	t.Helper()
+	for range 100 {
+		base := 20000 + rand.IntN(40000)
+		var ls []net.Listener
+		ok := true
+		for _, h := range hosts {
+			for i := range n {
+				l, err := net.Listen("tcp", net.JoinHostPort(h, strconv.Itoa(base+i)))
+				if err != nil {
+					ok = false
+					break
+				}
+				ls = append(ls, l)
+			}
+		}
+		for _, l := range ls {
+			l.Close()
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatalf("no %d free ports in a row", n)
+	return 0
+}
+
+// shellWords splits a line as a shell would, for the lines sim prints:
+// words, some in single quotes.
+func shellWords(line string) []string {
+	var out []string
+	var cur strings.Builder
+	in, quoted := false, false
+	for i := 0; i < len(line); i++ {
+		c := line[i]
+		switch {
+		case c == '\'':
+			quoted, in = !quoted, true
+		case c == ' ' && !quoted:
+			if in {
+				out = append(out, cur.String())
+				cur.Reset()
+				in = false
+			}
+		default:
+			cur.WriteByte(c)
+			in = true
+		}
+	}
+	if in {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+// awaitCaughtUp waits until the sim has made at least n requests, then
+// pauses its workload (the caller must resume it) and waits until kvindex
+// has applied every batch of every engine.
+func awaitCaughtUp(t *testing.T, c *client.Client, r *simRun, n int) {
+	t.Helper()
+	// Every stream must have had a live batch: kvindex learns of the
+	// batches sent before it subscribed from the first one it sees, and
+	// replays them.
+	deadline := time.Now().Add(e2eDeadline)
+	for r.made() < n || !allStreams(t, c, r, func(e *simEngine, p *podState) bool { return p != nil && p.batches > 0 }) {
+		if time.Now().After(deadline) {
+			t.Fatal("some engine's batches never reached kvindex")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.step.Lock()
+	for !allStreams(t, c, r, func(e *simEngine, p *podState) bool { return p.lastSeq == e.Seq()-1 }) {
+		if time.Now().After(deadline) {
+			r.step.Unlock()
+			t.Fatal("kvindex did not catch up with the engines")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// made returns the number of requests made so far.
+func (r *simRun) made() int {
+	r.step.Lock()
+	defer r.step.Unlock()
+	return r.sent
+}
+
+type podState struct{ batches, lastSeq uint64 }
+
+func allStreams(t *testing.T, c *client.Client, r *simRun, ok func(*simEngine, *podState) bool) bool {
+	t.Helper()
+	pods, err := c.ListPods(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range r.engines {
+		var st *podState
+		for _, p := range pods {
+			if p.GetPod() == e.pod && int(p.GetDpRank()) == e.rank {
+				st = &podState{batches: p.GetBatches(), lastSeq: p.GetLastSeq()}
+			}
+		}
+		if !ok(e, st) {
+			return false
+		}
+	}
+	return true
+}
+
+// holdings returns what each engine holds of the prompt: its leading
+// cached blocks, by engine name.
+func holdings(t *testing.T, r *simRun, ids []uint64) map[string]uint32 {
+	t.Helper()
+	out := map[string]uint32{}
+	for _, e := range r.engines {
+		n, err := e.Lookup(ids, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[e.name()] = uint32(n)
+	}
+	return out
+}
+
+// lastLine returns the last line of a file.
+func lastLine(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	return lines[len(lines)-1]
+}
+
+// kvindex sim's engines, followed by kvindex serve started from the line
+// sim prints, in both modes and with data-parallel ranks: what kvindex
+// answers for the last prompt sent is what the engines hold.
+func TestSimFollowedByServe(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"connect mode, 2 ranks", []string{"--engines", "2", "--ranks", "2"}},
+		{"bind mode, 2 ranks", []string{"--connect", "", "--engines", "2", "--ranks", "2"}},
+		{"connect mode, other hashing", []string{"--engines", "3", "--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "8"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append(slices.Clone(tc.args), "--rate", "100", "--log-prompts", filepath.Join(t.TempDir(), "prompts.txt"))
+			if i := slices.Index(args, "--connect"); i >= 0 {
+				args[i+1] = "tcp://127.0.0.1:" + strconv.Itoa(freePorts(t, []string{"127.0.0.1"}, 1))
+			}
+			sim := startSim(t, args...)
+			words := shellWords(sim.serveLine())
+			o, _, err := parseServe(t, append(words[2:], "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")...)
+			if err != nil {
+				t.Fatalf("%s: %v", sim.serveLine(), err)
+			}
+			logs := &syncBuffer{}
+			log, _ := newLogger(logs, "debug", "text")
+			ctx, cancel := context.WithCancel(context.Background())
+			svc, err := startService(ctx, o, log)
+			if err != nil {
+				cancel()
+				t.Fatal(err)
+			}
+			defer func() {
+				cancel()
+				svc.wait()
+				if t.Failed() {
+					t.Logf("kvindex logs:\n%s\nsim output:\n%s", logs.String(), sim.out.String())
+				}
+			}()
+			c, err := client.Dial(context.Background(), svc.grpcAddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+
+			awaitCaughtUp(t, c, sim.run, 60)
+			ids, err := parseTokenList(lastLine(t, args[len(args)-1]), "the last prompt")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := holdings(t, sim.run, ids)
+			r, err := c.LongestPrefixTokens(context.Background(), "", ids, nil)
+			sim.run.step.Unlock()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]uint32{}
+			for _, p := range r.GetPods() {
+				got[client.EngineName(p.GetPod(), p.GetDpRank())] = p.GetMatchedBlocks()
+			}
+			if !mapsEqual(got, want) {
+				t.Errorf("kvindex answers %v for the last prompt; the engines hold %v", got, want)
+			}
+			best := uint32(0)
+			for _, n := range want {
+				best = max(best, n)
+			}
+			if bs := uint32(o.index.Hasher.BlockSize()); best != uint32(len(ids))/bs {
+				t.Errorf("no engine holds the whole last prompt (%d tokens): %v", len(ids), want)
+			}
+			if err := sim.close(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+// With a tokenizer the prompts are text: the log holds them one per line
+// and the tokenizer gives back what the engines were sent.
+func TestSimTextPrompts(t *testing.T) {
+	const tk = "../../tokenizer/testdata/qwen2.5/tokenizer.json.gz"
+	log := filepath.Join(t.TempDir(), "prompts.txt")
+	sim := startSim(t, "--engines", "1", "--tokenizer", tk, "--log-prompts", log, "--rate", "200", "--requests", "5")
+	deadline := time.Now().Add(e2eDeadline)
+	for !strings.Contains(sim.out.String(), "sent 5 requests") {
+		if time.Now().After(deadline) {
+			t.Fatalf("sim did not finish 5 requests:\n%s", sim.out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	local, err := tokenizer.LoadFile(tk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	if len(lines) != 5 {
+		t.Fatalf("%d prompts logged, want 5", len(lines))
+	}
+	// The last prompt is cached whole (its full blocks) on the one engine.
+	ids := local.Encode(lines[4], true)
+	if got := holdings(t, sim.run, ids)["pod-0"]; got != uint32(len(ids)/16) || got == 0 {
+		t.Errorf("pod-0 holds %d blocks of the last prompt's %d tokens", got, len(ids))
+	}
+	if !strings.Contains(sim.out.String(), " --tokenizer "+tk+" ") || !strings.Contains(sim.out.String(), `kvindex query --prompt "$(tail -n 1 `+log+`)"`) {
+		t.Errorf("the start lines do not say how to query by text:\n%s", sim.out.String())
+	}
+	if n := strings.Count(sim.out.String(), " req "); n != 5 {
+		t.Errorf("%d request lines, want 5:\n%s", n, sim.out.String())
+	}
+}
