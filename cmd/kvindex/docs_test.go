@@ -164,14 +164,7 @@ func docExamples(t *testing.T, files ...string) []docExample {
 // endpoints and ages differ, the header and the engines; for tail, a live
 // event of the pod it follows).
 func TestDocsExamples(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary")
-	}
-	bash, err := exec.LookPath("bash")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := buildKvindex(t)
+	bash, bin := shellAndBinary(t)
 
 	x := startE2E(t, []string{"pod-a", "pod-b"})
 	prompt := tokensFrom(5000, 5*e2eBlockSize+7)
@@ -240,6 +233,21 @@ func TestDocsExamples(t *testing.T) {
 
 // buildKvindex builds the binary into a temporary directory, which it
 // returns.
+// shellAndBinary returns bash and a folder holding a freshly built
+// kvindex, for tests that run documented command lines as a reader would;
+// they skip under -short, since building takes a while.
+func shellAndBinary(t *testing.T) (bash, bin string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bash, buildKvindex(t)
+}
+
 func buildKvindex(t *testing.T) string {
 	t.Helper()
 	bin := t.TempDir()

@@ -35,14 +35,7 @@ import (
 // is higher, so it is quick. sim runs in the test's process, which reads
 // its engines' true state.
 func TestWalkthrough(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary")
-	}
-	bash, err := exec.LookPath("bash")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := buildKvindex(t)
+	bash, bin := shellAndBinary(t)
 	lines := map[string][]string{}
 	for _, ex := range docExamples(t, "../../README.md") {
 		if ex.walkthrough {
