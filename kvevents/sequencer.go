@@ -59,6 +59,7 @@ type Sequencer struct {
 	timeout     int64 // replay timeout, nanoseconds
 	applied     bool  // at least one batch delivered since start or reset
 	last        uint64
+	lastPrint   uint64 // BatchPrint of the batch delivered under last
 	liveSeen    bool   // a live batch of the current process arrived
 	liveHigh    uint64 // the highest live seq of the current process
 	degraded    bool
@@ -437,6 +438,21 @@ func (s *Sequencer) DisableReplay() { s.canReplay = false }
 // last successful replay, restart or AllBlocksCleared.
 func (s *Sequencer) Degraded() bool { return s.degraded }
 
+// Health reports what the stream's delivered state can be trusted for.
+func (s *Sequencer) Health() Health {
+	if s.degraded {
+		return HealthDegraded
+	}
+	return HealthOK
+}
+
+// Position reports the last delivered batch's sequence number and print,
+// and the stream's health; ok is false if nothing was delivered since the
+// start or the last reset.
+func (s *Sequencer) Position() (seq, print uint64, h Health, ok bool) {
+	return s.last, s.lastPrint, s.Health(), s.applied
+}
+
 // Replaying reports whether a replay is outstanding.
 func (s *Sequencer) Replaying() bool { return s.replaying }
 
@@ -550,6 +566,7 @@ func (s *Sequencer) restart(seq uint64) {
 func (s *Sequencer) apply(seq uint64, payload []byte) {
 	s.applied = true
 	s.last = seq
+	s.lastPrint = BatchPrint(payload)
 	s.out.Deliver(seq, payload)
 }
 

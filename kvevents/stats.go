@@ -3,7 +3,7 @@ package kvevents
 // StreamStats is a snapshot of one stream's counters: one engine's
 // data-parallel rank, as a transport (package zmqtransport) reports it.
 // Counters only grow (a restart does not zero them), so they export
-// directly as Prometheus counters; Connected, Degraded, Replaying, LastSeq
+// directly as Prometheus counters; Connected, Health, Replaying, LastSeq
 // and LastEventUnixNano are gauges.
 type StreamStats struct {
 	Engine EngineID
@@ -35,7 +35,7 @@ type StreamStats struct {
 	LastSeq           uint64 // last applied sequence number
 	LastEventUnixNano int64  // when the last batch was applied (0: never)
 	Connected         bool   // the SUB socket has a live connection (bind mode: the listener has peers)
-	Degraded          bool   // batches were lost and not recovered since the last replay or reset
+	Health            Health // what kvindex can vouch for (see Health)
 	Replaying         bool   // a replay is outstanding
 }
 

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/tokenizer"
 )
 
@@ -204,7 +205,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descLastSeq, float64(st.LastSeq), l...)
 			gauge(descLastEvent, float64(st.LastEventUnixNano)/1e9, l...)
 			gauge(descConnected, b2f(st.Connected), l...)
-			gauge(descDegraded, b2f(st.Degraded), l...)
+			gauge(descDegraded, b2f(st.Health == kvevents.HealthDegraded), l...)
 		}
 		if ls, ok := s.cfg.Streams.(ListenerSource); ok {
 			if st, ok := ls.ListenerStats(); ok {

@@ -29,7 +29,7 @@ func TestMetrics(t *testing.T) {
 	streams := &fakeStreams{}
 	streams.set(kvevents.StreamStats{
 		Engine: engine("a", 0), Connected: true, Batches: 10, Events: 25, DecodeErrors: 2, UnknownEvents: 3,
-		Gaps: 4, ReplaysOK: 5, ReplaysFailed: 6, Resets: 7, LastSeq: 99, Degraded: true, LastEventUnixNano: 1_500_000_000_000_000_000,
+		Gaps: 4, ReplaysOK: 5, ReplaysFailed: 6, Resets: 7, LastSeq: 99, Health: kvevents.HealthDegraded, LastEventUnixNano: 1_500_000_000_000_000_000,
 	})
 	ids := seqTokens(1, 32)
 	engineTok := engineTokenizer(t, vllmTokenize(t, ids, http.StatusOK).URL)

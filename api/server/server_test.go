@@ -428,7 +428,7 @@ func TestListPods(t *testing.T) {
 	last := time.UnixMilli(1_700_000_000_123)
 	streams.set(
 		kvevents.StreamStats{Engine: engine("a", 0), Endpoint: "tcp://a:5557", Connected: true, LastSeq: 9, Batches: 10, Events: 20, Gaps: 1, ReplaysOK: 1, LastEventUnixNano: last.UnixNano()},
-		kvevents.StreamStats{Engine: engine("b", 0), Endpoint: "tcp://b:5557", Connected: true, Degraded: true, ReplaysFailed: 2},
+		kvevents.StreamStats{Engine: engine("b", 0), Endpoint: "tcp://b:5557", Connected: true, Health: kvevents.HealthDegraded, ReplaysFailed: 2},
 		kvevents.StreamStats{Engine: engine("c", 0), Endpoint: "tcp://c:5557"},
 		kvevents.StreamStats{Engine: kvevents.EngineID{Model: "other", Pod: "d"}, Connected: true},
 	)
@@ -471,7 +471,7 @@ func TestLongestPrefixHealth(t *testing.T) {
 	streams := &fakeStreams{}
 	streams.set(
 		kvevents.StreamStats{Engine: engine("a", 0), Connected: true},
-		kvevents.StreamStats{Engine: engine("b", 0), Connected: true, Degraded: true},
+		kvevents.StreamStats{Engine: engine("b", 0), Connected: true, Health: kvevents.HealthDegraded},
 	)
 	f := newFixture(t, func(c *Config) { c.Streams = streams })
 	tokens := seqTokens(1, 64)

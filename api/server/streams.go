@@ -24,7 +24,7 @@ func streamHealth(st *kvevents.StreamStats) kvindexv1.EngineHealth {
 	switch {
 	case !st.Connected:
 		return kvindexv1.EngineHealth_ENGINE_HEALTH_DISCONNECTED
-	case st.Degraded:
+	case st.Health != kvevents.HealthOK:
 		return kvindexv1.EngineHealth_ENGINE_HEALTH_DEGRADED
 	}
 	return kvindexv1.EngineHealth_ENGINE_HEALTH_OK

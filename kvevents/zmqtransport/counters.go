@@ -22,7 +22,8 @@ type streamCounters struct {
 	restarts, resets, rankMismatches             atomic.Uint64
 	lastSeq                                      atomic.Uint64
 	lastEvent                                    atomic.Int64
-	connected, degraded, replaying               atomic.Bool
+	connected, replaying                         atomic.Bool
+	health                                       atomic.Uint32 // kvevents.Health
 }
 
 func (c *streamCounters) snapshot() kvevents.StreamStats {
@@ -46,7 +47,7 @@ func (c *streamCounters) snapshot() kvevents.StreamStats {
 		LastSeq:           c.lastSeq.Load(),
 		LastEventUnixNano: c.lastEvent.Load(),
 		Connected:         c.connected.Load(),
-		Degraded:          c.degraded.Load(),
+		Health:            kvevents.Health(c.health.Load()),
 		Replaying:         c.replaying.Load(),
 	}
 	if c.listener != nil {
@@ -94,4 +95,9 @@ func compareStreams(a, b kvevents.StreamStats) int {
 func logEvery(n uint64) bool {
 	const first, every = 10, 1000
 	return n <= first || n%every == 0
+}
+
+// compareEngineIDs orders engines by pod, rank, then model.
+func compareEngineIDs(a, b kvevents.EngineID) int {
+	return cmp.Or(cmp.Compare(a.Pod, b.Pod), cmp.Compare(a.DPRank, b.DPRank), cmp.Compare(a.Model, b.Model))
 }

@@ -504,9 +504,9 @@ func (st *stream) Note(n kvevents.Note) {
 		st.logAttrs(slog.LevelInfo, "zmqtransport: engine's replay buffer starts later; older blocks unknown",
 			slog.Uint64("first", n.To))
 	case kvevents.NoteDegraded:
-		c.degraded.Store(true)
+		c.health.Store(uint32(kvevents.HealthDegraded))
 	case kvevents.NoteHealthy:
-		c.degraded.Store(false)
+		c.health.Store(uint32(kvevents.HealthOK))
 		st.logAttrs(slog.LevelInfo, "zmqtransport: stream healthy again")
 	}
 }

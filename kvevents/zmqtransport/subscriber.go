@@ -77,6 +77,13 @@ type SubscriberConfig struct {
 	// replay: gaps degrade the stream.
 	ReplayTemplate string
 
+	// Resume are positions a Checkpoint of an earlier process reported,
+	// whose entries the Sink holds again (restored from a snapshot): each
+	// such stream starts from its position under kvevents.HealthRestored
+	// and asks its engine to confirm it (see kvevents.Health). Positions
+	// of engines that are not configured and never appear stay restored.
+	Resume []kvevents.Position
+
 	// Flavor selects the payload decoder (vLLM or SGLang).
 	Flavor kvevents.Flavor
 	// Limits bounds what the decoder accepts (zero: its defaults).
@@ -193,7 +200,7 @@ func (c *EngineConfig) validate() error {
 // stream with no history asks for the engine's replay buffer on connecting
 // (or on its first batch), recovering blocks stored before kvindex
 // started. When a gap cannot be replayed the stream is marked degraded and
-// carries on without resetting (see kvevents.StreamStats.Degraded).
+// carries on without resetting (see kvevents.StreamStats.Health).
 //
 // Streams are served by a few I/O loops, each a goroutine that owns its
 // sockets and waits in zmq_poll; a stream lives on one loop, so its Sink
@@ -662,4 +669,46 @@ func closeMonitored(sock, mon *zmq.Socket) {
 	if mon != nil {
 		mon.Close()
 	}
+}
+
+// Checkpoint parks every I/O loop between two messages, so that no Sink
+// call is in flight and each stream's position is exactly what its Sink
+// has applied; calls fn with the positions of the streams that applied at
+// least one batch (sorted by engine); then lets the loops go on. Ingest
+// waits while fn runs, so fn should only copy what it needs (write the
+// index snapshot to a buffer or a file) and leave slow work (fsync) for
+// after it returns. fn must not call the Subscriber.
+func (s *Subscriber) Checkpoint(fn func([]kvevents.Position) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.started || s.closed {
+		return errors.New("zmqtransport: checkpoint of a subscriber that is not running")
+	}
+	loops := slices.Clone(s.loops)
+	if s.listener != nil {
+		loops = append(loops, s.listener.loop)
+	}
+	release := make(chan struct{})
+	defer close(release)
+	var parked sync.WaitGroup
+	for _, l := range loops {
+		parked.Add(1)
+		if !l.post(func() { parked.Done(); <-release }) {
+			parked.Done()
+		}
+	}
+	parked.Wait()
+	// Every loop is parked (or stopped): the streams' sequencers are
+	// quiet, and the channel operations above order their last writes
+	// before these reads.
+	s.regMu.Lock()
+	pos := make([]kvevents.Position, 0, len(s.owners))
+	for id, st := range s.owners {
+		if seq, print, h, ok := st.seq.Position(); ok {
+			pos = append(pos, kvevents.Position{Engine: id, Seq: seq, Print: print, Health: h})
+		}
+	}
+	s.regMu.Unlock()
+	slices.SortFunc(pos, func(a, b kvevents.Position) int { return compareEngineIDs(a.Engine, b.Engine) })
+	return fn(pos)
 }

@@ -235,7 +235,7 @@ func TestSubscriberWithEngineSim(t *testing.T) {
 		catchUp(eng)
 		sink.check(t, eng)
 		st := settledStats(t, s, e)
-		if st.Degraded || st.LostBatches != 0 || st.DecodeErrors != 0 {
+		if (st.Health == kvevents.HealthDegraded) || st.LostBatches != 0 || st.DecodeErrors != 0 {
 			t.Errorf("%s: %+v; want healthy, nothing lost", e, st)
 		}
 	}

@@ -99,9 +99,9 @@ func TestSubscriberGoldenPayloads(t *testing.T) {
 		}
 	}
 	st := mustStream(t, s, e)
-	if st.Resets != uint64(wantClears) || st.DecodeErrors != 0 || st.Degraded {
+	if st.Resets != uint64(wantClears) || st.DecodeErrors != 0 || (st.Health == kvevents.HealthDegraded) {
 		t.Fatalf("resets %d (want %d AllBlocksCleared), decode errors %d, degraded %v",
-			st.Resets, wantClears, st.DecodeErrors, st.Degraded)
+			st.Resets, wantClears, st.DecodeErrors, (st.Health == kvevents.HealthDegraded))
 	}
 }
 
@@ -125,7 +125,7 @@ func TestSubscriberReplayRecoversDroppedBatches(t *testing.T) {
 			sink.checkHashes(t, e)
 			st := mustStream(t, s, e)
 			// One replay on connect, one per gap.
-			if st.Gaps != 2 || st.ReplaysOK != 3 || st.ReplaysFailed != 0 || st.LostBatches != 0 || st.Degraded {
+			if st.Gaps != 2 || st.ReplaysOK != 3 || st.ReplaysFailed != 0 || st.LostBatches != 0 || (st.Health == kvevents.HealthDegraded) {
 				t.Fatalf("stats %+v; want 2 gaps, 3 replays ok, nothing lost", st)
 			}
 			if got := pub.replays.Load(); got != 3 {
@@ -157,7 +157,7 @@ func TestSubscriberReplayUnavailable(t *testing.T) {
 			// Degraded, but the index state was kept: no Reset.
 			sink.wantCalls(t, e, append(seqRange(0, 5), seqRange(8, 10)...))
 			st := mustStream(t, s, e)
-			if !st.Degraded || st.Gaps != 1 || st.ReplaysOK != tt.wantOK || st.ReplaysFailed != tt.wantFailed ||
+			if !(st.Health == kvevents.HealthDegraded) || st.Gaps != 1 || st.ReplaysOK != tt.wantOK || st.ReplaysFailed != tt.wantFailed ||
 				st.LostBatches != tt.wantLost || st.Resets != 0 {
 				t.Fatalf("stats %+v; want degraded, 1 gap, %d+%d replays ok+failed, %d lost",
 					st, tt.wantOK, tt.wantFailed, tt.wantLost)
@@ -184,7 +184,7 @@ func TestSubscriberRestartedPublisherResets(t *testing.T) {
 	})
 	sink.wantCalls(t, e, append(append(seqRange(0, 20), "reset:restart"), seqRange(0, 5)...))
 	st := mustStream(t, s, e)
-	if st.Restarts != 1 || st.Resets != 1 || st.Degraded || st.LastSeq != 4 {
+	if st.Restarts != 1 || st.Resets != 1 || (st.Health == kvevents.HealthDegraded) || st.LastSeq != 4 {
 		t.Fatalf("stats %+v; want 1 restart, healthy, last seq 4", st)
 	}
 }
@@ -203,7 +203,7 @@ func TestSubscriberRestartWithLostStart(t *testing.T) {
 	eventually(t, "recovery after the restart", func() bool { return len(sink.entries(e)) == 57 })
 	sink.wantCalls(t, e, append(append(seqRange(0, 50), "reset:restart"), seqRange(0, 6)...))
 	sink.checkHashes(t, e)
-	if st := mustStream(t, s, e); st.Restarts != 1 || st.Degraded || st.LostBatches != 0 {
+	if st := mustStream(t, s, e); st.Restarts != 1 || (st.Health == kvevents.HealthDegraded) || st.LostBatches != 0 {
 		t.Fatalf("stats %+v; want 1 restart, nothing lost", st)
 	}
 }
@@ -232,7 +232,7 @@ func TestSubscriberBootstrapReplayOnLateJoin(t *testing.T) {
 			sink.wantCalls(t, e, seqRange(tt.wantFirst, 110))
 			sink.checkHashes(t, e)
 			st := mustStream(t, s, e)
-			if st.ReplaysOK != 1 || st.Degraded || st.Gaps != 0 {
+			if st.ReplaysOK != 1 || (st.Health == kvevents.HealthDegraded) || st.Gaps != 0 {
 				t.Fatalf("stats %+v; want one successful bootstrap replay, healthy", st)
 			}
 		})
@@ -307,7 +307,7 @@ func TestSubscriberMalformedFrames(t *testing.T) {
 	sink.waitApplied(t, e, 3)
 	sink.wantCalls(t, e, []string{"0", "3"})
 	st := mustStream(t, s, e)
-	if st.DecodeErrors != 8 || st.Gaps != 0 || st.Batches != 2 || !st.Degraded {
+	if st.DecodeErrors != 8 || st.Gaps != 0 || st.Batches != 2 || !(st.Health == kvevents.HealthDegraded) {
 		t.Fatalf("stats %+v; want 8 decode errors, 2 batches, degraded (2 batches' events lost)", st)
 	}
 }
@@ -427,7 +427,7 @@ func TestSubscriberBindModeBadInput(t *testing.T) {
 		t.Fatalf("listener stats\n got  %+v\n want %+v", ls, want)
 	}
 	st := mustStream(t, s, e)
-	if st.Gaps != 1 || st.LostBatches != 1 || !st.Degraded {
+	if st.Gaps != 1 || st.LostBatches != 1 || !(st.Health == kvevents.HealthDegraded) {
 		t.Fatalf("stream stats %+v; want the dropped seq 1 seen as a lost gap", st)
 	}
 }
