@@ -7,8 +7,9 @@
 //
 //	engine PUB --[topic, seq u64 BE, msgpack EventBatch]--> transport
 //	  -> Decoder (every vLLM wire version, SGLang)    -> typed Events
-//	  -> Sequencer per (engine, dp rank): gap -> replay request;
-//	     sequence going backwards -> Reset
+//	  -> Sequencer per (engine, dp rank): gap or reconnect -> replay
+//	     request, verified by the print of the last applied batch;
+//	     another engine process -> Reset
 //	  -> Sink.Apply(engine, seq, events)
 //
 // The package has no sockets, goroutines, clocks or cgo (it builds with
@@ -43,10 +44,16 @@
 // etcd's raft: its caller feeds it what arrived (a live batch, a replayed
 // batch, the replay end marker, a connection, the time as a value) and it
 // answers synchronously through a SequencerOutput: deliver this batch in
-// order, reset the engine, request or cancel a replay. On a gap it asks
-// for a replay from the engine's buffer; when replay cannot close the gap
-// it marks the stream degraded and goes on, keeping the index state; when
-// the sequence goes backwards it reports a restart (Reset) before the new
-// process's batches. Every deviation from "deliver in order" is also
-// reported as a Note, which the transport turns into counters and logs.
+// order, reset the engine, request or cancel a replay. It remembers the
+// print (BatchPrint) of the batches it delivered, so a batch that comes
+// twice is recognised as a duplicate and a different batch under a known
+// seq as a new engine process. On a gap, a reconnect or a resume it asks
+// for a replay from the last batch it applied: the reply under that seq
+// proves (or disproves) that the engine is still the same process before
+// anything else is applied. When replay cannot close a gap it marks the
+// stream degraded and goes on, keeping the index state; when the engine
+// turns out to be a new process it reports a restart (Reset) before the
+// new process's batches. Health says what each stream's state can be
+// trusted for. Every deviation from "deliver in order" is also reported as
+// a Note, which the transport turns into counters and logs.
 package kvevents

@@ -10,22 +10,35 @@ import "github.com/zeebo/xxh3"
 // The states a Sequencer reports, and how a stream leaves them:
 //
 //   - HealthOK: every batch of the engine process was applied in order,
-//     from an empty start (sequence 0, or a replay reaching back to it) or
-//     from a position the engine confirmed.
+//     from an empty start (sequence 0, or a bootstrap replay reaching back
+//     to it), from an engine that announced AllBlocksCleared, or from a
+//     position the engine confirmed.
 //   - HealthRestored: the entries come from a snapshot taken by an earlier
-//     kvindex process and the engine has not yet confirmed them. Leaves to
-//     HealthOK once a replay from the snapshot's position shows the same
-//     engine process and fills every batch since; to a reset (then as for
-//     a fresh stream) when the engine turns out to be a new process.
+//     kvindex process (a resumed Position) and the engine has not yet
+//     confirmed them. Leaves to HealthOK once a replay from the position
+//     shows the same engine process (the batch under the position's seq
+//     carries its print) and fills every batch since; to a reset (then as
+//     for a fresh stream) when the engine turns out to be a new process.
+//     A replay that does not answer leaves the stream restored until a
+//     later one does; without a replay endpoint it stays restored until
+//     AllBlocksCleared or a restart seen from sequence 0.
 //   - HealthUnconfirmed: the start of the engine's history is unknown: the
 //     stream joined mid-stream (the engine's replay buffer no longer
 //     reached back to its first batch, or there is no replay endpoint), or
-//     a reconnect could not be checked. Leaves to HealthOK on
-//     AllBlocksCleared or an engine restart seen from its first batch.
+//     a reconnect could not be checked (the replay did not answer). Leaves
+//     to HealthOK on AllBlocksCleared or an engine restart seen from its
+//     first batch; an unchecked reconnect also on a later replay that
+//     verifies the process and fills every batch since.
 //   - HealthDegraded: batches were lost mid-stream (a gap no replay could
-//     fill, an undecodable batch). Leaves to HealthOK on a replay that
-//     fills the hole, AllBlocksCleared, or an engine restart seen from its
-//     first batch.
+//     fill, an undecodable batch). A lost batch is never applied later
+//     (nothing is applied out of order), so no replay repairs it: leaves
+//     to HealthOK only on AllBlocksCleared or an engine restart seen from
+//     its first batch.
+//
+// A stream that turns out to come from a new engine process (a sequence
+// going back to a batch it does not know, or a verifying replay showing
+// another batch under the last applied seq, a buffer past it, or nothing)
+// is reset and starts over as a fresh stream.
 //
 // A transport adds what it alone knows (a connection that is down) as
 // StreamStats.Connected.

@@ -2,7 +2,7 @@ package kvevents
 
 import (
 	"bytes"
-	"hash/maphash"
+	"slices"
 	"time"
 )
 
@@ -19,23 +19,46 @@ import (
 // end a replay takes now, in nanoseconds of any monotonic clock the caller
 // keeps (only differences matter).
 //
+// The caller decodes every payload before feeding it: an undecodable live
+// batch is never fed (it must not move the sequence), an undecodable
+// replayed one is not fed either, so its seq shows as a missing reply.
+//
 // The rules, from the publisher's contract (vLLM ZmqEventPublisher):
 //
 //   - Sequence numbers start at 0 per publisher process and grow by one per
-//     batch. A live number that does not grow means a new process: Reset
-//     the engine, then treat the batch as the first of a fresh stream. A
-//     replay can apply batches that are still in flight on the live socket;
-//     their live copies are recognised by content and dropped as
-//     duplicates instead.
+//     batch. The sequencer remembers the print (BatchPrint) of the last
+//     printRing batches it delivered. A live batch at or below the last
+//     delivered seq is a duplicate if it is the remembered batch (same
+//     seq and print: a replay overtook the live stream, or the batch came
+//     twice) and is dropped; otherwise it comes from a new process: Reset
+//     the engine, then treat the batch as the first of a fresh stream.
 //   - A number that jumps (seq > last+1) means the live socket lost batches
 //     (high-water mark, reconnect). Ask the replay socket for everything
-//     from last+1, hold the live batches that keep arriving meanwhile, apply
-//     the replayed ones in order, then the held ones, dropping duplicates.
+//     from last (not last+1: the reply under last must be the remembered
+//     batch, which proves the engine is still the same process), hold the
+//     live batches that keep arriving meanwhile (in seq order, whatever
+//     order they arrive in), apply the replayed ones in order, then the
+//     held ones, dropping duplicates. A live batch that arrives after its
+//     place was given up is dropped as late: nothing is ever applied out
+//     of order.
+//   - A stream with history whose socket (re)connects (Connected), or that
+//     was resumed from a Position (Resume), verifies the same way: replay
+//     from last. The first reply under last decides: the remembered batch
+//     means the same process (the replay goes on as a gap's would);
+//     another batch, a first reply past last (the engine's buffer moved
+//     on, so its identity cannot be proven), or an empty replay means a
+//     new process: Reset, then bootstrap as a fresh stream. An engine that
+//     cannot be identified is treated as new, because entries of a
+//     process that is gone would be phantoms.
 //   - The first batch of a fresh stream with seq > 0 means the subscriber
 //     joined late: ask for a replay from 0 to recover what the engine still
 //     holds in its buffer (the last buffer_steps batches). A stream whose
 //     socket connects asks at once (Connected), without waiting for a
 //     batch.
+//
+// Without a replay endpoint nothing can be verified: after a reconnect the
+// next live batch decides (at or below last and not the remembered batch:
+// restart; last+1: accepted; beyond: a gap, lost).
 //
 // When a hole cannot be filled (no replay endpoint, timeout, the engine's
 // buffer no longer reaching back far enough, too many batches held), the
@@ -46,25 +69,39 @@ import (
 // be evicted and stored again, while carrying on costs at most the few
 // stores and removals inside the hole (a missing store under-reports a
 // block; a missing removal over-reports one until the engine reuses or
-// evicts it). A replay that succeeds, a restart, or an AllBlocksCleared
-// (Cleared) makes the stream healthy again.
+// evicts it). Health (see the Health type, the one home of what each state
+// means and how a stream leaves it) reports all this; each change is a
+// NoteHealth.
 //
 // A Sequencer is not safe for concurrent use; one goroutine owns it. Its
 // output may call back into it (Degrade, Cleared, DisableReplay) from
 // within Deliver.
 type Sequencer struct {
-	out         SequencerOutput
-	canReplay   bool  // a replay endpoint exists
-	maxHeld     int   // bound on live batches held during a replay
-	timeout     int64 // replay timeout, nanoseconds
-	applied     bool  // at least one batch delivered since start or reset
-	last        uint64
-	lastPrint   uint64 // BatchPrint of the batch delivered under last
-	liveSeen    bool   // a live batch of the current process arrived
-	liveHigh    uint64 // the highest live seq of the current process
-	degraded    bool
+	out       SequencerOutput
+	canReplay bool  // a replay endpoint exists
+	maxHeld   int   // bound on live batches held during a replay
+	timeout   int64 // replay timeout, nanoseconds
+
+	// History: what was delivered since the start, a reset or a resume.
+	applied bool   // at least one batch delivered (or a position resumed)
+	last    uint64 // seq of the last delivered batch
+	first   uint64 // the oldest seq of the history: ring knows nothing older
+	ring    *[printRing]uint64
+
+	liveSeen bool   // a live batch of the current process arrived
+	liveHigh uint64 // the highest live seq of the current process
+
+	// Health flags; Health reports the worst that applies.
+	degraded     bool   // batches lost mid-stream
+	unknownStart bool   // the history does not reach back to the engine's first batch
+	unchecked    bool   // a reconnect could not be verified
+	restored     bool   // resumed from a Position, not yet verified
+	reported     Health // the health last noted
+	verifyNext   bool   // resumed: verify before the first live batch unless Connected did
+
 	replaying   bool
-	bootstrap   bool   // the outstanding replay started on a fresh stream
+	kind        replayKind
+	verifying   bool   // the outstanding replay's deciding reply has not arrived
 	replayFrom  uint64 // first seq asked for
 	deadline    int64  // the caller's monotonic nanoseconds
 	gotReply    bool   // a data reply of the outstanding replay arrived
@@ -72,11 +109,24 @@ type Sequencer struct {
 	replayedMin uint64 // range delivered by the outstanding replay
 	replayedMax uint64
 	replayedAny bool
-	held        []heldBatch
-	spare       []heldBatch               // the other half of a double buffer for draining
-	prints      *[replayPrints]batchPrint // allocated on the first replay
-	printSeed   maphash.Seed
+	held        []heldBatch // sorted by seq, no seq twice
+	spare       []heldBatch // the other half of a double buffer for draining
 }
+
+// replayKind says why a replay was requested.
+type replayKind uint8
+
+const (
+	replayGap       replayKind = iota // a live gap: from last, verifying
+	replayBootstrap                   // a fresh stream: from 0
+	replayReconnect                   // a stream with history (re)connected or was resumed: from last, verifying
+)
+
+// printRing is how many delivered batches a sequencer remembers the print
+// of: enough for the live copies of a replay's batches, which arrive right
+// after it, and for the reply that verifies a reconnect (the last batch).
+// The ring is allocated once per stream (8 KiB), on its first delivery.
+const printRing = 1024
 
 // SequencerConfig configures a Sequencer.
 type SequencerConfig struct {
@@ -143,16 +193,29 @@ const (
 	// dropped.
 	NoteStray
 	// NoteJoin: the stream's first batch, seq From > 0, was applied
-	// without history because no replay endpoint exists.
+	// without history because no replay endpoint exists: the stream is
+	// HealthUnconfirmed.
 	NoteJoin
 	// NoteTruncated: a bootstrap replay from From began at To > From: the
-	// engine's buffer no longer holds older batches. Not a failure: those
-	// batches predate the subscriber and no replay could have recovered
-	// them.
+	// engine's buffer no longer holds older batches, so the start of its
+	// history is unknown (HealthUnconfirmed). No replay could have
+	// recovered those batches, so the replay itself did not fail.
 	NoteTruncated
-	// NoteDegraded and NoteHealthy report changes of the degraded flag.
-	NoteDegraded
-	NoteHealthy
+	// NoteHealth: the stream's health changed to Health.
+	NoteHealth
+	// NoteVerified: a replay's reply under seq From carried the print
+	// remembered for it: the engine is the process the stream's history
+	// came from.
+	NoteVerified
+	// NoteReplayRestart: a replay from From showed another engine process
+	// (Reason: ReplayMismatch, another batch under From; ReplayTruncated,
+	// the first reply To > From; ReplayIncomplete, nothing at or after
+	// From). The engine is reset and bootstrapped as a fresh stream.
+	NoteReplayRestart
+	// NoteLate: live seq From arrived after the stream had moved past it
+	// without it (its hole was declared lost): dropped, never applied out
+	// of order.
+	NoteLate
 )
 
 func (k NoteKind) String() string {
@@ -177,10 +240,14 @@ func (k NoteKind) String() string {
 		return "join"
 	case NoteTruncated:
 		return "truncated"
-	case NoteDegraded:
-		return "degraded"
-	case NoteHealthy:
-		return "healthy"
+	case NoteHealth:
+		return "health"
+	case NoteVerified:
+		return "verified"
+	case NoteReplayRestart:
+		return "replay-restart"
+	case NoteLate:
+		return "late"
 	}
 	return "note?"
 }
@@ -196,6 +263,7 @@ const (
 	ReplayTruncated                        // the first reply was newer than requested: the engine's buffer moved on
 	ReplayIncomplete                       // the replay ended with a hole still open (a reply lost, or nothing returned)
 	ReplayOverflow                         // too many live batches arrived while waiting
+	ReplayMismatch                         // the reply under the verified seq was another batch: another process
 )
 
 func (r ReplayFailure) String() string {
@@ -210,6 +278,8 @@ func (r ReplayFailure) String() string {
 		return "incomplete"
 	case ReplayOverflow:
 		return "overflow"
+	case ReplayMismatch:
+		return "mismatch"
 	}
 	return ""
 }
@@ -218,24 +288,19 @@ func (r ReplayFailure) String() string {
 type Note struct {
 	Kind      NoteKind
 	From, To  uint64        // meaning per Kind
-	Reason    ReplayFailure // NoteReplayFailed
+	Reason    ReplayFailure // NoteReplayFailed, NoteReplayRestart
 	Bootstrap bool          // NoteReplayStart, NoteReplayDone, NoteReplayFailed
+	Health    Health        // NoteHealth
 }
 
 // heldBatch is a live batch held while a replay is outstanding.
 type heldBatch struct {
-	seq     uint64
-	payload []byte
+	seq, print uint64
+	payload    []byte
 }
 
-// batchPrint is the fingerprint of one replayed batch.
-type batchPrint struct {
-	seq, sum uint64
-	ok       bool
-}
-
-// NewSequencer returns the sequencer of a fresh stream (no history, not
-// degraded, no replay outstanding) that answers through out.
+// NewSequencer returns the sequencer of a fresh stream (no history,
+// healthy, no replay outstanding) that answers through out.
 func NewSequencer(out SequencerOutput, cfg SequencerConfig) *Sequencer {
 	return &Sequencer{
 		out:       out,
@@ -245,32 +310,74 @@ func NewSequencer(out SequencerOutput, cfg SequencerConfig) *Sequencer {
 	}
 }
 
+// Resume gives a fresh sequencer the history a Position describes, as if
+// it had delivered batch p.Seq with print p.Print: the stream is
+// HealthRestored (or worse, if p.Health was) until the engine confirms
+// it. With a replay endpoint it verifies on Connected, or else before its
+// first live batch; without one, a live p.Seq+1 carries on (still
+// restored) and anything at or below p.Seq is a restart. Call it before
+// any other input.
+func (s *Sequencer) Resume(p Position) {
+	s.forget()
+	s.applied, s.last, s.first = true, p.Seq, p.Seq
+	s.ring = new([printRing]uint64)
+	s.ring[p.Seq%printRing] = p.Print
+	s.restored = true
+	s.degraded = p.Health == HealthDegraded
+	s.unknownStart = p.Health == HealthUnconfirmed
+	s.verifyNext = true
+	s.noteHealth()
+}
+
 // Live handles a batch from the live stream. payload need only be valid
 // during the call: a batch the sequencer holds is copied.
 func (s *Sequencer) Live(seq uint64, payload []byte, now int64) {
-	// The live stream of one publisher process never repeats or goes
-	// back. The applied position can run ahead of it, because a replay
-	// returns batches that are still in flight on the live socket; such a
-	// batch is a duplicate only if it is byte for byte the one replayed
-	// under its seq (a new process's batch differs, if only in its
-	// timestamp).
-	restarted := (s.liveSeen && seq <= s.liveHigh) ||
-		(s.applied && seq <= s.last && !s.wasReplayed(seq, payload))
-	if restarted {
-		if s.replaying {
-			// The held batches belong to the old process, whose
-			// state the reset discards anyway.
-			s.abandonReplay()
-			s.held = s.held[:0]
+	if s.verifyNext {
+		s.verifyNext = false
+		if s.canReplay && !s.replaying {
+			s.startReplay(s.last, replayReconnect, now)
 		}
-		s.restart(seq)
+	}
+	switch {
+	case s.applied && seq <= s.last:
+		if s.known(seq, payload) {
+			s.out.Note(Note{Kind: NoteDuplicate, From: seq})
+			return
+		}
+		s.restartLive(seq)
+	case s.replaying:
+		if i, found := s.heldAt(seq); found {
+			if s.held[i].print == BatchPrint(payload) {
+				s.out.Note(Note{Kind: NoteDuplicate, From: seq})
+				return
+			}
+			s.restartLive(seq)
+		}
+	case s.applied && s.liveSeen && seq <= s.liveHigh:
+		s.out.Note(Note{Kind: NoteLate, From: seq})
+		return
+	}
+	if !s.liveSeen || seq > s.liveHigh {
+		s.liveHigh = seq
 	}
 	s.liveSeen = true
-	s.liveHigh = seq
 	s.accept(seq, payload, now)
 }
 
-// accept places a live batch that is not a restart.
+// restartLive handles a live batch that only a new process can have sent.
+func (s *Sequencer) restartLive(seq uint64) {
+	if s.replaying {
+		s.abandonReplay()
+	}
+	// The held batches belong to the old process, whose state the reset
+	// discards anyway.
+	s.dropHeld()
+	s.out.Note(Note{Kind: NoteRestart, From: max(s.liveHigh, s.last), To: seq})
+	s.out.Reset(ResetRestart)
+	s.forget()
+}
+
+// accept places a live batch that is neither a restart nor a duplicate.
 func (s *Sequencer) accept(seq uint64, payload []byte, now int64) {
 	switch {
 	case s.replaying:
@@ -291,11 +398,10 @@ func (s *Sequencer) accept(seq uint64, payload []byte, now int64) {
 		s.out.Note(Note{Kind: NoteGap, From: s.last + 1, To: seq})
 		if s.canReplay {
 			s.hold(seq, payload)
-			s.startReplay(s.last+1, false, now)
+			s.startReplay(s.last, replayGap, now)
 			return
 		}
-		s.out.Note(Note{Kind: NoteLost, From: s.last + 1, To: seq})
-		s.setDegraded(true)
+		s.lose(s.last+1, seq)
 		s.apply(seq, payload)
 	}
 }
@@ -303,12 +409,26 @@ func (s *Sequencer) accept(seq uint64, payload []byte, now int64) {
 // Connected reports that the live socket (re)connected. A stream with no
 // history asks for the engine's replay buffer right away instead of
 // waiting for the next batch, so an idle engine's cached blocks are known
-// before it publishes again.
+// before it publishes again; a stream with history verifies that the
+// engine is still the process its history came from.
 func (s *Sequencer) Connected(now int64) {
-	if !s.canReplay || s.applied || s.replaying || s.liveSeen {
+	if !s.canReplay {
 		return
 	}
-	s.startReplay(0, true, now)
+	if s.applied {
+		s.verifyNext = false
+		if s.replaying {
+			// The new connection may belong to a new process: ask
+			// again, verifying. Held batches stay held.
+			s.abandonReplay()
+		}
+		s.startReplay(s.last, replayReconnect, now)
+		return
+	}
+	if s.replaying || s.liveSeen {
+		return
+	}
+	s.startReplay(0, replayBootstrap, now)
 }
 
 // fresh handles the first batch of a stream with no history.
@@ -319,11 +439,13 @@ func (s *Sequencer) fresh(seq uint64, payload []byte, now int64) {
 	}
 	if !s.canReplay {
 		s.out.Note(Note{Kind: NoteJoin, From: seq})
+		s.unknownStart = true
+		s.noteHealth()
 		s.apply(seq, payload)
 		return
 	}
 	s.hold(seq, payload)
-	s.startReplay(0, true, now)
+	s.startReplay(0, replayBootstrap, now)
 }
 
 // Replayed handles one data reply of the replay socket. Each reply
@@ -335,11 +457,17 @@ func (s *Sequencer) Replayed(seq uint64, payload []byte, now int64) {
 		return
 	}
 	s.deadline = now + s.timeout
+	if s.verifying {
+		s.verify(seq, payload, now)
+		return
+	}
 	if !s.gotReply {
 		s.gotReply = true
 		if seq > s.replayFrom {
-			if s.bootstrap {
+			if s.kind == replayBootstrap {
 				s.out.Note(Note{Kind: NoteTruncated, From: s.replayFrom, To: seq})
+				s.unknownStart = true
+				s.noteHealth()
 			} else {
 				s.hole = ReplayTruncated
 			}
@@ -361,12 +489,47 @@ func (s *Sequencer) Replayed(seq uint64, payload []byte, now int64) {
 		s.applyAfterHole(h.seq, h.payload)
 	}
 	s.applyAfterHole(seq, payload)
-	s.remember(seq, payload)
 	if !s.replayedAny {
 		s.replayedAny = true
 		s.replayedMin = seq
 	}
 	s.replayedMax = seq
+}
+
+// verify handles a reply of a verifying replay (from last) that has not
+// yet decided. A reply the ring remembers, with the same print, proves the
+// same process; a remembered seq with another print, or a reply past
+// last, proves nothing or another process. Replies older than the ring
+// remembers say nothing and are dropped.
+func (s *Sequencer) verify(seq uint64, payload []byte, now int64) {
+	p, ok := s.printOf(seq)
+	switch {
+	case seq < s.last && !ok:
+		return
+	case ok && p == BatchPrint(payload):
+		s.verifying, s.gotReply = false, true
+		s.out.Note(Note{Kind: NoteVerified, From: seq})
+	case seq > s.last:
+		s.replayRestart(ReplayTruncated, seq, true, now)
+	default:
+		s.replayRestart(ReplayMismatch, seq, true, now)
+	}
+}
+
+// replayRestart handles a verifying replay that showed a new process:
+// reset the engine and bootstrap it as a fresh stream.
+func (s *Sequencer) replayRestart(r ReplayFailure, seq uint64, cancel bool, now int64) {
+	s.out.Note(Note{Kind: NoteReplayRestart, From: s.last, To: seq, Reason: r})
+	if cancel {
+		s.abandonReplay()
+	}
+	s.replaying, s.verifying = false, false
+	// Held batches may predate the new connection: the bootstrap replay
+	// returns those of the new process.
+	s.dropHeld()
+	s.out.Reset(ResetRestart)
+	s.forget()
+	s.startReplay(0, replayBootstrap, now)
 }
 
 // applyAfterHole applies a batch during a replay, first reporting any
@@ -387,6 +550,11 @@ func (s *Sequencer) ReplayEnd(now int64) {
 		s.out.Note(Note{Kind: NoteStray, From: ^uint64(0)})
 		return
 	}
+	if s.verifying {
+		// Nothing at or after last: a new process with fewer batches.
+		s.replayRestart(ReplayIncomplete, s.last, false, now)
+		return
+	}
 	s.replaying = false
 	if len(s.held) > 0 {
 		next := s.held[0].seq
@@ -399,12 +567,17 @@ func (s *Sequencer) ReplayEnd(now int64) {
 	if s.hole != ReplayOK {
 		s.fail(s.hole)
 	} else {
-		n := Note{Kind: NoteReplayDone, From: s.replayFrom, To: s.replayFrom, Bootstrap: s.bootstrap}
+		n := Note{Kind: NoteReplayDone, From: s.replayFrom, To: s.replayFrom, Bootstrap: s.kind == replayBootstrap}
 		if s.replayedAny {
 			n.From, n.To = s.replayedMin, s.replayedMax+1
 		}
 		s.out.Note(n)
-		s.setDegraded(false)
+		if s.kind != replayBootstrap {
+			// Verified and complete: every batch since the
+			// position the history ends at is applied.
+			s.restored, s.unchecked = false, false
+			s.noteHealth()
+		}
 	}
 	s.drain(now)
 }
@@ -421,36 +594,46 @@ func (s *Sequencer) Tick(now int64) {
 }
 
 // Cleared reports that an AllBlocksCleared was applied: the engine's state
-// downstream is exact again, whatever holes came before.
-func (s *Sequencer) Cleared() { s.setDegraded(false) }
+// downstream is exact again, whatever came before.
+func (s *Sequencer) Cleared() {
+	s.degraded, s.unknownStart, s.unchecked, s.restored = false, false, false, false
+	s.noteHealth()
+}
 
 // Degrade marks the stream degraded from outside: a delivered batch could
-// not be applied (it was undecodable), so the engine's state downstream
-// is no longer exact.
-func (s *Sequencer) Degrade() { s.setDegraded(true) }
+// not be applied, so the engine's state downstream is no longer exact.
+func (s *Sequencer) Degrade() {
+	s.degraded = true
+	s.noteHealth()
+}
 
 // DisableReplay makes the stream carry on without a replay endpoint (the
 // caller lost its replay socket): later gaps degrade the stream at once.
 // It does not end an outstanding replay.
 func (s *Sequencer) DisableReplay() { s.canReplay = false }
 
-// Degraded reports whether batches were lost and not recovered since the
-// last successful replay, restart or AllBlocksCleared.
-func (s *Sequencer) Degraded() bool { return s.degraded }
-
-// Health reports what the stream's delivered state can be trusted for.
+// Health reports what the stream's delivered state can be trusted for:
+// the worst state that applies (see Health).
 func (s *Sequencer) Health() Health {
-	if s.degraded {
+	switch {
+	case s.degraded:
 		return HealthDegraded
+	case s.unknownStart || s.unchecked:
+		return HealthUnconfirmed
+	case s.restored:
+		return HealthRestored
 	}
 	return HealthOK
 }
 
 // Position reports the last delivered batch's sequence number and print,
-// and the stream's health; ok is false if nothing was delivered since the
-// start or the last reset.
+// and the stream's health; ok is false if nothing was delivered (or
+// resumed) since the start or the last reset.
 func (s *Sequencer) Position() (seq, print uint64, h Health, ok bool) {
-	return s.last, s.lastPrint, s.Health(), s.applied
+	if !s.applied {
+		return 0, 0, s.Health(), false
+	}
+	return s.last, s.ring[s.last%printRing], s.Health(), true
 }
 
 // Replaying reports whether a replay is outstanding.
@@ -464,17 +647,18 @@ func (s *Sequencer) ReplayDeadline() (deadline int64, ok bool) { return s.deadli
 // never exceeds SequencerConfig.MaxHeld.
 func (s *Sequencer) Held() int { return len(s.held) }
 
-func (s *Sequencer) startReplay(from uint64, bootstrap bool, now int64) {
+func (s *Sequencer) startReplay(from uint64, kind replayKind, now int64) {
 	s.replaying = true
-	s.bootstrap = bootstrap
+	s.kind = kind
+	s.verifying = kind != replayBootstrap
 	s.replayFrom = from
 	s.deadline = now + s.timeout
 	s.gotReply = false
 	s.hole = ReplayOK
 	s.replayedAny = false
-	s.out.Note(Note{Kind: NoteReplayStart, From: from, Bootstrap: bootstrap})
+	s.out.Note(Note{Kind: NoteReplayStart, From: from, Bootstrap: kind == replayBootstrap})
 	if !s.out.RequestReplay(from) {
-		s.replaying = false
+		s.replaying, s.verifying = false, false
 		s.fail(ReplayUnavailable)
 		s.drain(now)
 	}
@@ -482,14 +666,30 @@ func (s *Sequencer) startReplay(from uint64, bootstrap bool, now int64) {
 
 // abandonReplay stops waiting for the outstanding replay.
 func (s *Sequencer) abandonReplay() {
-	s.replaying = false
+	s.replaying, s.verifying = false, false
 	s.out.CancelReplay()
 }
 
-// fail reports a replay that left a hole and degrades the stream.
+// fail reports a replay that did not do its job. A reconnect that could
+// not be checked (no answer at all) leaves the stream unconfirmed, or
+// restored if it was resumed and never verified; everything else leaves
+// a hole, so the stream is degraded.
 func (s *Sequencer) fail(r ReplayFailure) {
-	s.out.Note(Note{Kind: NoteReplayFailed, From: s.replayFrom, Reason: r, Bootstrap: s.bootstrap})
-	s.setDegraded(true)
+	s.out.Note(Note{Kind: NoteReplayFailed, From: s.replayFrom, Reason: r, Bootstrap: s.kind == replayBootstrap})
+	s.verifying = false
+	if s.kind == replayReconnect && (r == ReplayUnavailable || r == ReplayTimedOut) {
+		s.unchecked = s.unchecked || !s.restored
+	} else {
+		s.degraded = true
+	}
+	s.noteHealth()
+}
+
+// lose reports batches [from, to) as lost for good.
+func (s *Sequencer) lose(from, to uint64) {
+	s.out.Note(Note{Kind: NoteLost, From: from, To: to})
+	s.degraded = true
+	s.noteHealth()
 }
 
 // drain delivers the held batches after a replay finished or failed. A hole
@@ -510,7 +710,7 @@ func (s *Sequencer) drain(now int64) {
 		s.out.Note(Note{Kind: NoteDuplicate, From: first.seq})
 	default:
 		if first.seq > s.last+1 {
-			s.out.Note(Note{Kind: NoteLost, From: s.last + 1, To: first.seq})
+			s.lose(s.last+1, first.seq)
 		}
 		s.apply(first.seq, first.payload)
 	}
@@ -521,63 +721,87 @@ func (s *Sequencer) drain(now int64) {
 	s.spare = batch[:0]
 }
 
-// replayPrints is how many replayed batches a sequencer remembers the
-// fingerprint of: the live copies of replayed batches arrive right after
-// the replay, so only its tail matters.
-const replayPrints = 1024
-
-// remember records the fingerprint of a batch applied from a replay.
-func (s *Sequencer) remember(seq uint64, payload []byte) {
-	if s.prints == nil {
-		s.prints = new([replayPrints]batchPrint)
-		s.printSeed = maphash.MakeSeed()
+// printOf returns the print remembered for a delivered seq; ok is false
+// if the ring does not know it (never delivered, lost, or too old).
+func (s *Sequencer) printOf(seq uint64) (print uint64, ok bool) {
+	if !s.applied || seq > s.last || seq < s.first || s.last-seq >= printRing {
+		return 0, false
 	}
-	s.prints[seq%replayPrints] = batchPrint{seq: seq, sum: maphash.Bytes(s.printSeed, payload), ok: true}
+	p := s.ring[seq%printRing]
+	return p, p != 0
 }
 
-// wasReplayed reports whether payload is the batch a replay applied under
-// seq.
-func (s *Sequencer) wasReplayed(seq uint64, payload []byte) bool {
-	if s.prints == nil {
-		return false
-	}
-	p := s.prints[seq%replayPrints]
-	return p.ok && p.seq == seq && p.sum == maphash.Bytes(s.printSeed, payload)
+// known reports whether payload is the batch delivered under seq.
+func (s *Sequencer) known(seq uint64, payload []byte) bool {
+	p, ok := s.printOf(seq)
+	return ok && p == BatchPrint(payload)
 }
 
-// hold keeps a live batch until the outstanding replay ends. The caller's
-// payload is only valid during the call (it aliases a receive buffer), so
-// it is copied: holding is the rare path.
+// heldAt returns where seq is, or would go, among the held batches.
+func (s *Sequencer) heldAt(seq uint64) (int, bool) {
+	return slices.BinarySearchFunc(s.held, seq, func(h heldBatch, seq uint64) int {
+		switch {
+		case h.seq < seq:
+			return -1
+		case h.seq > seq:
+			return 1
+		}
+		return 0
+	})
+}
+
+// hold keeps a live batch, in seq order, until the outstanding replay
+// ends. The caller's payload is only valid during the call (it aliases a
+// receive buffer), so it is copied: holding is the rare path. A batch
+// under a seq already held is dropped (Live checked it is the same).
 func (s *Sequencer) hold(seq uint64, payload []byte) {
-	s.held = append(s.held, heldBatch{seq, bytes.Clone(payload)})
+	i, found := s.heldAt(seq)
+	if found {
+		return
+	}
+	s.held = slices.Insert(s.held, i, heldBatch{seq, BatchPrint(payload), bytes.Clone(payload)})
 }
 
-func (s *Sequencer) restart(seq uint64) {
-	s.out.Note(Note{Kind: NoteRestart, From: max(s.liveHigh, s.last), To: seq})
-	s.out.Reset(ResetRestart)
-	s.applied = false
-	s.last = 0
-	if s.prints != nil {
-		clear(s.prints[:])
+func (s *Sequencer) dropHeld() {
+	clear(s.held)
+	s.held = s.held[:0]
+}
+
+// forget drops the history and the health flags: the stream is fresh.
+func (s *Sequencer) forget() {
+	s.applied, s.last, s.first = false, 0, 0
+	if s.ring != nil {
+		clear(s.ring[:])
 	}
-	s.setDegraded(false)
+	s.liveSeen, s.liveHigh = false, 0
+	s.degraded, s.unknownStart, s.unchecked, s.restored = false, false, false, false
+	s.verifyNext = false
+	s.noteHealth()
 }
 
 func (s *Sequencer) apply(seq uint64, payload []byte) {
+	if s.ring == nil {
+		s.ring = new([printRing]uint64)
+	}
+	if !s.applied {
+		s.first = seq
+	} else {
+		// Forget whatever the slots of a hole remember from older
+		// batches.
+		for q := s.last + 1; q < seq && q-s.last <= printRing; q++ {
+			s.ring[q%printRing] = 0
+		}
+	}
+	s.ring[seq%printRing] = BatchPrint(payload)
 	s.applied = true
 	s.last = seq
-	s.lastPrint = BatchPrint(payload)
 	s.out.Deliver(seq, payload)
 }
 
-func (s *Sequencer) setDegraded(d bool) {
-	if s.degraded == d {
-		return
-	}
-	s.degraded = d
-	if d {
-		s.out.Note(Note{Kind: NoteDegraded})
-	} else {
-		s.out.Note(Note{Kind: NoteHealthy})
+// noteHealth reports a change of Health.
+func (s *Sequencer) noteHealth() {
+	if h := s.Health(); h != s.reported {
+		s.reported = h
+		s.out.Note(Note{Kind: NoteHealth, Health: h})
 	}
 }

@@ -46,10 +46,15 @@ func (r *seqRecorder) Note(n kvevents.Note) {
 	switch n.Kind {
 	case kvevents.NoteGap, kvevents.NoteLost, kvevents.NoteRestart, kvevents.NoteTruncated, kvevents.NoteReplayDone:
 		s += fmt.Sprintf(" %d-%d", n.From, n.To)
-	case kvevents.NoteReplayStart, kvevents.NoteDuplicate, kvevents.NoteJoin, kvevents.NoteStray:
+	case kvevents.NoteReplayStart, kvevents.NoteDuplicate, kvevents.NoteJoin, kvevents.NoteStray,
+		kvevents.NoteVerified, kvevents.NoteLate:
 		s += fmt.Sprintf(" %d", n.From)
 	case kvevents.NoteReplayFailed:
 		s += " " + n.Reason.String()
+	case kvevents.NoteReplayRestart:
+		s += fmt.Sprintf(" %d-%d %s", n.From, n.To, n.Reason)
+	case kvevents.NoteHealth:
+		s += " " + n.Health.String()
 	}
 	if n.Bootstrap {
 		s += " bootstrap"
@@ -58,19 +63,31 @@ func (r *seqRecorder) Note(n kvevents.Note) {
 }
 
 // step is one input to a sequencer in a scripted test: "L5" live seq 5,
-// "R5" replayed seq 5, "E" replay end marker, "T100" tick at now=100.
+// "R5" replayed seq 5, "E" replay end marker, "T100" tick at now=100,
+// "C" the live socket connected, "V5" resume from seq 5 (whose batch was
+// "p5"; "V5!" from a degraded position). A letter after the number tags
+// the batch of another engine process: "L5b" carries "p5b", not "p5".
 type step string
 
 func runSteps(t *testing.T, s *kvevents.Sequencer, steps []step) {
 	t.Helper()
 	for _, st := range steps {
 		var n uint64
-		if len(st) > 1 {
-			if _, err := fmt.Sscanf(string(st[1:]), "%d", &n); err != nil {
+		rest := string(st[1:])
+		i := 0
+		for i < len(rest) && rest[i] >= '0' && rest[i] <= '9' {
+			i++
+		}
+		if i > 0 {
+			if _, err := fmt.Sscanf(rest[:i], "%d", &n); err != nil {
 				t.Fatalf("bad step %q", st)
 			}
 		}
+		tag := rest[i:]
 		payload := []byte(fmt.Sprintf("p%d", n))
+		if tag != "!" {
+			payload = append(payload, tag...)
+		}
 		switch st[0] {
 		case 'L':
 			s.Live(n, payload, 0)
@@ -80,6 +97,14 @@ func runSteps(t *testing.T, s *kvevents.Sequencer, steps []step) {
 			s.ReplayEnd(0)
 		case 'T':
 			s.Tick(int64(n))
+		case 'C':
+			s.Connected(0)
+		case 'V':
+			p := kvevents.Position{Seq: n, Print: kvevents.BatchPrint(payload), Health: kvevents.HealthOK}
+			if tag == "!" {
+				p.Health = kvevents.HealthDegraded
+			}
+			s.Resume(p)
 		default:
 			t.Fatalf("bad step %q", st)
 		}
@@ -95,11 +120,11 @@ func TestSequencer(t *testing.T) {
 	withReplay := cfg{canReplay: true, replayOK: true, maxHeld: 100}
 	noReplay := cfg{maxHeld: 100}
 	tests := []struct {
-		name     string
-		cfg      cfg
-		steps    []step
-		want     []string
-		degraded bool
+		name   string
+		cfg    cfg
+		steps  []step
+		want   []string
+		health kvevents.Health
 	}{
 		{
 			name:  "in order from zero",
@@ -110,26 +135,41 @@ func TestSequencer(t *testing.T) {
 		{
 			name:  "gap recovered by replay, held batches follow",
 			cfg:   withReplay,
-			steps: []step{"L0", "L1", "L4", "L5", "R2", "R3", "R4", "E", "L6"},
+			steps: []step{"L0", "L1", "L4", "L5", "R1", "R2", "R3", "R4", "E", "L6"},
 			want: []string{
-				"deliver 0 p0", "deliver 1 p1",
-				"note gap 2-4", "note replay-start 2", "request 2",
-				"deliver 2 p2", "deliver 3 p3", "deliver 4 p4",
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"note gap 2-4",
+				"note replay-start 1",
+				"request 1",
+				"note verified 1",
+				"deliver 2 p2",
+				"deliver 3 p3",
+				"deliver 4 p4",
 				"note replay-done 2-5",
-				"note duplicate 4", "deliver 5 p5", "deliver 6 p6",
+				"note duplicate 4",
+				"deliver 5 p5",
+				"deliver 6 p6",
 			},
 		},
 		{
 			name:  "replay returns newer batches than held ones",
 			cfg:   withReplay,
-			steps: []step{"L0", "L3", "R1", "R2", "R3", "R4", "E", "L4", "L5"},
+			steps: []step{"L0", "L3", "R0", "R1", "R2", "R3", "R4", "E", "L4", "L5"},
 			want: []string{
-				"deliver 0 p0", "note gap 1-3", "note replay-start 1", "request 1",
-				"deliver 1 p1", "deliver 2 p2", "deliver 3 p3",
-				// The held L3 is passed: a duplicate.
-				"note duplicate 3", "deliver 4 p4", "note replay-done 1-5",
-				// L4 was still in flight when the replay applied it.
-				"note duplicate 4", "deliver 5 p5",
+				"deliver 0 p0",
+				"note gap 1-3",
+				"note replay-start 0",
+				"request 0",
+				"note verified 0",
+				"deliver 1 p1",
+				"deliver 2 p2",
+				"deliver 3 p3",
+				"note duplicate 3",
+				"deliver 4 p4",
+				"note replay-done 1-5",
+				"note duplicate 4",
+				"deliver 5 p5",
 			},
 		},
 		{
@@ -137,9 +177,17 @@ func TestSequencer(t *testing.T) {
 			cfg:   withReplay,
 			steps: []step{"L0", "L1", "L3", "R0", "R1", "R2", "R3", "E"},
 			want: []string{
-				"deliver 0 p0", "deliver 1 p1", "note gap 2-3", "note replay-start 2", "request 2",
-				"note duplicate 0", "note duplicate 1", "deliver 2 p2", "deliver 3 p3",
-				"note replay-done 2-4", "note duplicate 3",
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"note gap 2-3",
+				"note replay-start 1",
+				"request 1",
+				"note verified 0",
+				"note duplicate 1",
+				"deliver 2 p2",
+				"deliver 3 p3",
+				"note replay-done 2-4",
+				"note duplicate 3",
 			},
 		},
 		{
@@ -147,200 +195,374 @@ func TestSequencer(t *testing.T) {
 			cfg:   noReplay,
 			steps: []step{"L0", "L1", "L5", "L6"},
 			want: []string{
-				"deliver 0 p0", "deliver 1 p1", "note gap 2-5", "note lost 2-5", "note degraded",
-				"deliver 5 p5", "deliver 6 p6",
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"note gap 2-5",
+				"note lost 2-5",
+				"note health degraded",
+				"deliver 5 p5",
+				"deliver 6 p6",
 			},
-			degraded: true,
+			health: kvevents.HealthDegraded,
 		},
 		{
 			name:  "replay request cannot be sent",
 			cfg:   cfg{canReplay: true, maxHeld: 100},
 			steps: []step{"L0", "L3", "L4"},
 			want: []string{
-				"deliver 0 p0", "note gap 1-3", "note replay-start 1", "request 1",
-				"note replay-failed unavailable", "note degraded", "note lost 1-3", "deliver 3 p3", "deliver 4 p4",
+				"deliver 0 p0",
+				"note gap 1-3",
+				"note replay-start 0",
+				"request 0",
+				"note replay-failed unavailable",
+				"note health degraded",
+				"note lost 1-3",
+				"deliver 3 p3",
+				"deliver 4 p4",
 			},
-			degraded: true,
+			health: kvevents.HealthDegraded,
 		},
 		{
-			name:  "engine buffer no longer holds the start",
+			name:  "engine buffer moved past last: identity unprovable, reset",
 			cfg:   withReplay,
 			steps: []step{"L0", "L10", "L11", "R7", "R8", "R9", "R10", "R11", "E", "L12"},
 			want: []string{
-				"deliver 0 p0", "note gap 1-10", "note replay-start 1", "request 1",
-				"note lost 1-7", "deliver 7 p7", "deliver 8 p8", "deliver 9 p9", "deliver 10 p10",
-				"note duplicate 10", "deliver 11 p11",
-				"note replay-failed truncated", "note degraded",
-				"note duplicate 11", "deliver 12 p12",
+				"deliver 0 p0",
+				"note gap 1-10",
+				"note replay-start 0",
+				"request 0",
+				"note replay-restart 0-7 truncated",
+				"cancel",
+				"reset restart",
+				"note replay-start 0 bootstrap",
+				"request 0",
+				"note truncated 0-8",
+				"note health unconfirmed",
+				"deliver 8 p8",
+				"deliver 9 p9",
+				"deliver 10 p10",
+				"deliver 11 p11",
+				"note replay-done 8-12 bootstrap",
+				"deliver 12 p12",
 			},
-			degraded: true,
+			health: kvevents.HealthUnconfirmed,
 		},
 		{
 			name:  "engine buffer moved past the held batch",
 			cfg:   withReplay,
-			steps: []step{"L0", "L5", "L6", "R6", "E", "L7"},
+			steps: []step{"L0", "L5", "L6", "R6", "R6", "E", "L7"},
 			want: []string{
-				"deliver 0 p0", "note gap 1-5", "note replay-start 1", "request 1",
-				"note lost 1-5", "deliver 5 p5", "deliver 6 p6",
-				"note replay-failed truncated", "note degraded", "note duplicate 6", "deliver 7 p7",
+				"deliver 0 p0",
+				"note gap 1-5",
+				"note replay-start 0",
+				"request 0",
+				"note replay-restart 0-6 truncated",
+				"cancel",
+				"reset restart",
+				"note replay-start 0 bootstrap",
+				"request 0",
+				"note truncated 0-6",
+				"note health unconfirmed",
+				"deliver 6 p6",
+				"note replay-done 6-7 bootstrap",
+				"deliver 7 p7",
 			},
-			degraded: true,
+			health: kvevents.HealthUnconfirmed,
 		},
 		{
 			name:  "bootstrap buffer moved past the held batch",
 			cfg:   withReplay,
 			steps: []step{"L5", "L6", "R6", "E"},
 			want: []string{
-				"note replay-start 0 bootstrap", "request 0", "note truncated 0-6",
-				"deliver 5 p5", "deliver 6 p6", "note replay-done 6-7 bootstrap", "note duplicate 6",
+				"note replay-start 0 bootstrap",
+				"request 0",
+				"note truncated 0-6",
+				"note health unconfirmed",
+				"deliver 5 p5",
+				"deliver 6 p6",
+				"note replay-done 6-7 bootstrap",
+				"note duplicate 6",
 			},
+			health: kvevents.HealthUnconfirmed,
 		},
 		{
 			name:  "a reply lost inside the replay",
 			cfg:   withReplay,
-			steps: []step{"L0", "L5", "R1", "R2", "R4", "R5", "E"},
+			steps: []step{"L0", "L5", "R0", "R1", "R2", "R4", "R5", "E"},
 			want: []string{
-				"deliver 0 p0", "note gap 1-5", "note replay-start 1", "request 1",
-				"deliver 1 p1", "deliver 2 p2", "note lost 3-4", "deliver 4 p4", "deliver 5 p5",
-				"note replay-failed incomplete", "note degraded", "note duplicate 5",
+				"deliver 0 p0",
+				"note gap 1-5",
+				"note replay-start 0",
+				"request 0",
+				"note verified 0",
+				"deliver 1 p1",
+				"deliver 2 p2",
+				"note lost 3-4",
+				"deliver 4 p4",
+				"deliver 5 p5",
+				"note replay-failed incomplete",
+				"note health degraded",
+				"note duplicate 5",
 			},
-			degraded: true,
+			health: kvevents.HealthDegraded,
 		},
 		{
-			name:  "replay answers nothing",
+			name:  "replay answers nothing: a new process with fewer batches",
 			cfg:   withReplay,
-			steps: []step{"L0", "L3", "E", "L4"},
+			steps: []step{"L0", "L3", "E", "R0n", "E", "L1n"},
 			want: []string{
-				"deliver 0 p0", "note gap 1-3", "note replay-start 1", "request 1",
-				"note replay-failed incomplete", "note degraded", "note lost 1-3", "deliver 3 p3", "deliver 4 p4",
+				"deliver 0 p0",
+				"note gap 1-3",
+				"note replay-start 0",
+				"request 0",
+				"note replay-restart 0-0 incomplete",
+				"reset restart",
+				"note replay-start 0 bootstrap",
+				"request 0",
+				"deliver 0 p0n",
+				"note replay-done 0-1 bootstrap",
+				"deliver 1 p1n",
 			},
-			degraded: true,
+			health: kvevents.HealthOK,
 		},
 		{
 			name:  "replay timeout",
 			cfg:   withReplay,
 			steps: []step{"L0", "L3", "L4", "T5", "T1000000000", "R1", "E"},
 			want: []string{
-				"deliver 0 p0", "note gap 1-3", "note replay-start 1", "request 1",
-				"cancel", "note replay-failed timeout", "note degraded", "note lost 1-3",
-				"deliver 3 p3", "deliver 4 p4", "note stray 1", "note stray 18446744073709551615",
+				"deliver 0 p0",
+				"note gap 1-3",
+				"note replay-start 0",
+				"request 0",
+				"cancel",
+				"note replay-failed timeout",
+				"note health degraded",
+				"note lost 1-3",
+				"deliver 3 p3",
+				"deliver 4 p4",
+				"note stray 1",
+				"note stray 18446744073709551615",
 			},
-			degraded: true,
+			health: kvevents.HealthDegraded,
 		},
 		{
 			name:  "held batches overflow",
 			cfg:   cfg{canReplay: true, replayOK: true, maxHeld: 2},
 			steps: []step{"L0", "L3", "L4", "L5", "L6"},
 			want: []string{
-				"deliver 0 p0", "note gap 1-3", "note replay-start 1", "request 1",
-				"cancel", "note replay-failed overflow", "note degraded", "note lost 1-3",
-				"deliver 3 p3", "deliver 4 p4", "deliver 5 p5", "deliver 6 p6",
+				"deliver 0 p0",
+				"note gap 1-3",
+				"note replay-start 0",
+				"request 0",
+				"cancel",
+				"note replay-failed overflow",
+				"note health degraded",
+				"note lost 1-3",
+				"deliver 3 p3",
+				"deliver 4 p4",
+				"deliver 5 p5",
+				"deliver 6 p6",
 			},
-			degraded: true,
+			health: kvevents.HealthDegraded,
 		},
 		{
-			name:  "degraded stream heals after a successful replay",
+			name:  "a later successful replay does not heal a lost batch",
 			cfg:   withReplay,
-			steps: []step{"L0", "L3", "E", "L5", "R4", "R5", "E"},
+			steps: []step{"L0", "L3", "R0", "E", "L5", "R3", "R4", "R5", "E"},
 			want: []string{
-				"deliver 0 p0", "note gap 1-3", "note replay-start 1", "request 1",
-				"note replay-failed incomplete", "note degraded", "note lost 1-3", "deliver 3 p3",
-				"note gap 4-5", "note replay-start 4", "request 4",
-				"deliver 4 p4", "deliver 5 p5", "note replay-done 4-6", "note healthy", "note duplicate 5",
+				"deliver 0 p0",
+				"note gap 1-3",
+				"note replay-start 0",
+				"request 0",
+				"note verified 0",
+				"note replay-failed incomplete",
+				"note health degraded",
+				"note lost 1-3",
+				"deliver 3 p3",
+				"note gap 4-5",
+				"note replay-start 3",
+				"request 3",
+				"note verified 3",
+				"deliver 4 p4",
+				"deliver 5 p5",
+				"note replay-done 4-6",
+				"note duplicate 5",
 			},
+			health: kvevents.HealthDegraded,
 		},
 		{
 			name:  "restart: sequence goes back to zero",
 			cfg:   withReplay,
-			steps: []step{"L0", "L1", "L2", "L0", "L1"},
+			steps: []step{"L0", "L1", "L2", "L0b", "L1b"},
 			want: []string{
-				"deliver 0 p0", "deliver 1 p1", "deliver 2 p2",
-				"note restart 2-0", "reset restart", "deliver 0 p0", "deliver 1 p1",
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"deliver 2 p2",
+				"note restart 2-0",
+				"reset restart",
+				"deliver 0 p0b",
+				"deliver 1 p1b",
 			},
 		},
 		{
 			name:  "restart after a single batch",
 			cfg:   noReplay,
-			steps: []step{"L0", "L0"},
-			want:  []string{"deliver 0 p0", "note restart 0-0", "reset restart", "deliver 0 p0"},
+			steps: []step{"L0", "L0b"},
+			want: []string{
+				"deliver 0 p0",
+				"note restart 0-0",
+				"reset restart",
+				"deliver 0 p0b",
+			},
 		},
 		{
 			name:  "restart seen late (first batches lost) bootstraps from zero",
 			cfg:   withReplay,
-			steps: []step{"L7", "R0", "R1", "R2", "R3", "R4", "R5", "R6", "R7", "E", "L8", "L3", "R0", "R1", "R2", "R3", "E", "L4"},
+			steps: []step{"L7", "R0", "R1", "R2", "R3", "R4", "R5", "R6", "R7", "E", "L8", "L3b", "R0b", "R1b", "R2b", "R3b", "E", "L4b"},
 			want: []string{
-				"note replay-start 0 bootstrap", "request 0",
-				"deliver 0 p0", "deliver 1 p1", "deliver 2 p2", "deliver 3 p3", "deliver 4 p4",
-				"deliver 5 p5", "deliver 6 p6", "deliver 7 p7", "note replay-done 0-8 bootstrap",
-				"note duplicate 7", "deliver 8 p8",
-				"note restart 8-3", "reset restart", "note replay-start 0 bootstrap", "request 0",
-				"deliver 0 p0", "deliver 1 p1", "deliver 2 p2", "deliver 3 p3", "note replay-done 0-4 bootstrap",
-				"note duplicate 3", "deliver 4 p4",
+				"note replay-start 0 bootstrap",
+				"request 0",
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"deliver 2 p2",
+				"deliver 3 p3",
+				"deliver 4 p4",
+				"deliver 5 p5",
+				"deliver 6 p6",
+				"deliver 7 p7",
+				"note replay-done 0-8 bootstrap",
+				"note duplicate 7",
+				"deliver 8 p8",
+				"note restart 8-3",
+				"reset restart",
+				"note replay-start 0 bootstrap",
+				"request 0",
+				"deliver 0 p0b",
+				"deliver 1 p1b",
+				"deliver 2 p2b",
+				"deliver 3 p3b",
+				"note replay-done 0-4 bootstrap",
+				"note duplicate 3",
+				"deliver 4 p4b",
 			},
 		},
 		{
 			name:  "restart while a replay is outstanding",
 			cfg:   withReplay,
-			steps: []step{"L0", "L1", "L5", "L6", "L0", "R2", "L1"},
+			steps: []step{"L0", "L1", "L5", "L6", "L0b", "R2", "L1b"},
 			want: []string{
-				"deliver 0 p0", "deliver 1 p1", "note gap 2-5", "note replay-start 2", "request 2",
-				"cancel", "note restart 6-0", "reset restart", "deliver 0 p0", "note stray 2", "deliver 1 p1",
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"note gap 2-5",
+				"note replay-start 1",
+				"request 1",
+				"cancel",
+				"note restart 6-0",
+				"reset restart",
+				"deliver 0 p0b",
+				"note stray 2",
+				"deliver 1 p1b",
 			},
 		},
 		{
 			name:  "restart while a replay is outstanding, seq equal to the held one",
 			cfg:   withReplay,
-			steps: []step{"L0", "L5", "L5"},
+			steps: []step{"L0", "L5", "L5b"},
 			want: []string{
-				"deliver 0 p0", "note gap 1-5", "note replay-start 1", "request 1",
-				"cancel", "note restart 5-5", "reset restart", "note replay-start 0 bootstrap", "request 0",
+				"deliver 0 p0",
+				"note gap 1-5",
+				"note replay-start 0",
+				"request 0",
+				"cancel",
+				"note restart 5-5",
+				"reset restart",
+				"note replay-start 0 bootstrap",
+				"request 0",
 			},
 		},
 		{
 			name:  "late join without replay endpoint",
 			cfg:   noReplay,
 			steps: []step{"L42", "L43"},
-			want:  []string{"note join 42", "deliver 42 p42", "deliver 43 p43"},
+			want: []string{
+				"note join 42",
+				"note health unconfirmed",
+				"deliver 42 p42",
+				"deliver 43 p43",
+			},
+			health: kvevents.HealthUnconfirmed,
 		},
 		{
 			name:  "late join bootstraps from zero, engine buffer truncated",
 			cfg:   withReplay,
 			steps: []step{"L42", "L43", "R40", "R41", "R42", "E", "L44"},
 			want: []string{
-				"note replay-start 0 bootstrap", "request 0",
-				"note truncated 0-40", "deliver 40 p40", "deliver 41 p41", "deliver 42 p42",
-				"note replay-done 40-43 bootstrap", "note duplicate 42", "deliver 43 p43", "deliver 44 p44",
+				"note replay-start 0 bootstrap",
+				"request 0",
+				"note truncated 0-40",
+				"note health unconfirmed",
+				"deliver 40 p40",
+				"deliver 41 p41",
+				"deliver 42 p42",
+				"note replay-done 40-43 bootstrap",
+				"note duplicate 42",
+				"deliver 43 p43",
+				"deliver 44 p44",
 			},
+			health: kvevents.HealthUnconfirmed,
 		},
 		{
 			name:  "bootstrap replay answers nothing",
 			cfg:   withReplay,
 			steps: []step{"L42", "E", "L43"},
 			want: []string{
-				"note replay-start 0 bootstrap", "request 0",
-				"note replay-failed incomplete bootstrap", "note degraded", "deliver 42 p42", "deliver 43 p43",
+				"note replay-start 0 bootstrap",
+				"request 0",
+				"note replay-failed incomplete bootstrap",
+				"note health degraded",
+				"deliver 42 p42",
+				"deliver 43 p43",
 			},
-			degraded: true,
+			health: kvevents.HealthDegraded,
 		},
 		{
 			name:  "bootstrap replay times out",
 			cfg:   withReplay,
 			steps: []step{"L42", "L43", "T2000000000"},
 			want: []string{
-				"note replay-start 0 bootstrap", "request 0",
-				"cancel", "note replay-failed timeout bootstrap", "note degraded", "deliver 42 p42", "deliver 43 p43",
+				"note replay-start 0 bootstrap",
+				"request 0",
+				"cancel",
+				"note replay-failed timeout bootstrap",
+				"note health degraded",
+				"deliver 42 p42",
+				"deliver 43 p43",
 			},
-			degraded: true,
+			health: kvevents.HealthDegraded,
 		},
 		{
 			name:  "a live gap among held batches starts a second replay",
 			cfg:   withReplay,
-			steps: []step{"L0", "L2", "L5", "R1", "R2", "E", "R3", "R4", "E", "L6"},
+			steps: []step{"L0", "L2", "L5", "R0", "R1", "R2", "E", "R2", "R3", "R4", "E", "L6"},
 			want: []string{
-				"deliver 0 p0", "note gap 1-2", "note replay-start 1", "request 1",
-				"deliver 1 p1", "deliver 2 p2", "note replay-done 1-3", "note duplicate 2",
-				"note gap 3-5", "note replay-start 3", "request 3",
-				"deliver 3 p3", "deliver 4 p4", "note replay-done 3-5", "deliver 5 p5", "deliver 6 p6",
+				"deliver 0 p0",
+				"note gap 1-2",
+				"note replay-start 0",
+				"request 0",
+				"note verified 0",
+				"deliver 1 p1",
+				"deliver 2 p2",
+				"note replay-done 1-3",
+				"note duplicate 2",
+				"note gap 3-5",
+				"note replay-start 2",
+				"request 2",
+				"note verified 2",
+				"deliver 3 p3",
+				"deliver 4 p4",
+				"note replay-done 3-5",
+				"deliver 5 p5",
+				"deliver 6 p6",
 			},
 		},
 		{
@@ -352,10 +574,15 @@ func TestSequencer(t *testing.T) {
 		{
 			name:  "maximal sequence number",
 			cfg:   noReplay,
-			steps: []step{"L18446744073709551615", "L0"},
+			steps: []step{"L18446744073709551615", "L0b"},
 			want: []string{
-				"note join 18446744073709551615", "deliver 18446744073709551615 p18446744073709551615",
-				"note restart 18446744073709551615-0", "reset restart", "deliver 0 p0",
+				"note join 18446744073709551615",
+				"note health unconfirmed",
+				"deliver 18446744073709551615 p18446744073709551615",
+				"note restart 18446744073709551615-0",
+				"reset restart",
+				"note health ok",
+				"deliver 0 p0b",
 			},
 		},
 	}
@@ -367,8 +594,8 @@ func TestSequencer(t *testing.T) {
 			if !slices.Equal(rec.log, tt.want) {
 				t.Errorf("got:\n\t%s\nwant:\n\t%s", strings.Join(rec.log, "\n\t"), strings.Join(tt.want, "\n\t"))
 			}
-			if s.Degraded() != tt.degraded {
-				t.Errorf("degraded = %v, want %v", s.Degraded(), tt.degraded)
+			if s.Health() != tt.health {
+				t.Errorf("health = %v, want %v", s.Health(), tt.health)
 			}
 			checkOrdered(t, rec)
 		})
@@ -444,6 +671,7 @@ func TestSequencerConnected(t *testing.T) {
 			steps: func(s *kvevents.Sequencer) {
 				s.Live(0, []byte("p0"), 0)
 				s.Live(2, []byte("p2"), 0)
+				s.Replayed(0, []byte("p0"), 0) // verifies the process
 				s.Replayed(1, []byte("p1"), 0)
 				s.Replayed(2, []byte("p2"), 0)
 				s.Replayed(3, []byte("p3"), 0)
@@ -453,20 +681,25 @@ func TestSequencerConnected(t *testing.T) {
 				s.Live(4, []byte("x4"), 0) // below the live high mark
 			},
 			want: []string{
-				"deliver 0 p0", "note gap 1-2", "note replay-start 1", "request 1",
-				"deliver 1 p1", "deliver 2 p2", "note duplicate 2", "deliver 3 p3", "note replay-done 1-4",
+				"deliver 0 p0", "note gap 1-2", "note replay-start 0", "request 0",
+				"note verified 0", "deliver 1 p1", "deliver 2 p2", "note duplicate 2", "deliver 3 p3", "note replay-done 1-4",
 				"note duplicate 3", "deliver 4 p4",
 				"note restart 4-4", "reset restart", "note replay-start 0 bootstrap", "request 0",
 			},
 		},
 		{
-			name: "reconnect of a stream with history does nothing", canReplay: true,
+			name: "reconnect of a stream with history verifies it", canReplay: true,
 			steps: func(s *kvevents.Sequencer) {
 				s.Live(0, []byte("p0"), 0)
 				s.Connected(0)
+				s.Replayed(0, []byte("p0"), 0)
+				s.ReplayEnd(0)
 				s.Live(1, []byte("p1"), 0)
 			},
-			want: []string{"deliver 0 p0", "deliver 1 p1"},
+			want: []string{
+				"deliver 0 p0", "note replay-start 0", "request 0", "note verified 0",
+				"note replay-done 0-0", "deliver 1 p1",
+			},
 		},
 		{
 			name: "no replay endpoint", canReplay: false,
@@ -482,26 +715,383 @@ func TestSequencerConnected(t *testing.T) {
 			if !slices.Equal(rec.log, tt.want) {
 				t.Errorf("got:\n\t%s\nwant:\n\t%s", strings.Join(rec.log, "\n\t"), strings.Join(tt.want, "\n\t"))
 			}
-			if s.Degraded() {
+			if s.Health() == kvevents.HealthDegraded {
 				t.Error("degraded")
 			}
 		})
 	}
 }
 
+// TestSequencerVerify covers what proves or disproves that an engine is
+// still the process a stream's history came from: duplicates recognised
+// by their print, live batches held in seq order, the replay from last on
+// a reconnect, a gap or a resume, and the health each outcome leaves.
+func TestSequencerVerify(t *testing.T) {
+	withReplay := seqConfig(true)
+	noReplay := seqConfig(false)
+	tests := []struct {
+		name   string
+		cfg    kvevents.SequencerConfig
+		steps  []step
+		want   []string
+		health kvevents.Health
+	}{
+		{
+			name:  "the same live batch twice is a duplicate, not a restart",
+			cfg:   noReplay,
+			steps: []step{"L0", "L1", "L1", "L2", "L0"},
+			want: []string{
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"note duplicate 1",
+				"deliver 2 p2",
+				"note duplicate 0",
+			},
+		},
+		{
+			name:  "another batch under an applied seq is a restart",
+			cfg:   noReplay,
+			steps: []step{"L0", "L1", "L1b", "L2b"},
+			want: []string{
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"note restart 1-1",
+				"reset restart",
+				"note join 1",
+				"note health unconfirmed",
+				"deliver 1 p1b",
+				"deliver 2 p2b",
+			},
+			health: kvevents.HealthUnconfirmed,
+		},
+		{
+			name:  "live batches arriving out of order during a replay are held in seq order",
+			cfg:   withReplay,
+			steps: []step{"L0", "L3", "L5", "L4", "L4", "R0", "R1", "R2", "E", "L6"},
+			want: []string{
+				"deliver 0 p0",
+				"note gap 1-3",
+				"note replay-start 0",
+				"request 0",
+				"note duplicate 4",
+				"note verified 0",
+				"deliver 1 p1",
+				"deliver 2 p2",
+				"note replay-done 1-3",
+				"deliver 3 p3",
+				"deliver 4 p4",
+				"deliver 5 p5",
+				"deliver 6 p6",
+			},
+		},
+		{
+			name:  "another batch under a held seq is a restart",
+			cfg:   withReplay,
+			steps: []step{"L0", "L3", "L3b"},
+			want: []string{
+				"deliver 0 p0",
+				"note gap 1-3",
+				"note replay-start 0",
+				"request 0",
+				"cancel",
+				"note restart 3-3",
+				"reset restart",
+				"note replay-start 0 bootstrap",
+				"request 0",
+			},
+		},
+		{
+			name:  "reconnect: the same process goes on",
+			cfg:   withReplay,
+			steps: []step{"L0", "L1", "C", "L3", "R1", "R2", "R3", "E", "L4"},
+			want: []string{
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"note replay-start 1",
+				"request 1",
+				"note verified 1",
+				"deliver 2 p2",
+				"deliver 3 p3",
+				"note replay-done 2-4",
+				"note duplicate 3",
+				"deliver 4 p4",
+			},
+		},
+		{
+			name:  "reconnect: another batch under last is a new process",
+			cfg:   withReplay,
+			steps: []step{"L0", "L1", "L2", "C", "L5b", "R2b", "R0b", "R1b", "R2b", "R3b", "R4b", "R5b", "E", "L6b"},
+			want: []string{
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"deliver 2 p2",
+				"note replay-start 2",
+				"request 2",
+				"note replay-restart 2-2 mismatch",
+				"cancel",
+				"reset restart",
+				"note replay-start 0 bootstrap",
+				"request 0",
+				"deliver 0 p0b",
+				"deliver 1 p1b",
+				"deliver 2 p2b",
+				"deliver 3 p3b",
+				"deliver 4 p4b",
+				"deliver 5 p5b",
+				"note replay-done 0-6 bootstrap",
+				"deliver 6 p6b",
+			},
+		},
+		{
+			name:  "reconnect: an empty replay is a new process with fewer batches",
+			cfg:   withReplay,
+			steps: []step{"L0", "L1", "L2", "C", "E", "R0b", "E", "L1b"},
+			want: []string{
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"deliver 2 p2",
+				"note replay-start 2",
+				"request 2",
+				"note replay-restart 2-2 incomplete",
+				"reset restart",
+				"note replay-start 0 bootstrap",
+				"request 0",
+				"deliver 0 p0b",
+				"note replay-done 0-1 bootstrap",
+				"deliver 1 p1b",
+			},
+		},
+		{
+			name:  "reconnect: a buffer that moved past last cannot prove the process",
+			cfg:   withReplay,
+			steps: []step{"L0", "L1", "C", "R5", "R5", "R6", "E", "L7"},
+			want: []string{
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"note replay-start 1",
+				"request 1",
+				"note replay-restart 1-5 truncated",
+				"cancel",
+				"reset restart",
+				"note replay-start 0 bootstrap",
+				"request 0",
+				"note truncated 0-5",
+				"note health unconfirmed",
+				"deliver 5 p5",
+				"deliver 6 p6",
+				"note replay-done 5-7 bootstrap",
+				"deliver 7 p7",
+			},
+			health: kvevents.HealthUnconfirmed,
+		},
+		{
+			name:  "reconnect: no answer leaves the stream unconfirmed",
+			cfg:   withReplay,
+			steps: []step{"L0", "L1", "C", "L2", "T2000000000", "L3"},
+			want: []string{
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"note replay-start 1",
+				"request 1",
+				"cancel",
+				"note replay-failed timeout",
+				"note health unconfirmed",
+				"deliver 2 p2",
+				"deliver 3 p3",
+			},
+			health: kvevents.HealthUnconfirmed,
+		},
+		{
+			name:  "reconnect: no answer and a hole is degraded",
+			cfg:   withReplay,
+			steps: []step{"L0", "L1", "C", "L4", "T2000000000"},
+			want: []string{
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"note replay-start 1",
+				"request 1",
+				"cancel",
+				"note replay-failed timeout",
+				"note health unconfirmed",
+				"note lost 2-4",
+				"note health degraded",
+				"deliver 4 p4",
+			},
+			health: kvevents.HealthDegraded,
+		},
+		{
+			name:  "reconnect without a replay endpoint: the next batch decides",
+			cfg:   noReplay,
+			steps: []step{"L0", "L1", "C", "L2", "C", "L1b"},
+			want: []string{
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"deliver 2 p2",
+				"note restart 2-1",
+				"reset restart",
+				"note join 1",
+				"note health unconfirmed",
+				"deliver 1 p1b",
+			},
+			health: kvevents.HealthUnconfirmed,
+		},
+		{
+			name:  "resume: the same process with a buffer reaching back is exact",
+			cfg:   withReplay,
+			steps: []step{"V5", "C", "L8", "R5", "R6", "R7", "R8", "E", "L9"},
+			want: []string{
+				"note health restored",
+				"note replay-start 5",
+				"request 5",
+				"note verified 5",
+				"deliver 6 p6",
+				"deliver 7 p7",
+				"deliver 8 p8",
+				"note replay-done 6-9",
+				"note health ok",
+				"note duplicate 8",
+				"deliver 9 p9",
+			},
+		},
+		{
+			name:  "resume: another process is reset",
+			cfg:   withReplay,
+			steps: []step{"V5", "C", "R5b", "R0b", "R1b", "E", "L2b"},
+			want: []string{
+				"note health restored",
+				"note replay-start 5",
+				"request 5",
+				"note replay-restart 5-5 mismatch",
+				"cancel",
+				"reset restart",
+				"note health ok",
+				"note replay-start 0 bootstrap",
+				"request 0",
+				"deliver 0 p0b",
+				"deliver 1 p1b",
+				"note replay-done 0-2 bootstrap",
+				"deliver 2 p2b",
+			},
+		},
+		{
+			name:  "resume without a connection event verifies before the first batch",
+			cfg:   withReplay,
+			steps: []step{"V5", "L6", "R5", "R6", "E", "L7"},
+			want: []string{
+				"note health restored",
+				"note replay-start 5",
+				"request 5",
+				"note verified 5",
+				"deliver 6 p6",
+				"note replay-done 6-7",
+				"note health ok",
+				"note duplicate 6",
+				"deliver 7 p7",
+			},
+		},
+		{
+			name:  "resume: no answer keeps the stream restored",
+			cfg:   withReplay,
+			steps: []step{"V5", "C", "T2000000000", "L6"},
+			want: []string{
+				"note health restored",
+				"note replay-start 5",
+				"request 5",
+				"cancel",
+				"note replay-failed timeout",
+				"deliver 6 p6",
+			},
+			health: kvevents.HealthRestored,
+		},
+		{
+			name:  "resume without a replay endpoint stays restored",
+			cfg:   noReplay,
+			steps: []step{"V5", "C", "L6", "L7"},
+			want: []string{
+				"note health restored",
+				"deliver 6 p6",
+				"deliver 7 p7",
+			},
+			health: kvevents.HealthRestored,
+		},
+		{
+			name:  "resume without a replay endpoint: a restart from 0 is exact",
+			cfg:   noReplay,
+			steps: []step{"V5", "L0b", "L1b"},
+			want: []string{
+				"note health restored",
+				"note restart 5-0",
+				"reset restart",
+				"note health ok",
+				"deliver 0 p0b",
+				"deliver 1 p1b",
+			},
+		},
+		{
+			name:  "resume of a degraded position stays degraded when verified",
+			cfg:   withReplay,
+			steps: []step{"V5!", "C", "R5", "E"},
+			want: []string{
+				"note health degraded",
+				"note replay-start 5",
+				"request 5",
+				"note verified 5",
+				"note replay-done 5-5",
+			},
+			health: kvevents.HealthDegraded,
+		},
+		{
+			name:  "a truncated bootstrap is unconfirmed",
+			cfg:   withReplay,
+			steps: []step{"L9", "R7", "R8", "R9", "E"},
+			want: []string{
+				"note replay-start 0 bootstrap",
+				"request 0",
+				"note truncated 0-7",
+				"note health unconfirmed",
+				"deliver 7 p7",
+				"deliver 8 p8",
+				"deliver 9 p9",
+				"note replay-done 7-10 bootstrap",
+				"note duplicate 9",
+			},
+			health: kvevents.HealthUnconfirmed,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := &seqRecorder{replayOK: true}
+			s := kvevents.NewSequencer(rec, tt.cfg)
+			runSteps(t, s, tt.steps)
+			if !slices.Equal(rec.log, tt.want) {
+				t.Errorf("got:\n\t%s\nwant:\n\t%s", strings.Join(rec.log, "\n\t"), strings.Join(tt.want, "\n\t"))
+			}
+			if s.Health() != tt.health {
+				t.Errorf("health = %v, want %v", s.Health(), tt.health)
+			}
+			checkOrdered(t, rec)
+		})
+	}
+}
+
+// seqConfig is a sequencer configuration for scripted tests.
+func seqConfig(canReplay bool) kvevents.SequencerConfig {
+	return kvevents.SequencerConfig{CanReplay: canReplay, MaxHeld: 100, ReplayTimeout: 1e9}
+}
+
 func TestSequencerCleared(t *testing.T) {
 	rec := &seqRecorder{}
 	s := kvevents.NewSequencer(rec, kvevents.SequencerConfig{CanReplay: false, MaxHeld: 10, ReplayTimeout: 1e9})
 	runSteps(t, s, []step{"L0", "L3"})
-	if !s.Degraded() {
+	if s.Health() != kvevents.HealthDegraded {
 		t.Fatal("gap without replay did not degrade the stream")
 	}
 	s.Cleared()
-	if s.Degraded() {
+	if s.Health() == kvevents.HealthDegraded {
 		t.Fatal("AllBlocksCleared did not heal the stream")
 	}
-	if got := rec.log[len(rec.log)-1]; got != "note healthy" {
-		t.Fatalf("last call %q, want note healthy", got)
+	if got := rec.log[len(rec.log)-1]; got != "note health ok" {
+		t.Fatalf("last call %q, want note health ok", got)
 	}
 }
 
@@ -530,7 +1120,7 @@ func TestSequencerReplayDeadline(t *testing.T) {
 		t.Fatal("replay failed before its extended deadline")
 	}
 	s.Tick(1900)
-	if s.Replaying() || !s.Degraded() {
+	if s.Replaying() || (s.Health() != kvevents.HealthDegraded) {
 		t.Fatal("replay survived its deadline")
 	}
 }
@@ -625,43 +1215,75 @@ func TestSequencerLossyStream(t *testing.T) {
 		if len(rec.delivered) < total/2 {
 			t.Fatalf("seed %d: only %d of %d delivered", seed, len(rec.delivered), total)
 		}
-		if s.Degraded() {
+		if s.Health() == kvevents.HealthDegraded {
 			t.Fatalf("seed %d: degraded although every hole was replayable", seed)
 		}
 	}
 }
 
-// FuzzSequencer feeds arbitrary event scripts: the sequencer must never
-// panic, never deliver a seq twice or out of order between resets, and
-// never hold more batches than its bound.
+// FuzzSequencer feeds arbitrary event scripts, from a fresh or a resumed
+// stream, with batches of two engine processes: the sequencer must never
+// panic, never deliver a seq twice or out of order between resets (so
+// never twice per engine process), never hold more batches than its bound,
+// and always note the health it reports.
+//
+//	go test -run XXX -fuzz FuzzSequencer -fuzztime 60s ./kvevents
 func FuzzSequencer(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 1, 0, 4, 1, 2, 1, 3, 2, 0})
 	f.Add([]byte{0, 9, 3, 9, 0, 0, 2, 0})
+	f.Add([]byte{4, 0, 1, 5, 1, 6, 2, 0, 0, 7})
+	f.Add([]byte{0, 0, 0, 1, 4, 0, 0x11, 1, 0x11, 0, 2, 0})
 	f.Fuzz(func(t *testing.T, script []byte) {
 		rec := &seqRecorder{replayOK: len(script)%2 == 0}
 		const maxHeld = 4
 		s := kvevents.NewSequencer(rec, kvevents.SequencerConfig{CanReplay: len(script)%3 != 0, MaxHeld: maxHeld, ReplayTimeout: 10})
+		if len(script)%5 == 0 && len(script) > 0 {
+			seq := uint64(script[0])
+			s.Resume(kvevents.Position{Seq: seq, Print: kvevents.BatchPrint([]byte(fmt.Sprintf("p%d", seq)))})
+		}
 		var now int64
 		for i := 0; i+1 < len(script); i += 2 {
+			op := script[i]
 			arg := uint64(script[i+1])
-			if script[i]&0x80 != 0 {
+			if op&0x80 != 0 {
 				arg = binary.BigEndian.Uint64([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, script[i+1]})
 			}
-			switch script[i] % 4 {
-			case 0:
-				s.Live(arg, nil, now)
-			case 1:
-				s.Replayed(arg, nil, now)
+			payload := []byte(fmt.Sprintf("p%d", arg))
+			if op&0x10 != 0 {
+				payload = append(payload, 'b') // another engine process
+			}
+			switch op % 8 {
+			case 0, 5:
+				s.Live(arg, payload, now)
+			case 1, 6:
+				s.Replayed(arg, payload, now)
 			case 2:
 				s.ReplayEnd(now)
 			case 3:
 				now += int64(arg)
 				s.Tick(now)
+			case 4:
+				s.Connected(now)
+			case 7:
+				s.Cleared()
 			}
 			if s.Held() > maxHeld {
 				t.Fatalf("holding %d batches, bound %d", s.Held(), maxHeld)
 			}
+			if h := lastHealth(rec); h != s.Health() {
+				t.Fatalf("health %v, last noted %v; log tail %q", s.Health(), h, rec.log[max(0, len(rec.log)-8):])
+			}
 		}
 		checkOrdered(t, rec)
 	})
+}
+
+// lastHealth returns the health a recorder was last told (ok if never).
+func lastHealth(rec *seqRecorder) kvevents.Health {
+	for i := len(rec.notes) - 1; i >= 0; i-- {
+		if rec.notes[i].Kind == kvevents.NoteHealth {
+			return rec.notes[i].Health
+		}
+	}
+	return kvevents.HealthOK
 }
