@@ -21,10 +21,18 @@ type StreamStats struct {
 	UnknownEvents uint64 // events skipped for an unknown tag (Batch.Skipped)
 	Gaps          uint64 // sequence gaps detected on the live stream
 	LostBatches   uint64 // batches known to be lost for good
-	Duplicates    uint64 // batches dropped as already applied
+	Duplicates    uint64 // batches dropped as already applied, or as late (their hole was given up)
 	ReplaysOK     uint64 // replays that closed their hole (bootstrap included)
 	ReplaysFailed uint64 // replays that did not (unavailable, timeout, truncated, ...)
-	Restarts      uint64 // publisher restarts (sequence went back)
+	Restarts      uint64 // publisher restarts, however detected (sequence went back, or a verifying replay)
+	// Verified counts replays whose reply under the last applied seq
+	// proved the engine the same process (on a gap, a reconnect or a
+	// resume).
+	Verified uint64
+	// ReplayRestarts counts the restarts (also in Restarts) that a
+	// verifying replay detected: another batch under the last applied
+	// seq, a buffer past it, or nothing at all.
+	ReplayRestarts uint64
 	// Resets counts every loss of the engine's state: restarts plus
 	// AllBlocksCleared events applied.
 	Resets uint64

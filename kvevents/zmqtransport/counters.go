@@ -20,10 +20,15 @@ type streamCounters struct {
 	gaps, lost, duplicates                       atomic.Uint64
 	replaysOK, replaysFailed                     atomic.Uint64
 	restarts, resets, rankMismatches             atomic.Uint64
+	verified, replayRestarts                     atomic.Uint64
 	lastSeq                                      atomic.Uint64
 	lastEvent                                    atomic.Int64
 	connected, replaying                         atomic.Bool
-	health                                       atomic.Uint32 // kvevents.Health
+	health                                       atomic.Uint32 // kvevents.Health, mirrored from the sequencer's NoteHealth
+	// pending marks a bind-mode stream resumed from a position whose
+	// engine has not sent anything yet: not connected, whatever the
+	// listener's peers.
+	pending atomic.Bool
 }
 
 func (c *streamCounters) snapshot() kvevents.StreamStats {
@@ -42,6 +47,8 @@ func (c *streamCounters) snapshot() kvevents.StreamStats {
 		ReplaysOK:         c.replaysOK.Load(),
 		ReplaysFailed:     c.replaysFailed.Load(),
 		Restarts:          c.restarts.Load(),
+		Verified:          c.verified.Load(),
+		ReplayRestarts:    c.replayRestarts.Load(),
 		Resets:            c.resets.Load(),
 		RankMismatches:    c.rankMismatches.Load(),
 		LastSeq:           c.lastSeq.Load(),
@@ -51,7 +58,7 @@ func (c *streamCounters) snapshot() kvevents.StreamStats {
 		Replaying:         c.replaying.Load(),
 	}
 	if c.listener != nil {
-		st.Connected = c.listener.peers.Load() > 0
+		st.Connected = !c.pending.Load() && c.listener.peers.Load() > 0
 	}
 	return st
 }

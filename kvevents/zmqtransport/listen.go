@@ -32,6 +32,19 @@ type listener struct {
 	rx     *receiver
 	routes map[string]*route
 	closed bool
+
+	// pending are the streams of resumed positions (SubscriberConfig.
+	// Resume) whose engine has not sent anything yet; the first batch of
+	// their identity adopts them.
+	pending map[kvevents.EngineID]*stream
+	// conns names each connection by the fd the monitor reported it
+	// accepted on, with a number never reused: a batch whose fd maps to
+	// another number than the stream's last one came on a new connection
+	// (an fd is reused as soon as it is closed, so the fd alone cannot
+	// tell). Filled before any batch of the connection can be read,
+	// since libzmq reports the accept first.
+	conns    map[int]uint64
+	nextConn uint64
 }
 
 // route is what a topic resolved to: an engine and its ranks' streams.
@@ -48,13 +61,21 @@ func (s *Subscriber) startListener() error {
 		return err
 	}
 	ln := &listener{
-		s:      s,
-		loop:   l,
-		dec:    kvevents.Decoder{Flavor: s.cfg.Flavor, Limits: s.cfg.Limits},
-		rx:     newReceiver(),
-		routes: map[string]*route{},
+		s:       s,
+		loop:    l,
+		dec:     kvevents.Decoder{Flavor: s.cfg.Flavor, Limits: s.cfg.Limits},
+		rx:      newReceiver(),
+		routes:  map[string]*route{},
+		pending: map[kvevents.EngineID]*stream{},
+		conns:   map[int]uint64{},
 	}
-	err = l.call(func() error { return ln.open(s.cfg.Listen, s.cfg.Topic, s.cfg.ListenRanks) })
+	err = l.call(func() error {
+		if err := ln.open(s.cfg.Listen, s.cfg.Topic, s.cfg.ListenRanks); err != nil {
+			return err
+		}
+		ln.resumePending()
+		return nil
+	})
 	if err != nil {
 		l.stop()
 		return err
@@ -121,6 +142,9 @@ func (ln *listener) close() {
 			}
 		}
 	}
+	for _, st := range ln.pending {
+		st.close()
+	}
 	delete(ln.loop.members, ln)
 }
 
@@ -139,10 +163,37 @@ func (ln *listener) removePod(pod string) int {
 		}
 		delete(ln.routes, topic)
 	}
+	for id, st := range ln.pending {
+		if id.Pod == pod {
+			st.remove()
+			delete(ln.pending, id)
+			n++
+		}
+	}
 	return n
 }
 
+// resumePending creates the streams of the resumed positions that belong
+// to no configured engine, so they are listed (restored, not connected)
+// before their engine sends anything. Loop goroutine.
+func (ln *listener) resumePending() {
+	configured := map[string]bool{}
+	for _, ec := range ln.s.cfg.Engines {
+		configured[ec.Name] = true
+	}
+	for _, id := range ln.s.resumeIDs() {
+		if configured[id.Pod] || id.DPRank < 0 || id.DPRank >= kvevents.MaxDPRank {
+			continue
+		}
+		if st := ln.newEngineStream(id); st != nil {
+			st.ctr.pending.Store(true)
+			ln.pending[id] = st
+		}
+	}
+}
+
 func (ln *listener) onMessage() {
+	ln.onMonitor() // connections before their batches (see conns)
 	now := ln.s.mono()
 	for range recvBudget {
 		frames, n, err := ln.rx.recv(ln.sub)
@@ -200,6 +251,16 @@ func (ln *listener) handle(topic []byte, seq uint64, payload []byte, now int64) 
 	if st == nil {
 		return
 	}
+	// A batch on a new connection of an engine with history: verify the
+	// engine before it (a restarted process may already be past the
+	// stream's last seq). A resumed stream verifies on its first batch
+	// anyway (kvevents.Sequencer.Resume).
+	if conn := ln.conns[ln.rx.srcFD()]; conn != st.conn {
+		if _, _, _, history := st.seq.Position(); st.conn != 0 && conn != 0 && history {
+			st.seq.Connected(now)
+		}
+		st.conn = conn
+	}
 	st.pre, st.preBatch = payload, &ln.batch
 	st.seq.Live(seq, payload, now)
 	st.pre, st.preBatch = nil, nil
@@ -233,9 +294,30 @@ func (ln *listener) stream(rt *route, rank int) *stream {
 		return nil
 	}
 	id := kvevents.EngineID{Model: rt.model, Pod: rt.pod, DPRank: rank}
+	st := ln.pending[id]
+	if st != nil {
+		delete(ln.pending, id)
+		st.ctr.pending.Store(false)
+	} else if st = ln.newEngineStream(id); st == nil {
+		// Remember the conflict so the next message does not try again.
+		rt.conflict = true
+		return nil
+	}
+	for len(rt.ranks) <= rank {
+		rt.ranks = append(rt.ranks, nil)
+	}
+	rt.ranks[rank] = st
+	st.logAttrs(slog.LevelInfo, "zmqtransport: engine discovered", slog.String("replay", st.replayEP))
+	return st
+}
+
+// newEngineStream creates, claims and registers the stream of a bind-mode
+// engine rank; nil if its identity belongs to another stream.
+func (ln *listener) newEngineStream(id kvevents.EngineID) *stream {
+	rank := id.DPRank
 	var replayEP string
 	if ln.s.cfg.ReplayTemplate != "" {
-		ep, err := expandReplayTemplate(ln.s.cfg.ReplayTemplate, rt.pod, rt.model, rank)
+		ep, err := expandReplayTemplate(ln.s.cfg.ReplayTemplate, id.Pod, id.Model, rank)
 		if err != nil {
 			ln.s.log.Warn("zmqtransport: no replay endpoint for engine", "engine", id.String(), "err", err)
 		} else {
@@ -249,8 +331,6 @@ func (ln *listener) stream(rt *route, rank int) *stream {
 	st := ln.s.newStream(ln.loop, id, endpoint, replayEP, ln)
 	if !ln.s.claim(id, st) {
 		st.close()
-		// Remember the conflict so the next message does not try again.
-		rt.conflict = true
 		c := ln.ctr.conflicts.Add(1)
 		ln.s.log.Warn("zmqtransport: engine identity already read by another stream; its messages are dropped",
 			"pod", id.Pod, "dp_rank", id.DPRank, "model", id.Model, "count", c)
@@ -264,27 +344,25 @@ func (ln *listener) stream(rt *route, rank int) *stream {
 		st.seq.DisableReplay()
 	}
 	ln.s.register(st)
-	for len(rt.ranks) <= rank {
-		rt.ranks = append(rt.ranks, nil)
-	}
-	rt.ranks[rank] = st
-	st.logAttrs(slog.LevelInfo, "zmqtransport: engine discovered", slog.String("replay", replayEP))
 	return st
 }
 
-// onMonitor counts connected peers.
+// onMonitor counts connected peers and names their connections.
 func (ln *listener) onMonitor() {
 	for {
-		ev, addr, _, err := ln.mon.RecvEvent(zmq.DONTWAIT)
+		ev, addr, fd, err := ln.mon.RecvEvent(zmq.DONTWAIT)
 		if err != nil {
 			return
 		}
 		switch {
 		case ev&zmq.EVENT_ACCEPTED != 0:
+			ln.nextConn++
+			ln.conns[fd] = ln.nextConn
 			p := ln.ctr.peers.Add(1)
 			ln.s.log.LogAttrs(context.Background(), slog.LevelInfo, "zmqtransport: engine connected to listener",
 				slog.String("addr", addr), slog.Int64("peers", p))
 		case ev&zmq.EVENT_DISCONNECTED != 0:
+			delete(ln.conns, fd)
 			p := ln.ctr.peers.Add(-1)
 			ln.s.log.LogAttrs(context.Background(), slog.LevelInfo, "zmqtransport: engine disconnected from listener",
 				slog.String("addr", addr), slog.Int64("peers", p))

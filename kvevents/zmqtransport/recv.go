@@ -48,10 +48,11 @@ static void kv_copy(kv_rx *rx, char *buf) {
 
 // kv_recv receives one multipart message without blocking. The sizes of
 // its first KV_MAXF frames go to lens and their sum to *total; further
-// frames are dropped. If total <= cap the frames are copied into buf and
+// frames are dropped. *fd is the file descriptor of the connection it came
+// on (ZMQ_SRCFD), -1 if unknown. If total <= cap the frames are copied into buf and
 // released; otherwise they stay in rx for kv_copy. It returns the number
 // of frames, or -1 with errno set (EAGAIN: no message).
-static int kv_recv(void *s, kv_rx *rx, char *buf, size_t cap, size_t *lens, size_t *total) {
+static int kv_recv(void *s, kv_rx *rx, char *buf, size_t cap, size_t *lens, size_t *total, int *fd) {
 	int n = 0, more = 1;
 	size_t sum = 0;
 	kv_release(rx);
@@ -71,6 +72,9 @@ static int kv_recv(void *s, kv_rx *rx, char *buf, size_t cap, size_t *lens, size
 			return -1;
 		}
 		more = zmq_msg_more(m);
+		if (n == 0) {
+			*fd = zmq_msg_get(m, ZMQ_SRCFD);
+		}
 		if (n < KV_MAXF) {
 			lens[n] = zmq_msg_size(m);
 			sum += lens[n];
@@ -119,6 +123,7 @@ type receiver struct {
 	buf    []byte
 	lens   [maxFrames]C.size_t
 	total  C.size_t // a field, not a local: its address goes to C, which would move a local to the heap
+	fd     C.int    // the last message's connection (ZMQ_SRCFD); -1 if unknown
 	frames [][]byte
 }
 
@@ -144,9 +149,10 @@ func (r *receiver) free() {
 func (r *receiver) recv(sock *zmq.Socket) ([][]byte, int, error) {
 	raw := rawSocket(sock)
 	if raw == nil {
+		r.fd = -1
 		return recvMessage(sock, r.frames)
 	}
-	n, err := C.kv_recv(raw, r.rx, (*C.char)(unsafe.Pointer(&r.buf[0])), C.size_t(len(r.buf)), &r.lens[0], &r.total)
+	n, err := C.kv_recv(raw, r.rx, (*C.char)(unsafe.Pointer(&r.buf[0])), C.size_t(len(r.buf)), &r.lens[0], &r.total, &r.fd)
 	if n < 0 {
 		return r.frames[:0], 0, zmq.AsErrno(err)
 	}
@@ -167,6 +173,10 @@ func (r *receiver) recv(sock *zmq.Socket) ([][]byte, int, error) {
 	}
 	return frames, int(n), nil
 }
+
+// srcFD returns the file descriptor of the connection the last message
+// came on, -1 if unknown (libzmq's ZMQ_SRCFD).
+func (r *receiver) srcFD() int { return int(r.fd) }
 
 // rawLayout records whether rawSocket's reading of pebbe's Socket was
 // confirmed (1) or refuted (-1); 0 until the first socket is checked.

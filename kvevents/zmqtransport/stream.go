@@ -50,11 +50,20 @@ type stream struct {
 	replayEP string
 	dealer   *zmq.Socket
 
-	// Bind mode: the listener decodes a batch before routing it here;
-	// pre/preBatch let deliver reuse that decoding.
-	bind     bool
+	// Every payload is decoded before the sequencer sees it (the listener
+	// decodes bind-mode batches, the stream its own live and replayed
+	// ones into in): an undecodable one must not move the sequence.
+	// pre/preBatch let Deliver reuse that decoding for the payload being
+	// fed; a held batch is decoded again when delivered.
+	in       kvevents.Batch
 	pre      []byte
 	preBatch *kvevents.Batch
+
+	// Bind mode: conn identifies the listener connection the stream's
+	// last batch came on (0: none yet); a batch on another connection
+	// makes a stream with history verify its engine (see listener.conns).
+	bind bool
+	conn uint64
 }
 
 func (s *Subscriber) newStream(l *ioLoop, id kvevents.EngineID, endpoint, replayEP string, ln *listener) *stream {
@@ -81,6 +90,12 @@ func (s *Subscriber) newStream(l *ioLoop, id kvevents.EngineID, endpoint, replay
 		MaxHeld:       s.cfg.MaxBuffered,
 		ReplayTimeout: s.cfg.ReplayTimeout,
 	})
+	if p, ok := s.takeResume(id); ok {
+		st.ctr.lastSeq.Store(p.Seq)
+		st.seq.Resume(p)
+		st.logAttrs(slog.LevelInfo, "zmqtransport: resuming from a checkpoint; the engine is asked to confirm it",
+			slog.Uint64("seq", p.Seq), slog.String("health", p.Health.String()))
+	}
 	return st
 }
 
@@ -194,8 +209,15 @@ func (st *stream) remove() {
 	st.s.release(st)
 }
 
-// onLive reads the SUB socket.
+// onLive reads the SUB socket. The monitor is read first: libzmq reports
+// a connection's handshake before any of its messages can be read, so a
+// reconnect is always handled (Connected: verify the engine) before the
+// new connection's first batch.
 func (st *stream) onLive() {
+	st.onMonitor()
+	if st.sub == nil {
+		return // closed after a refused connection
+	}
 	now := st.s.mono()
 	for range recvBudget {
 		frames, n, err := st.rx.recv(st.sub)
@@ -207,9 +229,30 @@ func (st *stream) onLive() {
 			st.malformed("live", n)
 			continue
 		}
-		st.seq.Live(binary.BigEndian.Uint64(frames[1]), frames[2], now)
+		seq, payload := binary.BigEndian.Uint64(frames[1]), frames[2]
+		if !st.decode("live", seq, payload) {
+			continue // as if never received: the next batch shows the gap
+		}
+		st.pre, st.preBatch = payload, &st.in
+		st.seq.Live(seq, payload, now)
+		st.pre, st.preBatch = nil, nil
 		st.after()
 	}
+}
+
+// decode decodes a payload into st.in before it is sequenced; an
+// undecodable one is counted, logged and reported false.
+func (st *stream) decode(where string, seq uint64, payload []byte) bool {
+	err := st.dec.Decode(payload, &st.in)
+	if err == nil {
+		return true
+	}
+	n := st.ctr.decodeErrors.Add(1)
+	if logEvery(n) {
+		st.logAttrs(slog.LevelWarn, "zmqtransport: undecodable batch dropped before sequencing (a replayed one counts as missing)",
+			slog.String("socket", where), slog.Uint64("seq", seq), slog.Any("err", err), slog.Uint64("count", n))
+	}
+	return false
 }
 
 // onReplay reads replay replies: [b"", seq, payload] (vLLM < 0.26, SGLang)
@@ -233,8 +276,10 @@ func (st *stream) onReplay() {
 		seq, payload := binary.BigEndian.Uint64(frames[n-2]), frames[n-1]
 		if seq == replayEndSeq && len(payload) == 0 {
 			st.seq.ReplayEnd(st.s.mono())
-		} else {
+		} else if st.decode("replay", seq, payload) {
+			st.pre, st.preBatch = payload, &st.in
 			st.seq.Replayed(seq, payload, st.s.mono())
+			st.pre, st.preBatch = nil, nil
 		}
 		st.after()
 	}
@@ -242,7 +287,7 @@ func (st *stream) onReplay() {
 
 // onMonitor tracks the SUB socket's connection state.
 func (st *stream) onMonitor() {
-	for {
+	for st.mon != nil {
 		ev, addr, _, err := st.mon.RecvEvent(zmq.DONTWAIT)
 		if err != nil {
 			return
@@ -350,15 +395,16 @@ func (st *stream) after() {
 	}
 }
 
-// Deliver implements kvevents.SequencerOutput: decode and hand one batch
-// to the Sink.
+// Deliver implements kvevents.SequencerOutput: hand one batch to the
+// Sink, decoded before it was sequenced (or again, for a held copy).
 func (st *stream) Deliver(seq uint64, payload []byte) {
 	b := &st.batch
 	if len(payload) > 0 && len(st.pre) > 0 && &payload[0] == &st.pre[0] {
 		b = st.preBatch
 	} else if err := st.dec.Decode(payload, b); err != nil {
-		// The batch is consumed (its seq will not be replayed), but its
-		// events are lost.
+		// Only a held copy can get here, and it decoded when it
+		// arrived; should the decoder disagree now, the batch is
+		// consumed (its seq will not be replayed) and its events lost.
 		n := st.ctr.decodeErrors.Add(1)
 		st.ctr.lastSeq.Store(seq)
 		if logEvery(n) {
@@ -488,9 +534,18 @@ func (st *stream) Note(n kvevents.Note) {
 	case kvevents.NoteRestart:
 		c.restarts.Add(1)
 		c.resets.Add(1)
-		st.logAttrs(slog.LevelWarn, "zmqtransport: engine restarted (sequence went back); resetting its blocks",
+		st.logAttrs(slog.LevelWarn, "zmqtransport: engine restarted (an unknown batch under a seq already applied); resetting its blocks",
 			slog.Uint64("last", n.From), slog.Uint64("seq", n.To))
-	case kvevents.NoteDuplicate:
+	case kvevents.NoteReplayRestart:
+		c.restarts.Add(1)
+		c.resets.Add(1)
+		c.replayRestarts.Add(1)
+		st.logAttrs(slog.LevelWarn, "zmqtransport: engine restarted (its replay does not hold the last applied batch); resetting its blocks and bootstrapping",
+			slog.Uint64("last", n.From), slog.Uint64("first_reply", n.To), slog.String("reason", n.Reason.String()))
+	case kvevents.NoteVerified:
+		c.verified.Add(1)
+		st.logAttrs(slog.LevelDebug, "zmqtransport: engine verified by replay (same process)", slog.Uint64("seq", n.From))
+	case kvevents.NoteDuplicate, kvevents.NoteLate:
 		c.duplicates.Add(1)
 	case kvevents.NoteStray:
 		st.strayLogged++
@@ -503,11 +558,13 @@ func (st *stream) Note(n kvevents.Note) {
 	case kvevents.NoteTruncated:
 		st.logAttrs(slog.LevelInfo, "zmqtransport: engine's replay buffer starts later; older blocks unknown",
 			slog.Uint64("first", n.To))
-	case kvevents.NoteDegraded:
-		c.health.Store(uint32(kvevents.HealthDegraded))
-	case kvevents.NoteHealthy:
-		c.health.Store(uint32(kvevents.HealthOK))
-		st.logAttrs(slog.LevelInfo, "zmqtransport: stream healthy again")
+	case kvevents.NoteHealth:
+		c.health.Store(uint32(n.Health))
+		level := slog.LevelInfo
+		if n.Health == kvevents.HealthDegraded {
+			level = slog.LevelWarn
+		}
+		st.logAttrs(level, "zmqtransport: stream health changed", slog.String("health", n.Health.String()))
 	}
 }
 

@@ -80,8 +80,13 @@ type SubscriberConfig struct {
 	// Resume are positions a Checkpoint of an earlier process reported,
 	// whose entries the Sink holds again (restored from a snapshot): each
 	// such stream starts from its position under kvevents.HealthRestored
-	// and asks its engine to confirm it (see kvevents.Health). Positions
-	// of engines that are not configured and never appear stay restored.
+	// and asks its engine to confirm it (see kvevents.Health), by a
+	// replay from the position's seq: on connecting (connect mode) or on
+	// the engine's first batch (bind mode). A position whose pod is not a
+	// configured engine belongs to the listen socket: its stream exists
+	// from Start (listed by Streams as restored, not connected) and takes
+	// the engine's batches once its topic shows up. Positions of engines
+	// that are not configured and never appear stay restored.
 	Resume []kvevents.Position
 
 	// Flavor selects the payload decoder (vLLM or SGLang).
@@ -232,7 +237,8 @@ type Subscriber struct {
 
 	listenerView atomic.Pointer[listener] // for the lock-free getters
 
-	regMu   sync.Mutex // identities and the stats registry; loops take it briefly
+	regMu   sync.Mutex                              // identities, the stats registry, resume; loops take it briefly
+	resume  map[kvevents.EngineID]kvevents.Position // SubscriberConfig.Resume, each taken by its stream
 	owners  map[kvevents.EngineID]*stream
 	streams map[*streamCounters]struct{}
 }
@@ -286,7 +292,13 @@ func NewSubscriber(cfg SubscriberConfig, sink kvevents.Sink, log *slog.Logger) (
 			return nil, fmt.Errorf("zmqtransport: replay template: %w", err)
 		}
 	}
+	resume := make(map[kvevents.EngineID]kvevents.Position, len(cfg.Resume))
+	for _, p := range cfg.Resume {
+		resume[p.Engine] = p
+	}
+	cfg.Resume = nil // resume is the one copy
 	return &Subscriber{
+		resume:  resume,
 		cfg:     cfg,
 		sink:    sink,
 		log:     log,
@@ -568,6 +580,27 @@ func (s *Subscriber) rename(st *stream, id kvevents.EngineID) bool {
 	}
 	s.owners[id] = st
 	return true
+}
+
+// takeResume returns the resumed position of id, once: a stream that is
+// removed and comes back starts fresh (its engine was reset).
+func (s *Subscriber) takeResume(id kvevents.EngineID) (kvevents.Position, bool) {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	p, ok := s.resume[id]
+	delete(s.resume, id)
+	return p, ok
+}
+
+// resumeIDs returns the engines of the positions not yet taken.
+func (s *Subscriber) resumeIDs() []kvevents.EngineID {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	ids := make([]kvevents.EngineID, 0, len(s.resume))
+	for id := range s.resume {
+		ids = append(ids, id)
+	}
+	return ids
 }
 
 // release forgets st's identity and counters.
