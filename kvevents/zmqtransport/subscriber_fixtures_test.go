@@ -262,6 +262,7 @@ type testPublisher struct {
 	buf      []bufferedBatch
 	drop     map[uint64]bool
 	subs     int // subscriptions seen
+	gen      int // engine process: restart counts up; its batches differ in their timestamp
 
 	replays atomic.Int64 // replay requests served
 	stop    chan struct{}
@@ -456,9 +457,19 @@ func (p *testPublisher) publish(payload []byte) uint64 {
 }
 
 // publishN publishes test batches until n have been published in total.
+// A restarted publisher's batches carry another timestamp, as a new
+// engine process's would.
 func (p *testPublisher) publishN(n uint64, rank int) {
 	for p.peekNext() < n {
-		p.publish(encodeTestBatch(p.t, p.peekNext(), rank, kvevents.ShapeArray))
+		b := testBatch(p.peekNext(), rank)
+		p.mu.Lock()
+		b.TS += float64(p.gen)
+		p.mu.Unlock()
+		payload, err := kvevents.AppendBatch(nil, b, kvevents.EncodeOptions{Shape: kvevents.ShapeArray})
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		p.publish(payload)
 	}
 }
 
@@ -487,6 +498,7 @@ func (p *testPublisher) restart() {
 	p.closeSockets()
 	p.mu.Lock()
 	p.next, p.buf, p.subs = 0, nil, 0
+	p.gen++
 	clear(p.drop)
 	p.mu.Unlock()
 	p.open()

@@ -1,0 +1,205 @@
+package zmqtransport
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvindex/kvindex/kvevents"
+)
+
+// TestSubscriberDuplicateBatchIgnored: a batch that arrives twice (same
+// seq, same bytes) is dropped and counted, not taken for a restart.
+func TestSubscriberDuplicateBatchIgnored(t *testing.T) {
+	pub, sink, s, e := connectedEngine(t, pubOptions{}, SubscriberConfig{}, "pod-dup")
+	pub.publishN(3, 0)
+	sink.waitApplied(t, e, 2)
+	pub.sendRaw([]byte{}, seqBytes(2), encodeTestBatch(t, 2, 0, kvevents.ShapeArray))
+	pub.publishN(4, 0)
+	sink.waitApplied(t, e, 3)
+	sink.wantCalls(t, e, seqRange(0, 4))
+	st := mustStream(t, s, e)
+	if st.Duplicates != 1 || st.Restarts != 0 || st.Resets != 0 || st.Health != kvevents.HealthOK {
+		t.Fatalf("stats %+v; want 1 duplicate, no restart, ok", st)
+	}
+}
+
+// TestSubscriberGarbageLowerSeq: an undecodable payload never moves the
+// sequence, so one under a lower seq cannot pass for a restart.
+func TestSubscriberGarbageLowerSeq(t *testing.T) {
+	pub, sink, s, e := connectedEngine(t, pubOptions{}, SubscriberConfig{}, "pod-garbage")
+	pub.publishN(5, 0)
+	sink.waitApplied(t, e, 4)
+	pub.sendRaw([]byte{}, seqBytes(1), []byte{0xc1, 0xff})
+	pub.publishN(6, 0)
+	sink.waitApplied(t, e, 5)
+	sink.wantCalls(t, e, seqRange(0, 6))
+	st := mustStream(t, s, e)
+	if st.DecodeErrors != 1 || st.Restarts != 0 || st.Resets != 0 || st.Gaps != 0 || st.Health != kvevents.HealthOK {
+		t.Fatalf("stats %+v; want 1 decode error and nothing else", st)
+	}
+}
+
+// TestSubscriberFastRestartDetected: the engine restarts and its new
+// process publishes past the old one's last seq before the subscriber
+// reconnects. Only the print of the last applied batch tells the
+// processes apart: the reconnect's replay shows another batch under it,
+// so the old process's blocks are reset (no phantoms) and the new one's
+// are bootstrapped.
+func TestSubscriberFastRestartDetected(t *testing.T) {
+	slow := SubscriberConfig{ReconnectIvl: 300 * time.Millisecond, ReconnectIvlMax: 300 * time.Millisecond}
+	pub, sink, s, e := connectedEngine(t, pubOptions{}, slow, "pod-fast")
+	pub.publishN(5, 0)
+	sink.waitApplied(t, e, 4)
+	pub.restart()
+	pub.publishN(10, 0) // nobody subscribed yet: only the replay buffer has them
+	pub.waitSubscribed(1)
+	pub.publishN(11, 0)
+	eventually(t, "the new process's batches", func() bool { return len(sink.entries(e)) == 17 })
+	sink.wantCalls(t, e, append(append(seqRange(0, 5), "reset:restart"), seqRange(0, 11)...))
+	sink.checkHashes(t, e)
+	st := mustStream(t, s, e)
+	if st.Restarts != 1 || st.ReplayRestarts != 1 || st.Health != kvevents.HealthOK || st.LastSeq != 10 {
+		t.Fatalf("stats %+v; want 1 restart detected by replay, ok, last seq 10", st)
+	}
+}
+
+// TestSubscriberSlowRestartDetected: a restarted engine that has not
+// published yet is recognised on reconnecting (its replay holds nothing
+// at the last applied seq), before any batch of the new process.
+func TestSubscriberSlowRestartDetected(t *testing.T) {
+	pub, sink, s, e := connectedEngine(t, pubOptions{}, SubscriberConfig{}, "pod-slow")
+	pub.publishN(20, 0)
+	sink.waitApplied(t, e, 19)
+	pub.restart()
+	pub.waitSubscribed(1)
+	eventually(t, "the restart detected on reconnect", func() bool { return len(sink.entries(e)) == 21 })
+	sink.wantCalls(t, e, append(seqRange(0, 20), "reset:restart"))
+	pub.publishN(3, 0)
+	sink.waitApplied(t, e, 2)
+	sink.wantCalls(t, e, append(append(seqRange(0, 20), "reset:restart"), seqRange(0, 3)...))
+	st := mustStream(t, s, e)
+	if st.Restarts != 1 || st.ReplayRestarts != 1 || st.Health != kvevents.HealthOK {
+		t.Fatalf("stats %+v; want 1 restart detected by replay, ok", st)
+	}
+}
+
+// TestSubscriberResume: positions taken by Checkpoint resume a new
+// Subscriber: the engine is verified by a replay from the position and
+// only what it published since is applied; a new engine process, or one
+// whose buffer no longer reaches back, is reset.
+func TestSubscriberResume(t *testing.T) {
+	tests := []struct {
+		name     string
+		keep     int  // the engine's replay buffer
+		restart  bool // the engine restarts while kvindex is down
+		want     []string
+		health   kvevents.Health
+		restarts uint64
+	}{
+		{name: "same process, buffer reaching back", keep: 10_000, want: seqRange(10, 15), health: kvevents.HealthOK},
+		{name: "another process", keep: 10_000, restart: true, want: append([]string{"reset:restart"}, seqRange(0, 3)...),
+			health: kvevents.HealthOK, restarts: 1},
+		{name: "buffer moved past the position", keep: 3, want: append([]string{"reset:restart"}, seqRange(12, 15)...),
+			health: kvevents.HealthUnconfirmed, restarts: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pub, sink, s, e := connectedEngine(t, pubOptions{keep: tt.keep}, SubscriberConfig{}, "pod-resume")
+			pub.publishN(10, 0)
+			sink.waitApplied(t, e, 9)
+			var pos []kvevents.Position
+			if err := s.Checkpoint(func(p []kvevents.Position) error { pos = slices.Clone(p); return nil }); err != nil {
+				t.Fatal(err)
+			}
+			want := []kvevents.Position{{Engine: e, Seq: 9, Print: kvevents.BatchPrint(encodeTestBatch(t, 9, 0, kvevents.ShapeArray))}}
+			if !slices.Equal(pos, want) {
+				t.Fatalf("checkpoint %+v, want %+v", pos, want)
+			}
+			s.Close()
+
+			// kvindex is down.
+			if tt.restart {
+				pub.restart()
+				pub.publishN(3, 0)
+			} else {
+				pub.publishN(15, 0)
+			}
+
+			sink2 := newRecSink()
+			s2 := startSubscriber(t, SubscriberConfig{Engines: []EngineConfig{connectCfg(pub, "pod-resume")}, Resume: pos}, sink2)
+			eventually(t, "the resumed stream settles", func() bool { return len(sink2.entries(e)) == len(tt.want) })
+			sink2.wantCalls(t, e, tt.want)
+			sink2.checkHashes(t, e)
+			st := mustStream(t, s2, e)
+			if st.Health != tt.health || st.Restarts != tt.restarts || st.ReplayRestarts != tt.restarts || (tt.restarts == 0 && st.Verified != 1) {
+				t.Fatalf("stats %+v; want %v, %d restarts detected by replay", st, tt.health, tt.restarts)
+			}
+		})
+	}
+}
+
+// TestSubscriberBindModeResume: a resumed bind-mode stream exists from
+// Start (restored, not connected) and verifies its engine on the engine's
+// first batch.
+func TestSubscriberBindModeResume(t *testing.T) {
+	replayEP := freeEndpoint(t)
+	pod := strings.TrimPrefix(replayEP, "tcp://")
+	e := kvevents.EngineID{Pod: pod, Model: "m"}
+	// The earlier kvindex applied batches 0..4 of this engine process.
+	pos := kvevents.Position{Engine: e, Seq: 4, Print: kvevents.BatchPrint(encodeTestBatch(t, 4, 0, kvevents.ShapeArray))}
+	sink := newRecSink()
+	s := startSubscriber(t, SubscriberConfig{Listen: "tcp://127.0.0.1:*", ReplayTemplate: "tcp://{pod}", Resume: []kvevents.Position{pos}}, sink)
+	st, ok := streamOf(s, e)
+	if !ok || st.Health != kvevents.HealthRestored || st.Connected || st.LastSeq != 4 || !st.Bind {
+		t.Fatalf("resumed stream before its engine connects: %+v (found %v); want restored, not connected, last seq 4", st, ok)
+	}
+
+	p := newTestPublisher(t, pubOptions{connect: s.ListenEndpoint(), replayAt: replayEP, topic: "kv@" + pod + "@m"})
+	p.dropLive(0, 1, 2, 3, 4) // published while kvindex was down
+	p.publishN(5, 0)
+	p.waitSubscribed(1)
+	p.publishN(8, 0)
+	sink.waitApplied(t, e, 7)
+	sink.wantCalls(t, e, seqRange(5, 8))
+	st = mustStream(t, s, e)
+	if st.Health != kvevents.HealthOK || st.Verified != 1 || st.Restarts != 0 || !st.Connected {
+		t.Fatalf("stats %+v; want verified, ok", st)
+	}
+}
+
+// TestSubscriberBindModeNewConnectionVerifies: in bind mode a restarted
+// engine reconnects to the listener; its first batch to arrive may be
+// exactly the old process's last seq + 1, which only the new connection
+// betrays: the stream verifies the engine before applying it.
+func TestSubscriberBindModeNewConnectionVerifies(t *testing.T) {
+	sink := newRecSink()
+	s := startSubscriber(t, SubscriberConfig{Listen: "tcp://127.0.0.1:*", ReplayTemplate: "tcp://{pod}"}, sink)
+	p := newTestPublisher(t, pubOptions{connect: s.ListenEndpoint()})
+	pod := strings.TrimPrefix(p.ReplayEP, "tcp://")
+	p.opts.topic = "kv@" + pod + "@m"
+	e := kvevents.EngineID{Pod: pod, Model: "m"}
+	p.waitSubscribed(1)
+	p.publishN(5, 0)
+	sink.waitApplied(t, e, 4)
+
+	p.restart()
+	p.dropLive(0, 1, 2, 3, 4) // lost before the new connection subscribed
+	p.publishN(5, 0)
+	p.waitSubscribed(1)
+	p.publishN(6, 0) // seq 5: would continue the old process's stream
+	eventually(t, "the new process's batches", func() bool { return len(sink.entries(e)) == 12 })
+	sink.wantCalls(t, e, append(append(seqRange(0, 5), "reset:restart"), seqRange(0, 6)...))
+	st := mustStream(t, s, e)
+	if st.Restarts != 1 || st.ReplayRestarts != 1 || st.Health != kvevents.HealthOK {
+		t.Fatalf("stats %+v; want 1 restart detected by replay, ok", st)
+	}
+}
+
+// freeEndpoint returns a tcp endpoint on 127.0.0.1 whose port is free.
+func freeEndpoint(t *testing.T) string {
+	t.Helper()
+	ep, _ := freePortPair(t)
+	return ep
+}
