@@ -45,8 +45,16 @@
 //
 // Each (engine, rank) stream runs a kvevents.Sequencer, which it feeds the
 // live batches, replay replies, connection events and the time, and which
-// answers by having the stream decode and apply a batch to the Sink, reset
-// the engine, or send or abandon a replay request. Its counters
+// answers by having the stream apply a batch to the Sink, reset the
+// engine, or send or abandon a replay request. Every payload is decoded
+// before the sequencer sees it, once on the happy path: an undecodable
+// live batch is dropped as if never received (the next one shows the
+// gap), an undecodable reply counts as missing. A connection is reported
+// before any of its batches: the stream reads its monitor before its SUB
+// socket (connect mode), the listener its monitor before its messages and
+// tells connections apart by the fd each message came on (ZMQ_SRCFD) and
+// the fd each accept reported, so a stream with history verifies its
+// engine before the first batch of a new connection. Its counters
 // (kvevents.StreamStats, kvevents.ListenerStats) are atomics the service's
 // metrics read without locks. Streams are served by a few I/O loops, each
 // a goroutine that owns its sockets and waits in zmq_poll; a stream lives

@@ -200,12 +200,16 @@ func (c *EngineConfig) validate() error {
 //     engine, by the batch's dp_rank.
 //
 // Each (engine, rank) stream has its own kvevents.Sequencer: a gap is
-// replayed from the engine's replay socket over a DEALER; a sequence going
-// back means a new engine process and becomes Sink.Reset(ResetRestart); a
-// stream with no history asks for the engine's replay buffer on connecting
-// (or on its first batch), recovering blocks stored before kvindex
-// started. When a gap cannot be replayed the stream is marked degraded and
-// carries on without resetting (see kvevents.StreamStats.Health).
+// replayed from the engine's replay socket over a DEALER, from the last
+// applied batch, whose print proves the engine the same process; a
+// reconnect (bind mode: a batch on a new connection) is verified the same
+// way; another engine process (an unknown batch under an applied seq, or
+// a verifying replay without the last applied batch) becomes
+// Sink.Reset(ResetRestart) before its own batches; a stream with no
+// history asks for the engine's replay buffer on connecting (or on its
+// first batch), recovering blocks stored before kvindex started. When a
+// gap cannot be replayed the stream is marked degraded and carries on
+// without resetting (see kvevents.StreamStats.Health).
 //
 // Streams are served by a few I/O loops, each a goroutine that owns its
 // sockets and waits in zmq_poll; a stream lives on one loop, so its Sink
