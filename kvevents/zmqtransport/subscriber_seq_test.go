@@ -41,6 +41,23 @@ func TestSubscriberGarbageLowerSeq(t *testing.T) {
 	}
 }
 
+// TestSubscriberGarbageReplayed: an undecodable replayed batch counts as
+// a missing reply: its seq is lost (degraded), the rest is applied.
+func TestSubscriberGarbageReplayed(t *testing.T) {
+	pub, sink, s, e := connectedEngine(t, pubOptions{}, SubscriberConfig{}, "pod-garbage-replay")
+	pub.publishN(2, 0)
+	sink.waitApplied(t, e, 1)
+	pub.dropLive(2, 3)
+	pub.publish([]byte{0xc1}) // seq 2, only ever replayed
+	pub.publishN(5, 0)        // 3 only replayed, 4 live: the gap
+	sink.waitApplied(t, e, 4)
+	sink.wantCalls(t, e, []string{"0", "1", "3", "4"})
+	st := mustStream(t, s, e)
+	if st.DecodeErrors != 1 || st.LostBatches != 1 || st.Gaps != 1 || st.ReplaysFailed != 1 || st.Health != kvevents.HealthDegraded {
+		t.Fatalf("stats %+v; want 1 decode error, 1 lost batch, degraded", st)
+	}
+}
+
 // TestSubscriberFastRestartDetected: the engine restarts and its new
 // process publishes past the old one's last seq before the subscriber
 // reconnects. Only the print of the last applied batch tells the
