@@ -41,8 +41,12 @@ type listener struct {
 	// accepted on, with a number never reused: a batch whose fd maps to
 	// another number than the stream's last one came on a new connection
 	// (an fd is reused as soon as it is closed, so the fd alone cannot
-	// tell). Filled before any batch of the connection can be read,
-	// since libzmq reports the accept first.
+	// tell). libzmq reports an accept before any batch of the connection
+	// can be read: the monitor is read once per wake-up, and again when a
+	// batch comes on an fd it has not named. What remains is a
+	// connection closed and replaced on the same fd within one burst
+	// (milliseconds), which only a network blip does, never an engine
+	// restart; verifying would find the same process anyway.
 	conns    map[int]uint64
 	nextConn uint64
 }
@@ -193,7 +197,9 @@ func (ln *listener) resumePending() {
 }
 
 func (ln *listener) onMessage() {
-	ln.onMonitor() // connections before their batches (see conns)
+	if readable(ln.mon) {
+		ln.onMonitor() // connections before their batches (see conns)
+	}
 	now := ln.s.mono()
 	for range recvBudget {
 		frames, n, err := ln.rx.recv(ln.sub)
@@ -255,7 +261,14 @@ func (ln *listener) handle(topic []byte, seq uint64, payload []byte, now int64) 
 	// engine before it (a restarted process may already be past the
 	// stream's last seq). A resumed stream verifies on its first batch
 	// anyway (kvevents.Sequencer.Resume).
-	if conn := ln.conns[ln.rx.srcFD()]; conn != st.conn {
+	fd := ln.rx.srcFD()
+	conn, known := ln.conns[fd]
+	if !known && readable(ln.mon) {
+		// Accepted during this burst.
+		ln.onMonitor()
+		conn = ln.conns[fd]
+	}
+	if conn != st.conn {
 		if _, _, _, history := st.seq.Position(); st.conn != 0 && conn != 0 && history {
 			st.seq.Connected(now)
 		}

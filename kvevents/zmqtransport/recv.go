@@ -26,6 +26,16 @@ static int kv_sock_type(void *s) {
 	return t;
 }
 
+// kv_readable reports whether s has a message to read (ZMQ_EVENTS).
+static int kv_readable(void *s) {
+	int ev = 0;
+	size_t l = sizeof ev;
+	if (zmq_getsockopt(s, ZMQ_EVENTS, &ev, &l) != 0) {
+		return 0;
+	}
+	return (ev & ZMQ_POLLIN) != 0;
+}
+
 static void kv_release(kv_rx *rx) {
 	for (int i = 0; i < rx->held; i++) {
 		zmq_msg_close(&rx->parts[i]);
@@ -172,6 +182,18 @@ func (r *receiver) recv(sock *zmq.Socket) ([][]byte, int, error) {
 		off += l
 	}
 	return frames, int(n), nil
+}
+
+// readable reports whether sock has a message to read, in one cgo call.
+func readable(sock *zmq.Socket) bool {
+	if sock == nil {
+		return false
+	}
+	if raw := rawSocket(sock); raw != nil {
+		return C.kv_readable(raw) != 0
+	}
+	ev, err := sock.GetEvents()
+	return err == nil && ev&zmq.POLLIN != 0
 }
 
 // srcFD returns the file descriptor of the connection the last message

@@ -211,10 +211,15 @@ func (st *stream) remove() {
 
 // onLive reads the SUB socket. The monitor is read first: libzmq reports
 // a connection's handshake before any of its messages can be read, so a
-// reconnect is always handled (Connected: verify the engine) before the
-// new connection's first batch.
+// reconnect is handled (Connected: verify the engine) before the new
+// connection's first batch. Once per wake-up is enough: a burst that
+// started before a reconnect can only be reading the old connection's
+// backlog, and a restarted engine's new connection comes seconds after
+// the old one's last batch.
 func (st *stream) onLive() {
-	st.onMonitor()
+	if readable(st.mon) {
+		st.onMonitor()
+	}
 	if st.sub == nil {
 		return // closed after a refused connection
 	}
