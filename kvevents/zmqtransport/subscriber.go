@@ -710,8 +710,10 @@ func closeMonitored(sock, mon *zmq.Socket) {
 
 // Checkpoint parks every I/O loop between two messages, so that no Sink
 // call is in flight and each stream's position is exactly what its Sink
-// has applied; calls fn with the positions of the streams that applied at
-// least one batch (sorted by engine); then lets the loops go on. Ingest
+// has applied; calls fn with the positions of the streams that have one
+// (they applied at least one batch, or were resumed and not reset since:
+// a position whose engine has not shown up yet is carried forward),
+// sorted by engine; then lets the loops go on. Ingest
 // waits while fn runs, so fn should only copy what it needs (write the
 // index snapshot to a buffer or a file) and leave slow work (fsync) for
 // after it returns. fn must not call the Subscriber.

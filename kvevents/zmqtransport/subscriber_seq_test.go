@@ -172,6 +172,14 @@ func TestSubscriberBindModeResume(t *testing.T) {
 	if !ok || st.Health != kvevents.HealthRestored || st.Connected || st.LastSeq != 4 || !st.Bind {
 		t.Fatalf("resumed stream before its engine connects: %+v (found %v); want restored, not connected, last seq 4", st, ok)
 	}
+	// A checkpoint taken now carries the position forward.
+	var got []kvevents.Position
+	if err := s.Checkpoint(func(p []kvevents.Position) error { got = slices.Clone(p); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if want := pos; len(got) != 1 || got[0].Engine != want.Engine || got[0].Seq != want.Seq || got[0].Print != want.Print || got[0].Health != kvevents.HealthRestored {
+		t.Fatalf("checkpoint %+v; want %+v, restored", got, want)
+	}
 
 	p := newTestPublisher(t, pubOptions{connect: s.ListenEndpoint(), replayAt: replayEP, topic: "kv@" + pod + "@m"})
 	p.dropLive(0, 1, 2, 3, 4) // published while kvindex was down
