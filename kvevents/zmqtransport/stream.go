@@ -469,20 +469,20 @@ func (st *stream) Note(n kvevents.Note) {
 	case kvevents.NoteGap:
 		c.gaps.Add(1)
 		st.logAttrs(slog.LevelWarn, "zmqtransport: sequence gap",
-			slog.Uint64("expected", n.From), slog.Uint64("got", n.To), slog.Uint64("missing", n.To-n.From))
+			slog.Uint64("expected", n.From), slog.Uint64("got", n.To), slog.Uint64("missing", span(n.From, n.To)))
 	case kvevents.NoteReplayStart:
 		st.logAttrs(slog.LevelInfo, "zmqtransport: replay requested",
 			slog.Uint64("from", n.From), slog.Bool("bootstrap", n.Bootstrap), slog.String("replay", st.replayEP))
 	case kvevents.NoteReplayDone:
 		c.replaysOK.Add(1)
 		st.logAttrs(slog.LevelInfo, "zmqtransport: replay complete",
-			slog.Uint64("from", n.From), slog.Uint64("applied", n.To-n.From), slog.Bool("bootstrap", n.Bootstrap))
+			slog.Uint64("from", n.From), slog.Uint64("applied", span(n.From, n.To)), slog.Bool("bootstrap", n.Bootstrap))
 	case kvevents.NoteReplayFailed:
 		c.replaysFailed.Add(1)
 		st.logAttrs(slog.LevelWarn, "zmqtransport: replay failed; continuing with a hole",
 			slog.Uint64("from", n.From), slog.String("reason", n.Reason.String()), slog.Bool("bootstrap", n.Bootstrap))
 	case kvevents.NoteLost:
-		c.lost.Add(n.To - n.From)
+		addSaturating(&c.lost, span(n.From, n.To))
 		st.logAttrs(slog.LevelWarn, "zmqtransport: batches lost",
 			slog.Uint64("from", n.From), slog.Uint64("to", n.To))
 	case kvevents.NoteRestart:
