@@ -61,7 +61,7 @@ type listenerCounters struct {
 	endpoint                                      atomic.Pointer[string]
 	peers                                         atomic.Int64
 	messages, malformed, unknownTopics, decodeErr atomic.Uint64
-	badRanks, conflicts                           atomic.Uint64
+	badRanks, conflicts, refused                  atomic.Uint64
 }
 
 func (c *listenerCounters) snapshot() kvevents.ListenerStats {
@@ -73,6 +73,7 @@ func (c *listenerCounters) snapshot() kvevents.ListenerStats {
 		DecodeErrors:    c.decodeErr.Load(),
 		BadRanks:        c.badRanks.Load(),
 		Conflicts:       c.conflicts.Load(),
+		RefusedEngines:  c.refused.Load(),
 	}
 	if ep := c.endpoint.Load(); ep != nil {
 		ls.Endpoint = *ep

@@ -31,6 +31,7 @@ type listener struct {
 	batch  kvevents.Batch
 	rx     *receiver
 	routes map[string]*route
+	nopen  int // streams open (at most SubscriberConfig.MaxEngines)
 	closed bool
 }
 
@@ -40,6 +41,7 @@ type route struct {
 	ok         bool // false: the topic matched no pattern
 	conflict   bool // a configured engine owns this identity
 	ranks      []*stream
+	refused    map[int]bool // ranks refused at the MaxEngines cap, counted once
 }
 
 func (s *Subscriber) startListener() error {
@@ -135,6 +137,7 @@ func (ln *listener) removePod(pod string) int {
 			if st != nil {
 				st.remove()
 				n++
+				ln.nopen--
 			}
 		}
 		delete(ln.routes, topic)
@@ -196,7 +199,7 @@ func (ln *listener) handle(topic []byte, seq uint64, payload []byte, now int64) 
 		}
 		return
 	}
-	st := ln.stream(rt, rank)
+	st := ln.stream(rt, rank, topic)
 	if st == nil {
 		return
 	}
@@ -224,7 +227,7 @@ func (ln *listener) resolve(topic string) *route {
 
 // stream returns the stream of one rank of a route, creating it on first
 // sight; nil if its identity belongs to a configured engine.
-func (ln *listener) stream(rt *route, rank int) *stream {
+func (ln *listener) stream(rt *route, rank int, topic []byte) *stream {
 	if rank < len(rt.ranks) && rt.ranks[rank] != nil {
 		return rt.ranks[rank]
 	}
@@ -233,6 +236,11 @@ func (ln *listener) stream(rt *route, rank int) *stream {
 		return nil
 	}
 	id := kvevents.EngineID{Model: rt.model, Pod: rt.pod, DPRank: rank}
+	if ln.nopen >= ln.s.cfg.MaxEngines {
+		ln.refuse(rt, rank, topic)
+		return nil
+	}
+	delete(rt.refused, rank)
 	var replayEP string
 	if ln.s.cfg.ReplayTemplate != "" {
 		ep, err := expandReplayTemplate(ln.s.cfg.ReplayTemplate, rt.pod, rt.model, rank)
@@ -264,12 +272,33 @@ func (ln *listener) stream(rt *route, rank int) *stream {
 		st.seq.DisableReplay()
 	}
 	ln.s.register(st)
+	ln.nopen++
 	for len(rt.ranks) <= rank {
 		rt.ranks = append(rt.ranks, nil)
 	}
 	rt.ranks[rank] = st
 	st.logAttrs(slog.LevelInfo, "zmqtransport: engine discovered", slog.String("replay", replayEP))
 	return st
+}
+
+// refuse drops a message of an engine rank that would exceed the
+// MaxEngines cap. Each refused rank is counted and logged once while it
+// stays refused (a topic the route table cannot remember is counted per
+// message); the log is rate-limited, so a flood of invented topics costs
+// a counter, not a log line each.
+func (ln *listener) refuse(rt *route, rank int, topic []byte) {
+	if rt.refused[rank] {
+		return
+	}
+	if rt.refused == nil {
+		rt.refused = map[int]bool{}
+	}
+	rt.refused[rank] = true
+	c := ln.ctr.refused.Add(1)
+	if logEvery(c) {
+		ln.s.log.Warn("zmqtransport: engine refused: the listener has its maximum of streams (raise --max-engines if the fleet is this large); its messages are dropped",
+			"topic", string(topic), "dp_rank", rank, "max_engines", ln.s.cfg.MaxEngines, "count", c)
+	}
 }
 
 // onMonitor counts connected peers.

@@ -26,6 +26,8 @@ const (
 	DefaultRcvHWM            = 100_000
 	DefaultMaxMsgSize        = 64 << 20
 	DefaultHeartbeatInterval = 10 * time.Second
+	// DefaultMaxEngines is 1,000 pods of 8 data-parallel ranks each.
+	DefaultMaxEngines = 8000
 )
 
 // EngineConfig names one engine to connect to (connect mode).
@@ -76,6 +78,13 @@ type SubscriberConfig struct {
 	// "tcp://{pod}:5558"; rank r replays on its port + r. "" means no
 	// replay: gaps degrade the stream.
 	ReplayTemplate string
+	// MaxEngines caps the streams (engine ranks) a listen socket
+	// discovers from topics: each costs a sequencer, a replay socket and
+	// metrics series, and topics are whatever peers send. Further engines
+	// are refused (kvevents.ListenerStats.RefusedEngines) and their
+	// messages dropped until a stream is removed. Default
+	// DefaultMaxEngines.
+	MaxEngines int
 
 	// Resume are positions a Checkpoint of an earlier process reported,
 	// whose entries the Sink holds again (restored from a snapshot): each
@@ -143,6 +152,9 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 	if c.ListenRanks <= 0 {
 		c.ListenRanks = 1
+	}
+	if c.MaxEngines <= 0 {
+		c.MaxEngines = DefaultMaxEngines
 	}
 	if c.Pollers <= 0 {
 		c.Pollers = runtime.GOMAXPROCS(0)
