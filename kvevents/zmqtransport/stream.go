@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"syscall"
+	"time"
 
 	zmq "github.com/pebbe/zmq4"
 
@@ -250,6 +251,7 @@ func (st *stream) onMonitor() {
 		switch {
 		case ev&zmq.EVENT_HANDSHAKE_SUCCEEDED != 0:
 			st.handshook, st.refused = true, 0
+			st.retryAt = 0 // a lost connection's watchdog: reconnected
 			st.ctr.connected.Store(true)
 			st.logAttrs(slog.LevelInfo, "zmqtransport: connected", slog.String("addr", addr))
 			st.seq.Connected(st.s.mono())
@@ -258,6 +260,7 @@ func (st *stream) onMonitor() {
 			st.handshook = false
 			st.ctr.connected.Store(false)
 			st.logAttrs(slog.LevelWarn, "zmqtransport: disconnected; reconnecting", slog.String("addr", addr))
+			st.watchReconnect()
 		case ev&zmq.EVENT_DISCONNECTED != 0:
 			st.refusedConnection(addr)
 			return // the monitor is closed
@@ -297,6 +300,12 @@ func (st *stream) reopen(now int64) {
 		return
 	}
 	st.retryAt = 0
+	if st.sub != nil { // the watchdog of watchReconnect fired
+		st.loop.remove(st.sub)
+		st.loop.remove(st.mon)
+		closeMonitored(st.sub, st.mon)
+		st.sub, st.mon = nil, nil
+	}
 	if err := st.openSub(st.subEP, st.topic); err != nil {
 		st.logAttrs(slog.LevelError, "zmqtransport: SUB socket not reopened; retrying", slog.Any("err", err))
 		st.retryAt = now + int64(st.s.cfg.ReconnectIvlMax)
@@ -525,3 +534,16 @@ func (st *stream) logAttrs(level slog.Level, msg string, attrs ...slog.Attr) {
 }
 
 func isEAGAIN(err error) bool { return zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) }
+
+// reconnectWatchdog is how long a connection lost after its handshake may
+// stay down before the SUB socket is reopened. libzmq reconnects by itself
+// after a connection error, but not after a protocol error (a frame over
+// MaxMsgSize, for one): it then gives up on the endpoint for good.
+func (st *stream) reconnectWatchdog() time.Duration { return 2 * st.s.cfg.ReconnectIvlMax }
+
+// watchReconnect arms the watchdog of a lost connection: if no handshake
+// succeeds by then, reopen closes and reopens the SUB socket.
+func (st *stream) watchReconnect() {
+	st.retryAt = st.s.mono() + int64(st.reconnectWatchdog())
+	st.after()
+}

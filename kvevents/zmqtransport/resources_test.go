@@ -4,6 +4,7 @@ import (
 	"math"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvindex/kvindex/kvevents"
 )
@@ -63,5 +64,52 @@ func TestLostBatchesSaturate(t *testing.T) {
 	st := mustStream(t, s, e)
 	if st.LostBatches != math.MaxUint64 || st.Gaps != 2 || st.Restarts != 1 {
 		t.Fatalf("stats %+v; want lost batches saturated at %d, 2 gaps, 1 restart", st, uint64(math.MaxUint64))
+	}
+}
+
+// TestResourceDefaults checks the defaults that bound a subscriber's
+// memory, and that each comes from its one home.
+func TestResourceDefaults(t *testing.T) {
+	tests := []struct {
+		name       string
+		cfg        SubscriberConfig
+		maxMsg     int64
+		maxEngines int
+	}{
+		{"zero", SubscriberConfig{}, int64(kvevents.DefaultLimits().MaxPayload), DefaultMaxEngines},
+		{"decoder limit", SubscriberConfig{Limits: kvevents.Limits{MaxPayload: 4096}}, 4096, DefaultMaxEngines},
+		{"explicit", SubscriberConfig{Limits: kvevents.Limits{MaxPayload: 4096}, MaxMsgSize: 100, MaxEngines: 7}, 100, 7},
+	}
+	for _, tt := range tests {
+		tt.cfg.setDefaults()
+		if tt.cfg.MaxMsgSize != tt.maxMsg || tt.cfg.MaxEngines != tt.maxEngines || tt.cfg.RcvHWM != DefaultRcvHWM {
+			t.Errorf("%s: MaxMsgSize %d, MaxEngines %d, RcvHWM %d; want %d, %d, %d", tt.name,
+				tt.cfg.MaxMsgSize, tt.cfg.MaxEngines, tt.cfg.RcvHWM, tt.maxMsg, tt.maxEngines, DefaultRcvHWM)
+		}
+	}
+}
+
+// TestOversizeFrameRefused sends a payload over the decoder's limit: libzmq
+// refuses the frame (MaxMsgSize follows the limit) and drops the
+// connection, so the batch never reaches the decoder or the Sink. libzmq
+// does not reconnect after such a protocol error; the stream's watchdog
+// reopens the socket (before, the engine stayed unheard for good), and
+// later batches flow.
+func TestOversizeFrameRefused(t *testing.T) {
+	pub, sink, s, e := connectedEngine(t, pubOptions{noReplay: true}, SubscriberConfig{Limits: kvevents.Limits{MaxPayload: 4096}, ReconnectIvlMax: 200 * time.Millisecond}, "pod-big")
+	pub.sendRaw(nil, seqBytes(0), encodeTestBatch(t, 0, 0, kvevents.ShapeArray))
+	sink.waitApplied(t, e, 0)
+	pub.sendRaw(nil, seqBytes(1), frameOf(8192, 0x90))
+	eventually(t, "the oversize frame's connection dropped", func() bool {
+		st, _ := streamOf(s, e)
+		return !st.Connected
+	})
+	waitReady(t, s, e)
+	pub.waitSubscribed(2)
+	pub.sendRaw(nil, seqBytes(2), encodeTestBatch(t, 2, 0, kvevents.ShapeArray))
+	sink.waitApplied(t, e, 2)
+	sink.wantCalls(t, e, []string{"0", "2"})
+	if st := mustStream(t, s, e); st.DecodeErrors != 0 {
+		t.Fatalf("stats %+v: the oversize frame reached the decoder", st)
 	}
 }
