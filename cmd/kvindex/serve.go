@@ -262,6 +262,7 @@ func buildParts(o *serveOptions, log *slog.Logger) (*parts, error) {
 	scfg := zmqtransport.SubscriberConfig{
 		Engines: o.engines, Listen: o.listen, ListenRanks: o.listenRanks, TopicPattern: o.topicPattern,
 		Model: o.model, ReplayTemplate: o.replayTemplate, MaxEngines: o.maxEngines,
+		RcvHWM: memoryLimits(o.index.MemoryBudget, o.streams()).rcvHWM,
 	}
 	sub, err := zmqtransport.NewSubscriber(scfg, hub, log.With("component", "kvevents"))
 	if err != nil {
@@ -312,6 +313,7 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		return nil, err
 	}
 	ix, sub, srv := p.index, p.sub, p.api
+	memoryLimits(o.index.MemoryBudget, o.streams()).apply(log)
 
 	grpcLis, err := net.Listen("tcp", o.grpcAddr)
 	if err != nil {
