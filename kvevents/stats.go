@@ -59,4 +59,8 @@ type ListenerStats struct {
 	DecodeErrors    uint64 // payload undecodable, so its rank is unknown
 	BadRanks        uint64 // dp_rank outside [0, MaxDPRank)
 	Conflicts       uint64 // identity already owned by a configured engine
+	// RefusedEngines counts engine ranks (topic and dp_rank) refused a
+	// stream because the listener had its maximum of streams; each is
+	// counted once while refused, and its messages are dropped.
+	RefusedEngines uint64
 }

@@ -139,6 +139,7 @@ var (
 	descLsnPeers     = newDesc("kvindex_listener_peers", "Engines connected to the listen socket.", listenerLabels)
 	descLsnMessages  = newDesc("kvindex_listener_messages_total", "Messages received on the listen socket.", listenerLabels)
 	descLsnRejected  = newDesc("kvindex_listener_rejected_total", "Listen-socket messages not attributable to an engine, by reason.", append(listenerLabels, "reason"))
+	descLsnRefused   = newDesc("kvindex_listener_refused_engines_total", "Engine ranks refused a stream because the listener had --max-engines streams.", listenerLabels)
 	descEngineBlocks = newDesc("kvindex_engine_blocks", "Blocks the engine holds in the index (all media and groups).", engineLabels)
 	descHashCheck    = newDesc("kvindex_engine_hash_check", "Hash verification state of the engine: 1 for the current state (verified, mismatch, unknown).", append(engineLabels, "state"))
 	descHashVerified = newDesc("kvindex_engine_hash_verified_blocks_total", "Blocks whose recomputed hash matched the engine's.", engineLabels)
@@ -216,6 +217,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 				counter(descLsnRejected, st.DecodeErrors, st.Endpoint, "decode_error")
 				counter(descLsnRejected, st.BadRanks, st.Endpoint, "bad_rank")
 				counter(descLsnRejected, st.Conflicts, st.Endpoint, "conflict")
+				counter(descLsnRefused, st.RefusedEngines, st.Endpoint)
 			}
 		}
 	}

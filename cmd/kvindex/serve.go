@@ -90,6 +90,7 @@ type serveOptions struct {
 	listenRanks        int
 	topicPattern       string
 	replayTemplate     string
+	maxEngines         int
 	index              indexer.Options
 	tokenizeURL        string
 	tokenizerFile      string
@@ -108,6 +109,7 @@ func (f *serveFlags) options() (*serveOptions, error) {
 	o := &serveOptions{
 		grpcAddr: f.grpcAddr, httpAddr: f.httpAddr, model: f.model,
 		listen: f.listen, listenRanks: f.listenRanks, topicPattern: f.topicPattern, replayTemplate: f.replayTemplate,
+		maxEngines:  f.maxEngines,
 		index:       indexer.Options{Hasher: h, MemoryBudget: budget},
 		tokenizeURL: f.tokenizeURL, tokenizerFile: f.tokenizer,
 		maxQueryTokens: f.maxQueryTokens, readyGrace: f.readyGrace, pprof: f.pprof,
@@ -142,6 +144,8 @@ func (f *serveFlags) options() (*serveOptions, error) {
 		return nil, usagef("--max-query-tokens %d: want at least 1", o.maxQueryTokens)
 	case o.readyGrace < 0:
 		return nil, usagef("--ready-grace %v: must not be negative", o.readyGrace)
+	case o.maxEngines < 1:
+		return nil, usagef("--max-engines %d: want at least 1", o.maxEngines)
 	}
 	if o.listen != "" {
 		o.listen = endpoint(o.listen)
@@ -257,7 +261,8 @@ func buildParts(o *serveOptions, log *slog.Logger) (*parts, error) {
 	hub := server.NewHub(ix)
 	scfg := zmqtransport.SubscriberConfig{
 		Engines: o.engines, Listen: o.listen, ListenRanks: o.listenRanks, TopicPattern: o.topicPattern,
-		Model: o.model, ReplayTemplate: o.replayTemplate,
+		Model: o.model, ReplayTemplate: o.replayTemplate, MaxEngines: o.maxEngines,
+		RcvHWM: memoryLimits(o.index.MemoryBudget, o.streams()).rcvHWM,
 	}
 	sub, err := zmqtransport.NewSubscriber(scfg, hub, log.With("component", "kvevents"))
 	if err != nil {
@@ -308,6 +313,7 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		return nil, err
 	}
 	ix, sub, srv := p.index, p.sub, p.api
+	memoryLimits(o.index.MemoryBudget, o.streams()).apply(log)
 
 	grpcLis, err := net.Listen("tcp", o.grpcAddr)
 	if err != nil {

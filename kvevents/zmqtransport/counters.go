@@ -68,7 +68,7 @@ type listenerCounters struct {
 	endpoint                                      atomic.Pointer[string]
 	peers                                         atomic.Int64
 	messages, malformed, unknownTopics, decodeErr atomic.Uint64
-	badRanks, conflicts                           atomic.Uint64
+	badRanks, conflicts, refused                  atomic.Uint64
 }
 
 func (c *listenerCounters) snapshot() kvevents.ListenerStats {
@@ -80,6 +80,7 @@ func (c *listenerCounters) snapshot() kvevents.ListenerStats {
 		DecodeErrors:    c.decodeErr.Load(),
 		BadRanks:        c.badRanks.Load(),
 		Conflicts:       c.conflicts.Load(),
+		RefusedEngines:  c.refused.Load(),
 	}
 	if ep := c.endpoint.Load(); ep != nil {
 		ls.Endpoint = *ep
@@ -107,4 +108,35 @@ func logEvery(n uint64) bool {
 // compareEngineIDs orders engines by pod, rank, then model.
 func compareEngineIDs(a, b kvevents.EngineID) int {
 	return cmp.Or(cmp.Compare(a.Pod, b.Pod), cmp.Compare(a.DPRank, b.DPRank), cmp.Compare(a.Model, b.Model))
+}
+
+// Counters never wrap. An Add(1) per message cannot reach 2^64, nor can
+// the per-batch amounts (events, skipped events, AllBlocksCleared
+// resets: each bounded by kvevents.Limits.MaxEvents). The lost-batch
+// count can: it adds a difference of sequence numbers, which a publisher
+// sets freely (one batch with seq near 2^64 adds almost 2^64), so it is
+// added through addSpan.
+
+// span is the number of sequence numbers in [from, to): to-from, or 0 if
+// to <= from (a reversed range never underflows into a huge count).
+func span(from, to uint64) uint64 {
+	if to <= from {
+		return 0
+	}
+	return to - from
+}
+
+// addSaturating adds n to c, stopping at the largest uint64 instead of
+// wrapping around to small numbers.
+func addSaturating(c *atomic.Uint64, n uint64) {
+	for {
+		old := c.Load()
+		sum := old + n
+		if sum < old {
+			sum = ^uint64(0)
+		}
+		if sum == old || c.CompareAndSwap(old, sum) {
+			return
+		}
+	}
 }

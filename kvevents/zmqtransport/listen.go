@@ -31,6 +31,7 @@ type listener struct {
 	batch  kvevents.Batch
 	rx     *receiver
 	routes map[string]*route
+	nopen  int // streams open (at most SubscriberConfig.MaxEngines)
 	closed bool
 
 	// pending are the streams of resumed positions (SubscriberConfig.
@@ -57,6 +58,7 @@ type route struct {
 	ok         bool // false: the topic matched no pattern
 	conflict   bool // a configured engine owns this identity
 	ranks      []*stream
+	refused    map[int]bool // ranks refused at the MaxEngines cap, counted once
 }
 
 func (s *Subscriber) startListener() error {
@@ -163,6 +165,7 @@ func (ln *listener) removePod(pod string) int {
 			if st != nil {
 				st.remove()
 				n++
+				ln.nopen--
 			}
 		}
 		delete(ln.routes, topic)
@@ -172,6 +175,7 @@ func (ln *listener) removePod(pod string) int {
 			st.remove()
 			delete(ln.pending, id)
 			n++
+			ln.nopen--
 		}
 	}
 	return n
@@ -253,7 +257,7 @@ func (ln *listener) handle(topic []byte, seq uint64, payload []byte, now int64) 
 		}
 		return
 	}
-	st := ln.stream(rt, rank)
+	st := ln.stream(rt, rank, topic)
 	if st == nil {
 		return
 	}
@@ -298,7 +302,7 @@ func (ln *listener) resolve(topic string) *route {
 
 // stream returns the stream of one rank of a route, creating it on first
 // sight; nil if its identity belongs to a configured engine.
-func (ln *listener) stream(rt *route, rank int) *stream {
+func (ln *listener) stream(rt *route, rank int, topic []byte) *stream {
 	if rank < len(rt.ranks) && rt.ranks[rank] != nil {
 		return rt.ranks[rank]
 	}
@@ -311,10 +315,17 @@ func (ln *listener) stream(rt *route, rank int) *stream {
 	if st != nil {
 		delete(ln.pending, id)
 		st.ctr.pending.Store(false)
-	} else if st = ln.newEngineStream(id); st == nil {
-		// Remember the conflict so the next message does not try again.
-		rt.conflict = true
-		return nil
+	} else {
+		if ln.nopen >= ln.s.cfg.MaxEngines {
+			ln.refuse(rt, rank, topic)
+			return nil
+		}
+		delete(rt.refused, rank)
+		if st = ln.newEngineStream(id); st == nil {
+			// Remember the conflict so the next message does not try again.
+			rt.conflict = true
+			return nil
+		}
 	}
 	for len(rt.ranks) <= rank {
 		rt.ranks = append(rt.ranks, nil)
@@ -325,7 +336,8 @@ func (ln *listener) stream(rt *route, rank int) *stream {
 }
 
 // newEngineStream creates, claims and registers the stream of a bind-mode
-// engine rank; nil if its identity belongs to another stream.
+// engine rank, counted against MaxEngines; nil if its identity belongs to
+// another stream.
 func (ln *listener) newEngineStream(id kvevents.EngineID) *stream {
 	rank := id.DPRank
 	var replayEP string
@@ -357,7 +369,28 @@ func (ln *listener) newEngineStream(id kvevents.EngineID) *stream {
 		st.seq.DisableReplay()
 	}
 	ln.s.register(st)
+	ln.nopen++
 	return st
+}
+
+// refuse drops a message of an engine rank that would exceed the
+// MaxEngines cap. Each refused rank is counted and logged once while it
+// stays refused (a topic the route table cannot remember is counted per
+// message); the log is rate-limited, so a flood of invented topics costs
+// a counter, not a log line each.
+func (ln *listener) refuse(rt *route, rank int, topic []byte) {
+	if rt.refused[rank] {
+		return
+	}
+	if rt.refused == nil {
+		rt.refused = map[int]bool{}
+	}
+	rt.refused[rank] = true
+	c := ln.ctr.refused.Add(1)
+	if logEvery(c) {
+		ln.s.log.Warn("zmqtransport: engine refused: the listener has its maximum of streams (raise --max-engines if the fleet is this large); its messages are dropped",
+			"topic", string(topic), "dp_rank", rank, "max_engines", ln.s.cfg.MaxEngines, "count", c)
+	}
 }
 
 // onMonitor counts connected peers and names their connections.

@@ -127,7 +127,11 @@ const (
 
 // receiver reads messages from the sockets of one stream or listener.
 // The frames it returns alias its buffer and are valid until the next
-// receive.
+// receive. A message larger than rxKeep gets a buffer of its own, which
+// the next receive call lets go of (the I/O loops call recv until it
+// reports EAGAIN, so that is right after the message was handled, not when
+// the next message arrives), and its arrival hands free malloc memory
+// back (trimMalloc), as libzmq's copy of it was just freed.
 type receiver struct {
 	rx     *C.kv_rx
 	buf    []byte
@@ -135,6 +139,7 @@ type receiver struct {
 	total  C.size_t // a field, not a local: its address goes to C, which would move a local to the heap
 	fd     C.int    // the last message's connection (ZMQ_SRCFD); -1 if unknown
 	frames [][]byte
+	large  bool // frames alias a message larger than rxKeep
 }
 
 func newReceiver() *receiver {
@@ -147,6 +152,7 @@ func newReceiver() *receiver {
 
 // free releases the C state. Idempotent.
 func (r *receiver) free() {
+	r.drop()
 	if r.rx != nil {
 		C.kv_release(r.rx)
 		C.free(unsafe.Pointer(r.rx))
@@ -157,10 +163,17 @@ func (r *receiver) free() {
 // recv reads one message without blocking and returns its frames (at most
 // maxFrames) and its frame count.
 func (r *receiver) recv(sock *zmq.Socket) ([][]byte, int, error) {
+	r.drop()
 	raw := rawSocket(sock)
 	if raw == nil {
 		r.fd = -1
-		return recvMessage(sock, r.frames)
+		frames, n, err := recvMessage(sock, r.frames)
+		size := 0
+		for _, f := range frames {
+			size += len(f)
+		}
+		r.large = size > rxKeep
+		return frames, n, err
 	}
 	n, err := C.kv_recv(raw, r.rx, (*C.char)(unsafe.Pointer(&r.buf[0])), C.size_t(len(r.buf)), &r.lens[0], &r.total, &r.fd)
 	if n < 0 {
@@ -173,6 +186,9 @@ func (r *receiver) recv(sock *zmq.Socket) ([][]byte, int, error) {
 			r.buf = buf
 		}
 		C.kv_copy(r.rx, (*C.char)(unsafe.Pointer(&buf[0])))
+		if r.large = total > rxKeep; r.large {
+			trimMalloc(trimAfter)
+		}
 	}
 	frames := r.frames[:0]
 	off := 0
@@ -199,6 +215,25 @@ func readable(sock *zmq.Socket) bool {
 // srcFD returns the file descriptor of the connection the last message
 // came on, -1 if unknown (libzmq's ZMQ_SRCFD).
 func (r *receiver) srcFD() int { return int(r.fd) }
+
+// drop forgets the frames of a large message, so its buffer can be
+// collected.
+func (r *receiver) drop() {
+	if r.large {
+		clear(r.frames[:cap(r.frames)])
+		r.large = false
+	}
+}
+
+// retained is the memory the receiver keeps between messages: its buffer
+// and whatever its frame slots still reference.
+func (r *receiver) retained() int {
+	n := cap(r.buf)
+	for _, f := range r.frames[:cap(r.frames)] {
+		n += cap(f)
+	}
+	return n
+}
 
 // rawLayout records whether rawSocket's reading of pebbe's Socket was
 // confirmed (1) or refuted (-1); 0 until the first socket is checked.

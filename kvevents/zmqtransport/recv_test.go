@@ -122,3 +122,42 @@ func TestReceiverAllocations(t *testing.T) {
 		t.Fatalf("%.1f allocations per send+receive, want 0", allocs)
 	}
 }
+
+// TestReceiverLetsGoOfLargeMessages checks that a message larger than
+// rxKeep is not kept once handled: the I/O loops call recv until EAGAIN,
+// and that call must drop every reference to the large buffer.
+func TestReceiverLetsGoOfLargeMessages(t *testing.T) {
+	tests := []struct {
+		name  string
+		sizes []int // payload frame sizes, sent one message each
+	}{
+		{"one large", []int{3 << 20}},
+		{"large then small", []int{3 << 20, 2000}},
+		{"small then large", []int{2000, 60 << 20}},
+		{"just over the kept size", []int{rxKeep + 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			send, recv := pairSockets(t)
+			r := newReceiver()
+			defer r.free()
+			for _, size := range tt.sizes {
+				if _, err := send.SendMessage([]byte("kv@pod@m"), seqBytes(1), frameOf(size, 'z')); err != nil {
+					t.Fatal(err)
+				}
+				frames, n, err := r.recv(recv)
+				if err != nil || n != 3 || len(frames[2]) != size {
+					t.Fatalf("%d-byte message: %d frames, err %v", size, n, err)
+				}
+			}
+			if _, _, err := r.recv(recv); !isEAGAIN(err) {
+				t.Fatalf("drained socket: error %v, want EAGAIN", err)
+			}
+			// Small messages may stay (the reused buffer, up to rxKeep,
+			// and the last one's frames, which alias it).
+			if got := r.retained(); got > 2*rxKeep {
+				t.Fatalf("receiver keeps %d bytes after the messages were handled, want at most %d", got, 2*rxKeep)
+			}
+		})
+	}
+}

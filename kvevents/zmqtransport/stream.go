@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"syscall"
+	"time"
 
 	zmq "github.com/pebbe/zmq4"
 
@@ -300,6 +301,7 @@ func (st *stream) onMonitor() {
 		switch {
 		case ev&zmq.EVENT_HANDSHAKE_SUCCEEDED != 0:
 			st.handshook, st.refused = true, 0
+			st.retryAt = 0 // a lost connection's watchdog: reconnected
 			st.ctr.connected.Store(true)
 			st.logAttrs(slog.LevelInfo, "zmqtransport: connected", slog.String("addr", addr))
 			st.seq.Connected(st.s.mono())
@@ -308,6 +310,7 @@ func (st *stream) onMonitor() {
 			st.handshook = false
 			st.ctr.connected.Store(false)
 			st.logAttrs(slog.LevelWarn, "zmqtransport: disconnected; reconnecting", slog.String("addr", addr))
+			st.watchReconnect()
 		case ev&zmq.EVENT_DISCONNECTED != 0:
 			st.refusedConnection(addr)
 			return // the monitor is closed
@@ -347,6 +350,12 @@ func (st *stream) reopen(now int64) {
 		return
 	}
 	st.retryAt = 0
+	if st.sub != nil { // the watchdog of watchReconnect fired
+		st.loop.remove(st.sub)
+		st.loop.remove(st.mon)
+		closeMonitored(st.sub, st.mon)
+		st.sub, st.mon = nil, nil
+	}
 	if err := st.openSub(st.subEP, st.topic); err != nil {
 		st.logAttrs(slog.LevelError, "zmqtransport: SUB socket not reopened; retrying", slog.Any("err", err))
 		st.retryAt = now + int64(st.s.cfg.ReconnectIvlMax)
@@ -520,20 +529,20 @@ func (st *stream) Note(n kvevents.Note) {
 	case kvevents.NoteGap:
 		c.gaps.Add(1)
 		st.logAttrs(slog.LevelWarn, "zmqtransport: sequence gap",
-			slog.Uint64("expected", n.From), slog.Uint64("got", n.To), slog.Uint64("missing", n.To-n.From))
+			slog.Uint64("expected", n.From), slog.Uint64("got", n.To), slog.Uint64("missing", span(n.From, n.To)))
 	case kvevents.NoteReplayStart:
 		st.logAttrs(slog.LevelInfo, "zmqtransport: replay requested",
 			slog.Uint64("from", n.From), slog.Bool("bootstrap", n.Bootstrap), slog.String("replay", st.replayEP))
 	case kvevents.NoteReplayDone:
 		c.replaysOK.Add(1)
 		st.logAttrs(slog.LevelInfo, "zmqtransport: replay complete",
-			slog.Uint64("from", n.From), slog.Uint64("applied", n.To-n.From), slog.Bool("bootstrap", n.Bootstrap))
+			slog.Uint64("from", n.From), slog.Uint64("applied", span(n.From, n.To)), slog.Bool("bootstrap", n.Bootstrap))
 	case kvevents.NoteReplayFailed:
 		c.replaysFailed.Add(1)
 		st.logAttrs(slog.LevelWarn, "zmqtransport: replay failed; continuing with a hole",
 			slog.Uint64("from", n.From), slog.String("reason", n.Reason.String()), slog.Bool("bootstrap", n.Bootstrap))
 	case kvevents.NoteLost:
-		c.lost.Add(n.To - n.From)
+		addSaturating(&c.lost, span(n.From, n.To))
 		st.logAttrs(slog.LevelWarn, "zmqtransport: batches lost",
 			slog.Uint64("from", n.From), slog.Uint64("to", n.To))
 	case kvevents.NoteRestart:
@@ -587,3 +596,16 @@ func (st *stream) logAttrs(level slog.Level, msg string, attrs ...slog.Attr) {
 }
 
 func isEAGAIN(err error) bool { return zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) }
+
+// reconnectWatchdog is how long a connection lost after its handshake may
+// stay down before the SUB socket is reopened. libzmq reconnects by itself
+// after a connection error, but not after a protocol error (a frame over
+// MaxMsgSize, for one): it then gives up on the endpoint for good.
+func (st *stream) reconnectWatchdog() time.Duration { return 2 * st.s.cfg.ReconnectIvlMax }
+
+// watchReconnect arms the watchdog of a lost connection: if no handshake
+// succeeds by then, reopen closes and reopens the SUB socket.
+func (st *stream) watchReconnect() {
+	st.retryAt = st.s.mono() + int64(st.reconnectWatchdog())
+	st.after()
+}

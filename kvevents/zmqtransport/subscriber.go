@@ -1,6 +1,7 @@
 package zmqtransport
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -23,9 +24,16 @@ const (
 	DefaultMaxBuffered       = 10_000
 	DefaultReconnectIvl      = 100 * time.Millisecond
 	DefaultReconnectIvlMax   = 5 * time.Second
-	DefaultRcvHWM            = 100_000
-	DefaultMaxMsgSize        = 64 << 20
 	DefaultHeartbeatInterval = 10 * time.Second
+	// DefaultRcvHWM is the SUB sockets' queue, in messages. The engine
+	// side already queues up to 100,000 messages per subscriber (vLLM's
+	// PUB high-water mark, DefaultPubHWM) while kvindex falls behind, so
+	// a deep queue here only holds the same backlog a second time, in
+	// kvindex's memory, outside the Go heap: TestFloodRSS measures the
+	// process's peak against this setting (figures in README.md).
+	DefaultRcvHWM = 1000
+	// DefaultMaxEngines is 1,000 pods of 8 data-parallel ranks each.
+	DefaultMaxEngines = 8000
 )
 
 // EngineConfig names one engine to connect to (connect mode).
@@ -76,6 +84,13 @@ type SubscriberConfig struct {
 	// "tcp://{pod}:5558"; rank r replays on its port + r. "" means no
 	// replay: gaps degrade the stream.
 	ReplayTemplate string
+	// MaxEngines caps the streams (engine ranks) a listen socket
+	// discovers from topics: each costs a sequencer, a replay socket and
+	// metrics series, and topics are whatever peers send. Further engines
+	// are refused (kvevents.ListenerStats.RefusedEngines) and their
+	// messages dropped until a stream is removed. Default
+	// DefaultMaxEngines.
+	MaxEngines int
 
 	// Resume are positions a Checkpoint of an earlier process reported,
 	// whose entries the Sink holds again (restored from a snapshot): each
@@ -104,11 +119,17 @@ type SubscriberConfig struct {
 	// libzmq's while TCP connects fail, the subscriber's own after
 	// connections closed before the ZMQ handshake.
 	ReconnectIvl, ReconnectIvlMax time.Duration
-	// RcvHWM is the receive high-water mark of SUB and DEALER sockets, in
-	// messages; a slow reader loses batches beyond it (seen as gaps).
+	// RcvHWM is the receive high-water mark of SUB sockets, in messages
+	// per connected peer (default DefaultRcvHWM); beyond it the peer's PUB
+	// queues, then drops (seen as gaps). Replay DEALERs take at least
+	// DefaultReplayHWM, so a whole replay fits.
 	RcvHWM int
 	// MaxMsgSize caps one frame's size in bytes; a peer sending a larger
-	// one is disconnected by libzmq.
+	// one is disconnected by libzmq as soon as it reads the frame's
+	// header, before buffering it. The default is the decoder's payload
+	// limit (Limits.MaxPayload): the payload is a frame of its own (libzmq
+	// checks each frame, so no framing overhead adds to it), and a larger
+	// payload would be refused by the decoder anyway.
 	MaxMsgSize int64
 	// HeartbeatInterval is the ZMTP heartbeat interval on SUB sockets, so
 	// a silently dead connection is noticed (after three intervals) and
@@ -141,13 +162,16 @@ func (c *SubscriberConfig) setDefaults() {
 		c.RcvHWM = DefaultRcvHWM
 	}
 	if c.MaxMsgSize <= 0 {
-		c.MaxMsgSize = DefaultMaxMsgSize
+		c.MaxMsgSize = int64(cmp.Or(max(c.Limits.MaxPayload, 0), kvevents.DefaultLimits().MaxPayload))
 	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = DefaultHeartbeatInterval
 	}
 	if c.ListenRanks <= 0 {
 		c.ListenRanks = 1
+	}
+	if c.MaxEngines <= 0 {
+		c.MaxEngines = DefaultMaxEngines
 	}
 	if c.Pollers <= 0 {
 		c.Pollers = runtime.GOMAXPROCS(0)
@@ -241,6 +265,8 @@ type Subscriber struct {
 
 	listenerView atomic.Pointer[listener] // for the lock-free getters
 
+	trimStop, trimDone chan struct{} // the trimmer goroutine (see capArenas)
+
 	regMu   sync.Mutex                              // identities, the stats registry, resume; loops take it briefly
 	resume  map[kvevents.EngineID]kvevents.Position // SubscriberConfig.Resume, each taken by its stream
 	owners  map[kvevents.EngineID]*stream
@@ -326,10 +352,13 @@ func (s *Subscriber) Start() error {
 	if s.started {
 		return errors.New("zmqtransport: subscriber already started")
 	}
+	capArenas() // before libzmq's I/O thread allocates
 	zctx, err := zmq.NewContext()
 	if err != nil {
 		return fmt.Errorf("zmqtransport: zmq context: %w", err)
 	}
+	s.trimStop, s.trimDone = make(chan struct{}), make(chan struct{})
+	go trimmer(s.trimStop, s.trimDone)
 	// libzmq's default of 1023 sockets is too few for a large fleet: each
 	// stream uses up to four (SUB, DEALER, monitor pair).
 	_ = zctx.SetMaxSockets(1 << 16)
@@ -378,6 +407,11 @@ func (s *Subscriber) shutdownLocked() error {
 	}
 	for _, l := range loops {
 		l.stop()
+	}
+	if s.trimStop != nil {
+		close(s.trimStop)
+		<-s.trimDone
+		s.trimStop = nil
 	}
 	s.loops, s.listener, s.engines = nil, nil, map[string]*engine{}
 	if s.zctx == nil {
@@ -637,7 +671,7 @@ func (s *Subscriber) newSocket(t zmq.Type) (*zmq.Socket, error) {
 	set := []error{sock.SetLinger(0)}
 	if t == zmq.SUB || t == zmq.DEALER {
 		set = append(set,
-			sock.SetRcvhwm(s.cfg.RcvHWM),
+			sock.SetRcvhwm(s.rcvHWM(t)),
 			sock.SetReconnectIvl(s.cfg.ReconnectIvl),
 			sock.SetReconnectIvlMax(s.cfg.ReconnectIvlMax),
 			sock.SetMaxmsgsize(s.cfg.MaxMsgSize),
@@ -654,6 +688,16 @@ func (s *Subscriber) newSocket(t zmq.Type) (*zmq.Socket, error) {
 		return nil, fmt.Errorf("zmqtransport: socket options: %w", err)
 	}
 	return sock, nil
+}
+
+// rcvHWM is a socket type's receive high-water mark: a replay answers
+// with up to the engine's whole buffer at once, which the DEALER must
+// hold, or the tail of the replay would be lost.
+func (s *Subscriber) rcvHWM(t zmq.Type) int {
+	if t == zmq.DEALER {
+		return max(s.cfg.RcvHWM, DefaultReplayHWM)
+	}
+	return s.cfg.RcvHWM
 }
 
 // openSUB creates a SUB socket subscribed to topic and a monitor reporting
