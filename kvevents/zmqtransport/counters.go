@@ -29,6 +29,10 @@ type streamCounters struct {
 	// engine has not sent anything yet: not connected, whatever the
 	// listener's peers.
 	pending atomic.Bool
+	// tracked marks a bind-mode stream whose connection is known (its
+	// batches carry their source fd): connected then follows that
+	// connection alone, not the listener's peers.
+	tracked atomic.Bool
 }
 
 func (c *streamCounters) snapshot() kvevents.StreamStats {
@@ -57,7 +61,7 @@ func (c *streamCounters) snapshot() kvevents.StreamStats {
 		Health:            kvevents.Health(c.health.Load()),
 		Replaying:         c.replaying.Load(),
 	}
-	if c.listener != nil {
+	if c.listener != nil && !c.tracked.Load() {
 		st.Connected = !c.pending.Load() && c.listener.peers.Load() > 0
 	}
 	return st

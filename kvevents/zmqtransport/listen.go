@@ -277,11 +277,31 @@ func (ln *listener) handle(topic []byte, seq uint64, payload []byte, now int64) 
 			st.seq.Connected(now)
 		}
 		st.conn = conn
+		if conn != 0 {
+			st.ctr.tracked.Store(true)
+			st.ctr.connected.Store(true)
+		}
 	}
 	st.pre, st.preBatch = payload, &ln.batch
 	st.seq.Live(seq, payload, now)
 	st.pre, st.preBatch = nil, nil
 	st.after()
+}
+
+// disconnected marks the streams whose batches came on connection conn as
+// no longer connected: a departed engine is reported so (and verified on
+// its next batch) instead of borrowing the other engines' connections.
+func (ln *listener) disconnected(conn uint64) {
+	if conn == 0 {
+		return
+	}
+	for _, rt := range ln.routes {
+		for _, st := range rt.ranks {
+			if st != nil && st.conn == conn {
+				st.ctr.connected.Store(false)
+			}
+		}
+	}
 }
 
 // resolve parses a new topic and remembers the answer.
@@ -408,6 +428,7 @@ func (ln *listener) onMonitor() {
 			ln.s.log.LogAttrs(context.Background(), slog.LevelInfo, "zmqtransport: engine connected to listener",
 				slog.String("addr", addr), slog.Int64("peers", p))
 		case ev&zmq.EVENT_DISCONNECTED != 0:
+			ln.disconnected(ln.conns[fd])
 			delete(ln.conns, fd)
 			p := ln.ctr.peers.Add(-1)
 			ln.s.log.LogAttrs(context.Background(), slog.LevelInfo, "zmqtransport: engine disconnected from listener",

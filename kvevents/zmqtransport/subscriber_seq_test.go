@@ -228,3 +228,31 @@ func freeEndpoint(t *testing.T) string {
 	ep, _ := freePortPair(t)
 	return ep
 }
+
+// TestSubscriberBindModeDepartedEngineDisconnected: in bind mode an engine
+// whose connection closed is reported not connected, even while other
+// engines stay connected to the same listener.
+func TestSubscriberBindModeDepartedEngineDisconnected(t *testing.T) {
+	sink := newRecSink()
+	s := startSubscriber(t, SubscriberConfig{Listen: "tcp://127.0.0.1:*"}, sink)
+	var pubs []*testPublisher
+	var ids []kvevents.EngineID
+	for _, pod := range []string{"stays", "leaves"} {
+		p := newTestPublisher(t, pubOptions{connect: s.ListenEndpoint(), topic: "kv@" + pod + "@m"})
+		p.waitSubscribed(1)
+		p.publishN(3, 0)
+		e := kvevents.EngineID{Pod: pod, Model: "m"}
+		sink.waitApplied(t, e, 2)
+		pubs, ids = append(pubs, p), append(ids, e)
+	}
+	for _, e := range ids {
+		if !mustStream(t, s, e).Connected {
+			t.Fatalf("%v not connected while publishing", e)
+		}
+	}
+	pubs[1].Close()
+	eventually(t, "the departed engine reported disconnected", func() bool { return !mustStream(t, s, ids[1]).Connected })
+	if !mustStream(t, s, ids[0]).Connected {
+		t.Fatalf("%v reported disconnected; only the other engine left", ids[0])
+	}
+}
