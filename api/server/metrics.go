@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/tokenizer"
@@ -134,6 +136,7 @@ var (
 	descLastEvent     = newDesc("kvindex_ingest_last_event_timestamp_seconds", "When the last batch was applied (Unix time); 0 if never.", engineLabels)
 	descConnected     = newDesc("kvindex_ingest_connected", "1 if the engine's event socket is connected.", engineLabels)
 	descDegraded      = newDesc("kvindex_ingest_degraded", "1 if batches were lost and not recovered: the engine's entries may be stale.", engineLabels)
+	descHealth        = newDesc("kvindex_engine_health", "Stream health of the engine: 1 for the current state (ok, restored, unconfirmed, degraded, disconnected); see kvindex.v1.EngineHealth.", append(engineLabels, "state"))
 
 	listenerLabels   = []string{"endpoint"}
 	descLsnPeers     = newDesc("kvindex_listener_peers", "Engines connected to the listen socket.", listenerLabels)
@@ -164,6 +167,16 @@ var (
 	descTokEntries   = newDesc("kvindex_tokenizer_cache_entries", "Entries in the tokenizer's cache, by backend.", []string{"source"})
 	descTokBytes     = newDesc("kvindex_tokenizer_cache_bytes", "Accounted bytes of the tokenizer's cache, by backend.", []string{"source"})
 )
+
+// streamHealthStates are the states streamHealth reports, each a label
+// value of kvindex_engine_health.
+var streamHealthStates = []kvindexv1.EngineHealth{
+	kvindexv1.EngineHealth_ENGINE_HEALTH_OK,
+	kvindexv1.EngineHealth_ENGINE_HEALTH_RESTORED,
+	kvindexv1.EngineHealth_ENGINE_HEALTH_UNCONFIRMED,
+	kvindexv1.EngineHealth_ENGINE_HEALTH_DEGRADED,
+	kvindexv1.EngineHealth_ENGINE_HEALTH_DISCONNECTED,
+}
 
 func newDesc(name, help string, labels []string) *prometheus.Desc {
 	return prometheus.NewDesc(name, help, labels, nil)
@@ -206,6 +219,10 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descLastEvent, float64(st.LastEventUnixNano)/1e9, l...)
 			gauge(descConnected, b2f(st.Connected), l...)
 			gauge(descDegraded, b2f(st.Health == kvevents.HealthDegraded), l...)
+			h := streamHealth(&st)
+			for _, state := range streamHealthStates {
+				gauge(descHealth, b2f(h == state), append(l, client.HealthName(state))...)
+			}
 		}
 		if ls, ok := s.cfg.Streams.(ListenerSource); ok {
 			if st, ok := ls.ListenerStats(); ok {

@@ -466,8 +466,10 @@ func newPodsCmd() *cobra.Command {
 		Use:   "pods",
 		Short: "List the engines a running kvindex follows, with ingest health",
 		Long: `pods lists every engine (pod, data-parallel rank) of the running kvindex: its
-event endpoint, whether it is connected, the last sequence number applied, the
-gaps, replays and resets seen, the blocks it holds in the index, the hash check
+event endpoint, whether it is connected, its health (ok, restored, unconfirmed,
+degraded, disconnected: how far kvindex vouches for its entries; see "Engine
+health" in the documentation), the last sequence number applied, the gaps,
+replays and resets seen, the blocks it holds in the index, the hash check
 (verified: kvindex recomputes the engine's hashes; mismatch: it cannot, see
 "hash mismatch" in the documentation; unknown: nothing checked yet) and the
 age of its last event.`,
