@@ -1486,9 +1486,9 @@ type WatchResponse struct {
 	ResetReason string `protobuf:"bytes,13,opt,name=reset_reason,json=resetReason,proto3" json:"reset_reason,omitempty"`
 	// When kvindex applied it, Unix milliseconds.
 	AppliedUnixMs int64 `protobuf:"varint,14,opt,name=applied_unix_ms,json=appliedUnixMs,proto3" json:"applied_unix_ms,omitempty"`
-	// Events of this stream's selection that kvindex skipped just before
-	// this one because the watcher read too slowly (ingest never waits for
-	// a watcher).
+	// Always 0: a stream that falls behind is ended with RESOURCE_EXHAUSTED
+	// ("watch fell behind by N events; reconnect") rather than sent events
+	// with holes. Kept for wire compatibility.
 	Dropped       uint64 `protobuf:"varint,15,opt,name=dropped,proto3" json:"dropped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -25,7 +26,7 @@ type tokenGate struct {
 func (g *tokenGate) tryAcquire(n int64) bool {
 	for {
 		cur := g.inFlight.Load()
-		if cur+n > g.max {
+		if n > g.max-cur { // not cur+n > max: that could overflow
 			return false
 		}
 		if g.inFlight.CompareAndSwap(cur, cur+n) {
@@ -76,4 +77,16 @@ func (s *Server) admit(p *kvindexv1.Prompt) (release func(), err error) {
 	}
 	return nil, status.Errorf(codes.ResourceExhausted,
 		"kvindex is busy: a query of %d tokens would exceed the %d tokens in flight across concurrent queries (--max-tokens-in-flight); retry shortly", n, g.max)
+}
+
+// sat32 converts a count for a uint32 field of an answer, saturating
+// instead of wrapping.
+func sat32[T ~int | ~int64 | ~uint64](n T) uint32 {
+	switch {
+	case n < 0:
+		return 0
+	case uint64(n) > math.MaxUint32:
+		return math.MaxUint32
+	}
+	return uint32(n)
 }

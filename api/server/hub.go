@@ -64,7 +64,7 @@ type Hub struct {
 	mu       sync.RWMutex
 	watchers map[*Watcher]struct{}
 	closed   bool
-	active   atomic.Int32 // len(watchers), read without the lock
+	active   atomic.Int64 // len(watchers), read without the lock
 
 	qmu     sync.Mutex
 	queue   []*hubItem
@@ -258,7 +258,7 @@ func (h *Hub) deliver(it *hubItem) {
 			h.closedBehind.Add(1)
 		}
 	}
-	h.active.Store(int32(len(h.watchers)))
+	h.active.Store(int64(len(h.watchers)))
 	h.mu.Unlock()
 }
 
@@ -363,7 +363,7 @@ func (h *Hub) Subscribe(pods []string) (*Watcher, error) {
 	w.since = h.qseq // a drop already queued is not this watcher's loss
 	h.qmu.Unlock()
 	h.watchers[w] = struct{}{}
-	h.active.Store(int32(len(h.watchers)))
+	h.active.Store(int64(len(h.watchers)))
 	return w, nil
 }
 
@@ -509,7 +509,7 @@ func (w *Watcher) Close() {
 	h.mu.Lock()
 	if _, ok := h.watchers[w]; ok {
 		delete(h.watchers, w)
-		h.active.Store(int32(len(h.watchers)))
+		h.active.Store(int64(len(h.watchers)))
 	}
 	h.mu.Unlock()
 	w.end(ErrHubClosed)

@@ -108,7 +108,7 @@ func (l Limits) withDefaults(maxTokens int) Limits {
 		l.GRPCMaxStreams = d.GRPCMaxStreams
 	}
 	if l.MaxTokensInFlight <= 0 {
-		l.MaxTokensInFlight = TokensInFlightFactor * int64(maxTokens)
+		l.MaxTokensInFlight = TokensInFlightFactor * int64(min(maxTokens, MaxMaxTokens))
 	}
 	if l.MaxWatchers <= 0 {
 		l.MaxWatchers = d.MaxWatchers
@@ -128,9 +128,9 @@ func (l Limits) withDefaults(maxTokens int) Limits {
 	return l
 }
 
-// check refuses limits that cannot work together; the messages name
+// Check refuses limits that cannot work together; the messages name
 // kvindex serve's flags.
-func (l Limits) check(maxTokens int) error {
+func (l Limits) Check(maxTokens int) error {
 	if l.MaxTokensInFlight < int64(maxTokens) {
 		return fmt.Errorf("--max-tokens-in-flight %d is below --max-query-tokens %d: a query of the largest size could never run", l.MaxTokensInFlight, maxTokens)
 	}

@@ -32,7 +32,11 @@ import (
 const (
 	// DefaultMaxTokens bounds the token ids of one query: 1 Mi tokens is
 	// far beyond any model's context.
-	DefaultMaxTokens  = 1 << 20
+	DefaultMaxTokens = 1 << 20
+	// MaxMaxTokens bounds MaxTokens: a query's gRPC message (MaxRecvMsgSize,
+	// ten bytes per id) stays below 2 GiB, and every count of an answer
+	// fits its uint32 field.
+	MaxMaxTokens      = 200_000_000
 	DefaultReadyGrace = 30 * time.Second
 )
 
@@ -133,11 +137,14 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxTokens <= 0 {
 		cfg.MaxTokens = DefaultMaxTokens
 	}
+	if cfg.MaxTokens > MaxMaxTokens {
+		return nil, fmt.Errorf("server: --max-query-tokens %d is above %d", cfg.MaxTokens, MaxMaxTokens)
+	}
 	if cfg.ReadyGrace == 0 {
 		cfg.ReadyGrace = DefaultReadyGrace
 	}
 	cfg.Limits = cfg.Limits.withDefaults(cfg.MaxTokens)
-	if err := cfg.Limits.check(cfg.MaxTokens); err != nil {
+	if err := cfg.Limits.Check(cfg.MaxTokens); err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
 	if cfg.Registry == nil {
@@ -601,12 +608,12 @@ func scopeListed(res *indexer.Result, f *followed, candidates []string, hv *heal
 // prefixResponse converts res into a pooled response message.
 func (s *Server) prefixResponse(res *indexer.Result, p resolved) *kvindexv1.LongestPrefixResponse {
 	out := getPrefixResponse()
-	out.BlocksTotal = uint32(res.BlocksTotal)
-	out.BlockSize = uint32(res.BlockSize)
+	out.BlocksTotal = sat32(res.BlocksTotal)
+	out.BlockSize = sat32(res.BlockSize)
 	if out.BlockSize == 0 {
 		out.BlockSize = uint32(s.cfg.BlockSize)
 	}
-	out.PromptTokens = uint32(p.tokens)
+	out.PromptTokens = sat32(p.tokens)
 	out.TokenSource = p.source
 	hv := s.healthOf()
 	out.Pods = growPods(out.Pods, len(res.Pods))
@@ -615,8 +622,8 @@ func (s *Server) prefixResponse(res *indexer.Result, p resolved) *kvindexv1.Long
 		pm := out.Pods[i]
 		pm.Pod = m.Engine.Pod
 		pm.DpRank = uint32(m.Engine.DPRank)
-		pm.MatchedBlocks = uint32(m.MatchedBlocks)
-		pm.MatchedTokens = uint32(m.MatchedTokens)
+		pm.MatchedBlocks = sat32(m.MatchedBlocks)
+		pm.MatchedTokens = sat32(m.MatchedTokens)
 		pm.HashCheck = hashCheck(m.HashCheck)
 		pm.Health = hv.health[m.Engine]
 		clear(pm.Tiers)
@@ -627,7 +634,7 @@ func (s *Server) prefixResponse(res *indexer.Result, p resolved) *kvindexv1.Long
 			if pm.Tiers == nil {
 				pm.Tiers = make(map[string]uint32, len(m.Tiers))
 			}
-			pm.Tiers[t.Medium] = uint32(t.Blocks)
+			pm.Tiers[t.Medium] = sat32(t.Blocks)
 		}
 	}
 	return out
@@ -662,15 +669,15 @@ func (s *Server) Lookup(ctx context.Context, req *kvindexv1.LookupRequest) (*kvi
 	out := &kvindexv1.LookupResponse{
 		BlockSize:    uint32(s.cfg.BlockSize),
 		Blocks:       make([]*kvindexv1.BlockInfo, len(blocks)),
-		PromptTokens: uint32(p.tokens),
+		PromptTokens: sat32(p.tokens),
 		TokenSource:  p.source,
 	}
 	for i, b := range blocks {
-		bi := &kvindexv1.BlockInfo{Index: uint32(b.Index), Hash: b.Key, Holders: make([]*kvindexv1.Holder, len(b.Holders))}
+		bi := &kvindexv1.BlockInfo{Index: sat32(b.Index), Hash: b.Key, Holders: make([]*kvindexv1.Holder, len(b.Holders))}
 		for j, h := range b.Holders {
 			bi.Holders[j] = &kvindexv1.Holder{
 				Pod: h.Engine.Pod, DpRank: uint32(h.Engine.DPRank), Medium: h.Medium,
-				GroupIdx: uint32(h.GroupIdx), Refs: uint32(h.Refs),
+				GroupIdx: sat32(h.GroupIdx), Refs: sat32(h.Refs),
 			}
 		}
 		out.Blocks[i] = bi

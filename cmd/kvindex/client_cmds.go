@@ -549,8 +549,8 @@ func newTailCmd() *cobra.Command {
 		Long: `tail streams the KV-cache events kvindex applies, one line each:
   TIME ENGINE seq=N KIND n=HASHES first=HASH [parent=HASH] [tokens=N] [MEDIUM] [lora=NAME]
 Resets (an engine restarted, cleared or was removed) print as "Reset reason=...".
-When tail reads too slowly, kvindex drops events for it rather than slow down;
-the next line then says how many were dropped. Ctrl-C ends it.`,
+When tail reads too slowly, kvindex ends the stream rather than skip events or
+slow down, and tail exits 1 saying how far it fell behind. Ctrl-C ends it.`,
 		Example: `  kvindex tail
   kvindex tail --server kvindex:50051 --pod pod-a --pod pod-b`,
 		Args: noArgs,
