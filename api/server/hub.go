@@ -84,6 +84,7 @@ type Hub struct {
 	hubDropped   atomic.Uint64 // batches dropped at the fan-out queue
 	closedBehind atomic.Uint64 // watchers closed for falling behind
 	refused      atomic.Uint64 // Subscribe calls refused by MaxWatchers
+	open         atomic.Int64  // watchers not yet Closed, failed ones included
 }
 
 // hubItem is one batch (or reset) waiting for the fan-out, copied out of
@@ -332,8 +333,14 @@ func (h *Hub) Queued() int {
 	return len(h.queue)
 }
 
-// Watchers is the number of open watchers.
+// Watchers is the number of watchers the fan-out serves.
 func (h *Hub) Watchers() int { return int(h.active.Load()) }
+
+// Open is the number of watchers not yet Closed: those the fan-out serves
+// and those it ended whose owner has not let go yet (a Watch handler
+// still blocked sending to a client that stopped reading). MaxWatchers
+// bounds it, so that such streams cannot pile up either.
+func (h *Hub) Open() int { return int(h.open.Load()) }
 
 // MaxWatchers is the hub's cap on open watchers.
 func (h *Hub) MaxWatchers() int { return h.limits.MaxWatchers }
@@ -355,7 +362,7 @@ func (h *Hub) Subscribe(pods []string) (*Watcher, error) {
 	if h.closed {
 		return nil, ErrHubClosed
 	}
-	if len(h.watchers) >= h.limits.MaxWatchers {
+	if h.open.Load() >= int64(h.limits.MaxWatchers) {
 		h.refused.Add(1)
 		return nil, ErrTooManyWatchers
 	}
@@ -364,6 +371,7 @@ func (h *Hub) Subscribe(pods []string) (*Watcher, error) {
 	h.qmu.Unlock()
 	h.watchers[w] = struct{}{}
 	h.active.Store(int64(len(h.watchers)))
+	h.open.Add(1)
 	return w, nil
 }
 
@@ -398,6 +406,7 @@ type Watcher struct {
 	pods   map[string]struct{} // nil: every pod
 	since  uint64              // hub queue position at Subscribe
 	signal chan struct{}       // cap 1: the queue has items or err is set
+	closed atomic.Bool         // Close was called
 
 	mu    sync.Mutex
 	q     []queued
@@ -506,6 +515,10 @@ func (w *Watcher) Queued() int {
 // the hub's Close.
 func (w *Watcher) Close() {
 	h := w.hub
+	if w.closed.Swap(true) {
+		return
+	}
+	h.open.Add(-1)
 	h.mu.Lock()
 	if _, ok := h.watchers[w]; ok {
 		delete(h.watchers, w)

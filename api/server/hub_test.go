@@ -258,8 +258,20 @@ func TestHubMaxWatchers(t *testing.T) {
 		t.Errorf("third watcher: %v (refused %d), want ErrTooManyWatchers", err, h.Refused())
 	}
 	a.Close()
-	if _, err := h.Subscribe(nil); err != nil {
+	a.Close() // counted once
+	c, err := h.Subscribe(nil)
+	if err != nil {
 		t.Errorf("after a Close: %v", err)
+	}
+	// A watcher ended for falling behind holds its slot until its owner
+	// closes it (a Watch handler may still be sending).
+	c.fail(&BehindError{Events: 1})
+	if _, err := h.Subscribe(nil); !errors.Is(err, ErrTooManyWatchers) || h.Open() != 2 {
+		t.Errorf("with a failed watcher not closed: %v (open %d), want ErrTooManyWatchers", err, h.Open())
+	}
+	c.Close()
+	if _, err := h.Subscribe(nil); err != nil {
+		t.Errorf("after the failed watcher's Close: %v", err)
 	}
 }
 

@@ -266,7 +266,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descIndexModels, float64(st.Models))
 	counter(descEvictions, st.Evictions)
 	if h := s.cfg.Hub; h != nil {
-		gauge(descWatchers, float64(h.Watchers()))
+		gauge(descWatchers, float64(h.Open()))
 		counter(descWatchSent, h.Delivered())
 		counter(descWatchDropped, h.Dropped())
 		counter(descWatchBehind, h.ClosedBehind())
