@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvindex/kvindex/api/client"
@@ -236,4 +237,64 @@ func newTestIndex(t *testing.T) *indexer.Index {
 		t.Fatal(err)
 	}
 	return ix
+}
+
+// The gRPC server advertises --grpc-max-streams in its HTTP/2 SETTINGS
+// (clients keep to it), and closes connections idle for
+// --grpc-max-conn-idle (the client's connection leaves READY).
+func TestGRPCLimits(t *testing.T) {
+	f := newFixture(t, func(c *Config) {
+		c.Limits.GRPCMaxStreams = 7
+		c.Limits.GRPCMaxConnIdle = 200 * time.Millisecond
+	})
+	addr := f.client.Addr()
+
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	// The client preface and an empty SETTINGS frame.
+	if _, err := c.Write(append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, 0, 0, 4, 0, 0, 0, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	var maxStreams uint32
+	found := false
+	for !found {
+		var hdr [9]byte
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			t.Fatalf("reading the server's frames: %v", err)
+		}
+		n := int(hdr[0])<<16 | int(hdr[1])<<8 | int(hdr[2])
+		payload := make([]byte, n)
+		if _, err := io.ReadFull(r, payload); err != nil {
+			t.Fatal(err)
+		}
+		if hdr[3] != 4 || hdr[4]&1 != 0 { // SETTINGS, not an ACK
+			continue
+		}
+		for i := 0; i+6 <= n; i += 6 {
+			if id := uint16(payload[i])<<8 | uint16(payload[i+1]); id == 3 { // MAX_CONCURRENT_STREAMS
+				maxStreams = uint32(payload[i+2])<<24 | uint32(payload[i+3])<<16 | uint32(payload[i+4])<<8 | uint32(payload[i+5])
+			}
+		}
+		found = true
+	}
+	if maxStreams != 7 {
+		t.Errorf("SETTINGS_MAX_CONCURRENT_STREAMS %d, want 7", maxStreams)
+	}
+
+	conn := f.client.Conn()
+	if _, err := f.client.ListPods(context.Background(), ""); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for st := conn.GetState(); st == connectivity.Ready; st = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, st) {
+			t.Fatal("the idle connection was not closed by the server")
+		}
+	}
 }
