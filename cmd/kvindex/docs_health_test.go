@@ -49,20 +49,22 @@ func healthStatesTable(t *testing.T) string {
 	}
 	var b strings.Builder
 	b.WriteString("| state | meaning, and how an engine leaves it |\n|---|---|\n")
-	for _, h := range []kvevents.Health{kvevents.HealthOK, kvevents.HealthRestored, kvevents.HealthUnconfirmed, kvevents.HealthDegraded} {
-		var text string
-		for name, v := range items {
+	states := []kvevents.Health{kvevents.HealthOK, kvevents.HealthRestored, kvevents.HealthUnconfirmed, kvevents.HealthDegraded}
+	identifier := map[kvevents.Health]string{}
+	for name := range items {
+		for _, h := range states {
 			if strings.EqualFold(strings.TrimPrefix(name, "Health"), h.String()) {
-				text = v
+				identifier[h] = name
 			}
 		}
+	}
+	for _, h := range states {
+		text := items[identifier[h]]
 		if text == "" {
 			t.Fatalf("kvevents.Health's doc has no item for %s", h)
 		}
-		for _, o := range []kvevents.Health{kvevents.HealthOK, kvevents.HealthRestored, kvevents.HealthUnconfirmed, kvevents.HealthDegraded} {
-			// The doc names states by identifier; the table by word.
-			text = strings.ReplaceAll(text, "Health"+strings.ToUpper(o.String()[:1])+o.String()[1:], "`"+o.String()+"`")
-			text = strings.ReplaceAll(text, "HealthOK", "`ok`")
+		for _, o := range states { // the doc names states by identifier, the table by word
+			text = strings.ReplaceAll(text, identifier[o], "`"+o.String()+"`")
 		}
 		b.WriteString("| `" + h.String() + "` | " + text + " |\n")
 	}
