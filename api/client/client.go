@@ -272,7 +272,10 @@ func (c *Client) PodScores(ctx context.Context, model, prompt string, pods []str
 
 // Watch streams the events the server applies (of the given pods; all if
 // none) to fn until ctx is done (nil), the server ends the stream (nil),
-// fn returns an error (that error) or the stream fails.
+// fn returns an error (that error) or the stream fails. A stream that fell
+// behind fails with ResourceExhausted ("watch fell behind by N events;
+// reconnect"): the events it missed are gone, so a caller that mirrors
+// state resynchronises, then watches again.
 func (c *Client) Watch(ctx context.Context, pods []string, fn func(*kvindexv1.WatchResponse) error) error {
 	stream, err := c.Index.Watch(ctx, &kvindexv1.WatchRequest{Pods: pods})
 	if err != nil {

@@ -79,18 +79,26 @@ func (HashCheck) EnumDescriptor() ([]byte, []int) {
 	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{0}
 }
 
-// EngineHealth is the state of an engine's event stream.
+// EngineHealth is the state of an engine's event stream: how far kvindex
+// vouches for the engine's entries. Only OK promises that they are exactly
+// the engine's cache. What each state means and how an engine leaves it is
+// documented once, on kvevents.Health (kvevents/health.go).
 type EngineHealth int32
 
 const (
 	// Not followed by this kvindex (e.g. known only from a snapshot).
 	EngineHealth_ENGINE_HEALTH_UNSPECIFIED EngineHealth = 0
-	// Connected and in sequence.
+	// Connected; every batch applied in order (kvevents.HealthOK).
 	EngineHealth_ENGINE_HEALTH_OK EngineHealth = 1
-	// Events were lost and could not be replayed: the entries may be stale.
+	// Batches were lost and not replayed (kvevents.HealthDegraded).
 	EngineHealth_ENGINE_HEALTH_DEGRADED EngineHealth = 2
 	// The event socket is not connected.
 	EngineHealth_ENGINE_HEALTH_DISCONNECTED EngineHealth = 3
+	// Entries restored from a snapshot, not yet confirmed by the engine
+	// (kvevents.HealthRestored).
+	EngineHealth_ENGINE_HEALTH_RESTORED EngineHealth = 4
+	// The start of the engine's history is unknown (kvevents.HealthUnconfirmed).
+	EngineHealth_ENGINE_HEALTH_UNCONFIRMED EngineHealth = 5
 )
 
 // Enum value maps for EngineHealth.
@@ -100,12 +108,16 @@ var (
 		1: "ENGINE_HEALTH_OK",
 		2: "ENGINE_HEALTH_DEGRADED",
 		3: "ENGINE_HEALTH_DISCONNECTED",
+		4: "ENGINE_HEALTH_RESTORED",
+		5: "ENGINE_HEALTH_UNCONFIRMED",
 	}
 	EngineHealth_value = map[string]int32{
 		"ENGINE_HEALTH_UNSPECIFIED":  0,
 		"ENGINE_HEALTH_OK":           1,
 		"ENGINE_HEALTH_DEGRADED":     2,
 		"ENGINE_HEALTH_DISCONNECTED": 3,
+		"ENGINE_HEALTH_RESTORED":     4,
+		"ENGINE_HEALTH_UNCONFIRMED":  5,
 	}
 )
 
@@ -1474,9 +1486,9 @@ type WatchResponse struct {
 	ResetReason string `protobuf:"bytes,13,opt,name=reset_reason,json=resetReason,proto3" json:"reset_reason,omitempty"`
 	// When kvindex applied it, Unix milliseconds.
 	AppliedUnixMs int64 `protobuf:"varint,14,opt,name=applied_unix_ms,json=appliedUnixMs,proto3" json:"applied_unix_ms,omitempty"`
-	// Events of this stream's selection that kvindex skipped just before
-	// this one because the watcher read too slowly (ingest never waits for
-	// a watcher).
+	// Always 0: a stream that falls behind is ended with RESOURCE_EXHAUSTED
+	// ("watch fell behind by N events; reconnect") rather than sent events
+	// with holes. Kept for wire compatibility.
 	Dropped       uint64 `protobuf:"varint,15,opt,name=dropped,proto3" json:"dropped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1745,12 +1757,14 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\tHashCheck\x12\x1a\n" +
 	"\x16HASH_CHECK_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13HASH_CHECK_VERIFIED\x10\x01\x12\x17\n" +
-	"\x13HASH_CHECK_MISMATCH\x10\x02*\x7f\n" +
+	"\x13HASH_CHECK_MISMATCH\x10\x02*\xba\x01\n" +
 	"\fEngineHealth\x12\x1d\n" +
 	"\x19ENGINE_HEALTH_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10ENGINE_HEALTH_OK\x10\x01\x12\x1a\n" +
 	"\x16ENGINE_HEALTH_DEGRADED\x10\x02\x12\x1e\n" +
-	"\x1aENGINE_HEALTH_DISCONNECTED\x10\x03*\x9b\x01\n" +
+	"\x1aENGINE_HEALTH_DISCONNECTED\x10\x03\x12\x1a\n" +
+	"\x16ENGINE_HEALTH_RESTORED\x10\x04\x12\x1d\n" +
+	"\x19ENGINE_HEALTH_UNCONFIRMED\x10\x05*\x9b\x01\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17EVENT_KIND_BLOCK_STORED\x10\x01\x12\x1c\n" +

@@ -342,7 +342,7 @@ func httpStatus(c codes.Code) int {
 	case codes.NotFound:
 		return http.StatusNotFound
 	case codes.ResourceExhausted:
-		return http.StatusRequestEntityTooLarge
+		return http.StatusTooManyRequests
 	case codes.Unimplemented:
 		return http.StatusNotImplemented
 	case codes.Unavailable, codes.Canceled:

@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/tokenizer"
@@ -134,6 +136,7 @@ var (
 	descLastEvent     = newDesc("kvindex_ingest_last_event_timestamp_seconds", "When the last batch was applied (Unix time); 0 if never.", engineLabels)
 	descConnected     = newDesc("kvindex_ingest_connected", "1 if the engine's event socket is connected.", engineLabels)
 	descDegraded      = newDesc("kvindex_ingest_degraded", "1 if batches were lost and not recovered: the engine's entries may be stale.", engineLabels)
+	descHealth        = newDesc("kvindex_engine_health", "Stream health of the engine: 1 for the current state (ok, restored, unconfirmed, degraded, disconnected); see kvindex.v1.EngineHealth.", append(engineLabels, "state"))
 
 	listenerLabels   = []string{"endpoint"}
 	descLsnPeers     = newDesc("kvindex_listener_peers", "Engines connected to the listen socket.", listenerLabels)
@@ -157,7 +160,15 @@ var (
 	descEvictions    = newDesc("kvindex_index_evictions_total", "Entries evicted to stay within the memory budget.", nil)
 	descWatchers     = newDesc("kvindex_watchers", "Open Watch streams.", nil)
 	descWatchSent    = newDesc("kvindex_watch_events_total", "Events queued to Watch streams.", nil)
-	descWatchDropped = newDesc("kvindex_watch_dropped_events_total", "Events dropped for Watch streams that read too slowly.", nil)
+	descWatchDropped = newDesc("kvindex_watch_dropped_events_total", "Events Watch streams lost by falling behind (each such stream was closed).", nil)
+	descWatchBehind  = newDesc("kvindex_watch_closed_behind_total", "Watch streams closed because they fell behind (their queue or the fan-out queue overflowed).", nil)
+	descWatchRefused = newDesc("kvindex_watch_refused_total", "Watch streams refused by --max-watchers.", nil)
+	descHubDropped   = newDesc("kvindex_watch_fanout_dropped_batches_total", "Batches the watch fan-out queue could not take.", nil)
+	descHubQueued    = newDesc("kvindex_watch_fanout_queue_batches", "Batches waiting for the watch fan-out.", nil)
+	descTokInFlight  = newDesc("kvindex_query_tokens_in_flight", "Tokens of the queries being answered (bounded by --max-tokens-in-flight).", nil)
+	descQryRefused   = newDesc("kvindex_query_refused_total", "Queries refused before any work, by reason (tokens_in_flight).", []string{"reason"})
+	descHTTPConns    = newDesc("kvindex_http_connections", "Open HTTP connections (bounded by --http-max-conns).", nil)
+	descHTTPWaits    = newDesc("kvindex_http_connection_waits_total", "HTTP connections that waited for a slot under --http-max-conns.", nil)
 	descReady        = newDesc("kvindex_ready", "1 once the server is ready.", nil)
 	descTokHits      = newDesc("kvindex_tokenizer_cache_hits_total", "Tokenizations answered from the tokenizer's cache, by backend.", []string{"source"})
 	descTokRequests  = newDesc("kvindex_tokenizer_backend_requests_total", "Requests sent to the engine's /tokenize, by backend.", []string{"source"})
@@ -165,6 +176,16 @@ var (
 	descTokEntries   = newDesc("kvindex_tokenizer_cache_entries", "Entries in the tokenizer's cache, by backend.", []string{"source"})
 	descTokBytes     = newDesc("kvindex_tokenizer_cache_bytes", "Accounted bytes of the tokenizer's cache, by backend.", []string{"source"})
 )
+
+// streamHealthStates are the states streamHealth reports, each a label
+// value of kvindex_engine_health.
+var streamHealthStates = []kvindexv1.EngineHealth{
+	kvindexv1.EngineHealth_ENGINE_HEALTH_OK,
+	kvindexv1.EngineHealth_ENGINE_HEALTH_RESTORED,
+	kvindexv1.EngineHealth_ENGINE_HEALTH_UNCONFIRMED,
+	kvindexv1.EngineHealth_ENGINE_HEALTH_DEGRADED,
+	kvindexv1.EngineHealth_ENGINE_HEALTH_DISCONNECTED,
+}
 
 func newDesc(name, help string, labels []string) *prometheus.Desc {
 	return prometheus.NewDesc(name, help, labels, nil)
@@ -207,6 +228,10 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descLastEvent, float64(st.LastEventUnixNano)/1e9, l...)
 			gauge(descConnected, b2f(st.Connected), l...)
 			gauge(descDegraded, b2f(st.Health == kvevents.HealthDegraded), l...)
+			h := streamHealth(&st)
+			for _, state := range streamHealthStates {
+				gauge(descHealth, b2f(h == state), append(l, client.HealthName(state))...)
+			}
 		}
 		if ls, ok := s.cfg.Streams.(ListenerSource); ok {
 			if st, ok := ls.ListenerStats(); ok {
@@ -243,10 +268,18 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descIndexModels, float64(st.Models))
 	counter(descEvictions, st.Evictions)
 	if h := s.cfg.Hub; h != nil {
-		gauge(descWatchers, float64(h.Watchers()))
+		gauge(descWatchers, float64(h.Open()))
 		counter(descWatchSent, h.Delivered())
 		counter(descWatchDropped, h.Dropped())
+		counter(descWatchBehind, h.ClosedBehind())
+		counter(descWatchRefused, h.Refused())
+		counter(descHubDropped, h.DroppedBatches())
+		gauge(descHubQueued, float64(h.Queued()))
 	}
+	gauge(descTokInFlight, float64(s.tokens.inFlight.Load()))
+	counter(descQryRefused, s.tokens.refused.Load(), "tokens_in_flight")
+	gauge(descHTTPConns, float64(s.conns.open.Load()))
+	counter(descHTTPWaits, s.conns.waits.Load())
 	gauge(descReady, b2f(s.Ready()))
 	for _, t := range s.cfg.Tokenizers {
 		if hs, ok := t.Tokenizer.(httpTokenizerStats); ok {

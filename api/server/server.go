@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
@@ -31,7 +32,11 @@ import (
 const (
 	// DefaultMaxTokens bounds the token ids of one query: 1 Mi tokens is
 	// far beyond any model's context.
-	DefaultMaxTokens  = 1 << 20
+	DefaultMaxTokens = 1 << 20
+	// MaxMaxTokens bounds MaxTokens: a query's gRPC message (MaxRecvMsgSize,
+	// ten bytes per id) stays below 2 GiB, and every count of an answer
+	// fits its uint32 field.
+	MaxMaxTokens      = 200_000_000
 	DefaultReadyGrace = 30 * time.Second
 )
 
@@ -75,9 +80,10 @@ type Config struct {
 	// ReadyGrace makes the server ready after this long in any case;
 	// DefaultReadyGrace if 0, never if negative.
 	ReadyGrace time.Duration
-	// WatchBuffer is each watcher's buffer in events
-	// (DefaultWatchBuffer if 0).
-	WatchBuffer int
+	// Limits bound the server's resources (zero fields: DefaultLimits).
+	// The watch fields are the Hub's: give the same Limits to
+	// NewHubLimits.
+	Limits Limits
 	// Registry receives the server's metrics; a new one if nil.
 	Registry *prometheus.Registry
 	// Logger logs the server's noteworthy events; slog.Default if nil.
@@ -107,6 +113,9 @@ type Server struct {
 
 	view      atomic.Pointer[healthView]
 	refreshMu sync.Mutex
+
+	tokens tokenGate
+	conns  connStats
 }
 
 // NamedTokenizer is one tokenizer backend and the token_source name its
@@ -128,11 +137,15 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxTokens <= 0 {
 		cfg.MaxTokens = DefaultMaxTokens
 	}
+	if cfg.MaxTokens > MaxMaxTokens {
+		return nil, fmt.Errorf("server: --max-query-tokens %d is above %d", cfg.MaxTokens, MaxMaxTokens)
+	}
 	if cfg.ReadyGrace == 0 {
 		cfg.ReadyGrace = DefaultReadyGrace
 	}
-	if cfg.WatchBuffer <= 0 {
-		cfg.WatchBuffer = DefaultWatchBuffer
+	cfg.Limits = cfg.Limits.withDefaults(cfg.MaxTokens)
+	if err := cfg.Limits.Check(cfg.MaxTokens); err != nil {
+		return nil, fmt.Errorf("server: %w", err)
 	}
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
@@ -156,6 +169,7 @@ func New(cfg Config) (*Server, error) {
 		start:   cfg.Now(),
 		health:  health.NewServer(),
 		readyCh: make(chan struct{}),
+		tokens:  tokenGate{max: cfg.Limits.MaxTokensInFlight},
 	}
 	m, err := newMetrics(s, cfg.Registry)
 	if err != nil {
@@ -183,7 +197,12 @@ func (s *Server) MaxRecvMsgSize() int { return s.cfg.MaxTokens*10 + 1<<20 }
 // the standard health service (NOT_SERVING until Ready) and reflection
 // registered. Its codec decodes prompts into pooled buffers; opts are
 // appended to the server's own options.
+//
+// Its bounds come from Config.Limits: concurrent streams per connection,
+// keepalive (idle connections closed, dead peers found, clients pinging
+// too often refused) and the message size (MaxRecvMsgSize).
 func (s *Server) NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
+	l := s.cfg.Limits
 	base := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(poolingCodec{}),
 		experimental.BufferPool(wire.Buffers),   // see wire.BufferPool
@@ -193,6 +212,11 @@ func (s *Server) NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 		grpc.WriteBufferSize(wire.IOBufferSize),
 
 		grpc.MaxRecvMsgSize(s.MaxRecvMsgSize()),
+		grpc.MaxConcurrentStreams(l.GRPCMaxStreams),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle: l.GRPCMaxConnIdle, Time: l.GRPCKeepaliveTime, Timeout: l.GRPCKeepaliveTimeout,
+		}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.GRPCKeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(s.metrics.unaryInterceptor),
 	}
 	gs := grpc.NewServer(append(base, opts...)...)
@@ -476,6 +500,11 @@ func (s *Server) resolveLongestPrefix(ctx context.Context, st *queryState, in pr
 	if err := s.checkModel(model, hv); err != nil {
 		return resolved{}, err
 	}
+	release, err := s.admit(in.prompt)
+	if err != nil {
+		return resolved{}, err
+	}
+	defer release()
 	p, err := s.resolvePrompt(ctx, in.prompt, model, &st.q, &st.x)
 	if err != nil {
 		return resolved{}, err
@@ -579,12 +608,12 @@ func scopeListed(res *indexer.Result, f *followed, candidates []string, hv *heal
 // prefixResponse converts res into a pooled response message.
 func (s *Server) prefixResponse(res *indexer.Result, p resolved) *kvindexv1.LongestPrefixResponse {
 	out := getPrefixResponse()
-	out.BlocksTotal = uint32(res.BlocksTotal)
-	out.BlockSize = uint32(res.BlockSize)
+	out.BlocksTotal = sat32(res.BlocksTotal)
+	out.BlockSize = sat32(res.BlockSize)
 	if out.BlockSize == 0 {
 		out.BlockSize = uint32(s.cfg.BlockSize)
 	}
-	out.PromptTokens = uint32(p.tokens)
+	out.PromptTokens = sat32(p.tokens)
 	out.TokenSource = p.source
 	hv := s.healthOf()
 	out.Pods = growPods(out.Pods, len(res.Pods))
@@ -593,8 +622,8 @@ func (s *Server) prefixResponse(res *indexer.Result, p resolved) *kvindexv1.Long
 		pm := out.Pods[i]
 		pm.Pod = m.Engine.Pod
 		pm.DpRank = uint32(m.Engine.DPRank)
-		pm.MatchedBlocks = uint32(m.MatchedBlocks)
-		pm.MatchedTokens = uint32(m.MatchedTokens)
+		pm.MatchedBlocks = sat32(m.MatchedBlocks)
+		pm.MatchedTokens = sat32(m.MatchedTokens)
 		pm.HashCheck = hashCheck(m.HashCheck)
 		pm.Health = hv.health[m.Engine]
 		clear(pm.Tiers)
@@ -605,7 +634,7 @@ func (s *Server) prefixResponse(res *indexer.Result, p resolved) *kvindexv1.Long
 			if pm.Tiers == nil {
 				pm.Tiers = make(map[string]uint32, len(m.Tiers))
 			}
-			pm.Tiers[t.Medium] = uint32(t.Blocks)
+			pm.Tiers[t.Medium] = sat32(t.Blocks)
 		}
 	}
 	return out
@@ -623,6 +652,11 @@ func (s *Server) Lookup(ctx context.Context, req *kvindexv1.LookupRequest) (*kvi
 	if err := s.checkModel(model, s.healthOf()); err != nil {
 		return nil, err
 	}
+	release, err := s.admit(req.GetPrompt())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	p, err := s.resolvePrompt(ctx, req.GetPrompt(), model, &st.q, &st.x)
 	if err != nil {
 		return nil, err
@@ -635,15 +669,15 @@ func (s *Server) Lookup(ctx context.Context, req *kvindexv1.LookupRequest) (*kvi
 	out := &kvindexv1.LookupResponse{
 		BlockSize:    uint32(s.cfg.BlockSize),
 		Blocks:       make([]*kvindexv1.BlockInfo, len(blocks)),
-		PromptTokens: uint32(p.tokens),
+		PromptTokens: sat32(p.tokens),
 		TokenSource:  p.source,
 	}
 	for i, b := range blocks {
-		bi := &kvindexv1.BlockInfo{Index: uint32(b.Index), Hash: b.Key, Holders: make([]*kvindexv1.Holder, len(b.Holders))}
+		bi := &kvindexv1.BlockInfo{Index: sat32(b.Index), Hash: b.Key, Holders: make([]*kvindexv1.Holder, len(b.Holders))}
 		for j, h := range b.Holders {
 			bi.Holders[j] = &kvindexv1.Holder{
 				Pod: h.Engine.Pod, DpRank: uint32(h.Engine.DPRank), Medium: h.Medium,
-				GroupIdx: uint32(h.GroupIdx), Refs: uint32(h.Refs),
+				GroupIdx: sat32(h.GroupIdx), Refs: sat32(h.Refs),
 			}
 		}
 		out.Blocks[i] = bi
@@ -717,28 +751,30 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream kvindexv1.IndexServic
 			return status.Errorf(codes.InvalidArgument, "pods[%d] is empty", i)
 		}
 	}
-	w, err := s.cfg.Hub.Subscribe(req.GetPods(), s.cfg.WatchBuffer)
-	if err != nil {
+	w, err := s.cfg.Hub.Subscribe(req.GetPods())
+	switch {
+	case errors.Is(err, ErrTooManyWatchers):
+		s.log.Warn("watch refused", "limit", s.cfg.Hub.MaxWatchers())
+		return status.Errorf(codes.ResourceExhausted, "kvindex serves at most %d Watch streams at once (--max-watchers); try again later", s.cfg.Hub.MaxWatchers())
+	case err != nil:
 		return status.Error(codes.Unavailable, "kvindex is shutting down")
 	}
-	defer func() {
-		w.Close()
-		if n := w.Dropped(); n > 0 {
-			s.log.Info("watcher fell behind", "dropped_events", n)
-		}
-	}()
+	defer w.Close()
 	ctx := stream.Context()
 	for {
-		select {
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
-		case m, ok := <-w.Events():
-			if !ok {
-				return nil // the server is shutting down
-			}
-			if err := stream.Send(m); err != nil {
-				return err
-			}
+		m, err := w.Next(ctx)
+		var behind *BehindError
+		switch {
+		case errors.As(err, &behind):
+			s.log.Info("watcher fell behind; closed", "lost_events", behind.Events, "fan_out_queue", behind.Hub)
+			return status.Error(codes.ResourceExhausted, behind.Error())
+		case errors.Is(err, ErrHubClosed):
+			return nil // the server is shutting down
+		case err != nil:
+			return status.FromContextError(err).Err()
+		}
+		if err := stream.Send(m); err != nil {
+			return err
 		}
 	}
 }

@@ -19,13 +19,27 @@ type ListenerSource interface {
 	ListenerStats() (kvevents.ListenerStats, bool)
 }
 
-// streamHealth maps a stream's state to the API's health.
+// streamHealth maps a stream's state to the API's health: a stream
+// kvindex cannot hear is DISCONNECTED whatever it held; otherwise the
+// sequencer's kvevents.Health, whose doc says what each state means.
 func streamHealth(st *kvevents.StreamStats) kvindexv1.EngineHealth {
-	switch {
-	case !st.Connected:
+	if !st.Connected {
 		return kvindexv1.EngineHealth_ENGINE_HEALTH_DISCONNECTED
-	case st.Health != kvevents.HealthOK:
-		return kvindexv1.EngineHealth_ENGINE_HEALTH_DEGRADED
 	}
-	return kvindexv1.EngineHealth_ENGINE_HEALTH_OK
+	return apiHealth(st.Health)
+}
+
+// apiHealth maps a kvevents.Health to the API's enum; an unknown value
+// (a state added to kvevents and not here) is reported as DEGRADED, the
+// worst state that still says the engine is heard.
+func apiHealth(h kvevents.Health) kvindexv1.EngineHealth {
+	switch h {
+	case kvevents.HealthOK:
+		return kvindexv1.EngineHealth_ENGINE_HEALTH_OK
+	case kvevents.HealthRestored:
+		return kvindexv1.EngineHealth_ENGINE_HEALTH_RESTORED
+	case kvevents.HealthUnconfirmed:
+		return kvindexv1.EngineHealth_ENGINE_HEALTH_UNCONFIRMED
+	}
+	return kvindexv1.EngineHealth_ENGINE_HEALTH_DEGRADED
 }

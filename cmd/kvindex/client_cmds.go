@@ -466,8 +466,10 @@ func newPodsCmd() *cobra.Command {
 		Use:   "pods",
 		Short: "List the engines a running kvindex follows, with ingest health",
 		Long: `pods lists every engine (pod, data-parallel rank) of the running kvindex: its
-event endpoint, whether it is connected, the last sequence number applied, the
-gaps, replays and resets seen, the blocks it holds in the index, the hash check
+event endpoint, whether it is connected, its health (ok, restored, unconfirmed,
+degraded, disconnected: how far kvindex vouches for its entries; see "Engine
+health" in the documentation), the last sequence number applied, the gaps,
+replays and resets seen, the blocks it holds in the index, the hash check
 (verified: kvindex recomputes the engine's hashes; mismatch: it cannot, see
 "hash mismatch" in the documentation; unknown: nothing checked yet) and the
 age of its last event.`,
@@ -547,8 +549,8 @@ func newTailCmd() *cobra.Command {
 		Long: `tail streams the KV-cache events kvindex applies, one line each:
   TIME ENGINE seq=N KIND n=HASHES first=HASH [parent=HASH] [tokens=N] [MEDIUM] [lora=NAME]
 Resets (an engine restarted, cleared or was removed) print as "Reset reason=...".
-When tail reads too slowly, kvindex drops events for it rather than slow down;
-the next line then says how many were dropped. Ctrl-C ends it.`,
+When tail reads too slowly, kvindex ends the stream rather than skip events or
+slow down, and tail exits 1 saying how far it fell behind. Ctrl-C ends it.`,
 		Example: `  kvindex tail
   kvindex tail --server kvindex:50051 --pod pod-a --pod pod-b`,
 		Args: noArgs,

@@ -40,6 +40,7 @@ type serveFlags struct {
 	logLevel       string
 	logFormat      string
 	check          bool
+	limits         limitFlags
 }
 
 func (f *serveFlags) register(fs *pflag.FlagSet) {
@@ -62,6 +63,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles under /debug/pprof/ on the HTTP address")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text|json")
+	f.limits.register(fs)
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables, --config file, tokenizer file), print them and exit without listening or connecting")
 }
 

@@ -97,6 +97,7 @@ type serveOptions struct {
 	maxQueryTokens     int
 	readyGrace         time.Duration
 	pprof              bool
+	limits             server.Limits
 }
 
 // options validates the flags.
@@ -140,12 +141,15 @@ func (f *serveFlags) options() (*serveOptions, error) {
 		return nil, usagef("--grpc-addr and --http-addr must not be empty")
 	case o.grpcAddr == o.httpAddr && !strings.HasSuffix(o.grpcAddr, ":0"):
 		return nil, usagef("--grpc-addr and --http-addr are both %q", o.grpcAddr)
-	case o.maxQueryTokens < 1:
-		return nil, usagef("--max-query-tokens %d: want at least 1", o.maxQueryTokens)
+	case o.maxQueryTokens < 1 || o.maxQueryTokens > server.MaxMaxTokens:
+		return nil, usagef("--max-query-tokens %d: want an integer in 1..%d", o.maxQueryTokens, server.MaxMaxTokens)
 	case o.readyGrace < 0:
 		return nil, usagef("--ready-grace %v: must not be negative", o.readyGrace)
 	case o.maxEngines < 1:
 		return nil, usagef("--max-engines %d: want at least 1", o.maxEngines)
+	}
+	if o.limits, err = f.limits.limits(o.maxQueryTokens); err != nil {
+		return nil, err
 	}
 	if o.listen != "" {
 		o.listen = endpoint(o.listen)
@@ -258,7 +262,7 @@ func buildParts(o *serveOptions, log *slog.Logger) (*parts, error) {
 	if err != nil {
 		return nil, err
 	}
-	hub := server.NewHub(ix)
+	hub := server.NewHubLimits(ix, o.limits)
 	scfg := zmqtransport.SubscriberConfig{
 		Engines: o.engines, Listen: o.listen, ListenRanks: o.listenRanks, TopicPattern: o.topicPattern,
 		Model: o.model, ReplayTemplate: o.replayTemplate, MaxEngines: o.maxEngines,
@@ -279,7 +283,7 @@ func buildParts(o *serveOptions, log *slog.Logger) (*parts, error) {
 	srv, err := server.New(server.Config{
 		Index: ix, BlockSize: o.index.Hasher.BlockSize(), Tokenizers: toks, Hub: hub, Streams: sub,
 		DefaultModel: o.model, MaxTokens: o.maxQueryTokens, ExpectStreams: expect, ReadyGrace: grace,
-		Logger: log.With("component", "api"),
+		Logger: log.With("component", "api"), Limits: o.limits,
 	})
 	if err == nil {
 		err = srv.Registry().Register(buildInfoGauge(buildinfo.Read()))
@@ -339,12 +343,13 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 	s := &service{
 		log: log, index: ix, hub: p.hub, sub: sub, api: srv,
 		grpc:     srv.NewGRPCServer(),
-		http:     &http.Server{Handler: srv.Handler(server.HTTPOptions{Pprof: o.pprof}), ReadHeaderTimeout: 10 * time.Second},
+		http:     srv.NewHTTPServer(server.HTTPOptions{Pprof: o.pprof}),
 		grpcAddr: grpcLis.Addr().String(),
 		httpAddr: httpLis.Addr().String(),
 		done:     make(chan struct{}),
 	}
 	log.Info("serving", "grpc", s.grpcAddr, "http", s.httpAddr, "pprof", o.pprof)
+	logLimits(log, o.limits)
 
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
@@ -357,7 +362,7 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 	}()
 	go func() {
 		defer wg.Done()
-		if err := s.http.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.http.Serve(srv.LimitListener(httpLis)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errs <- fmt.Errorf("HTTP server: %w", err)
 		}
 	}()

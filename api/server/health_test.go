@@ -1,0 +1,89 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/kvevents"
+)
+
+// Every stream state reaches every view of an engine's health: ListPods,
+// the longest-prefix answers (gRPC and HTTP), /v1/pods and the
+// kvindex_engine_health metric.
+func TestHealthStates(t *testing.T) {
+	tests := []struct {
+		name      string
+		connected bool
+		health    kvevents.Health
+	}{
+		{"ok", true, kvevents.HealthOK},
+		{"restored", true, kvevents.HealthRestored},
+		{"unconfirmed", true, kvevents.HealthUnconfirmed},
+		{"degraded", true, kvevents.HealthDegraded},
+		{"disconnected", false, kvevents.HealthRestored}, // not heard: whatever it held
+	}
+	states := []string{"ok", "restored", "unconfirmed", "degraded", "disconnected"}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			streams := &fakeStreams{}
+			streams.set(kvevents.StreamStats{Engine: engine("a", 0), Connected: tt.connected, Health: tt.health})
+			f := newFixture(t, func(c *Config) { c.Streams = streams })
+			tokens := seqTokens(1, 64)
+			loadThree(t, f, tokens)
+			ctx := context.Background()
+
+			pods, err := f.client.ListPods(ctx, testModel)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := client.HealthName(pods[0].GetHealth()); pods[0].GetPod() != "a" || got != tt.name {
+				t.Errorf("ListPods: %s is %s, want a %s", pods[0].GetPod(), got, tt.name)
+			}
+			r, err := f.client.LongestPrefixTokens(ctx, testModel, tokens, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := client.HealthName(r.GetPods()[0].GetHealth()); r.GetPods()[0].GetPod() != "a" || got != tt.name {
+				t.Errorf("LongestPrefix: %s is %s, want a %s", r.GetPods()[0].GetPod(), got, tt.name)
+			}
+			ids, _ := json.Marshal(tokens)
+			code, body := post(t, f.url+"/v1/longest-prefix", `{"tokens":`+string(ids)+`}`)
+			var lp client.LongestPrefixJSON
+			if err := json.Unmarshal(body, &lp); err != nil || code != http.StatusOK {
+				t.Fatalf("HTTP longest-prefix: %d %s", code, body)
+			}
+			if got := lp.Pods[0].Health; got != tt.name {
+				t.Errorf("HTTP longest-prefix: health %s, want %s", got, tt.name)
+			}
+			resp, err := http.Get(f.url + "/v1/pods")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			var pj client.PodsJSON
+			if err := json.Unmarshal(b, &pj); err != nil {
+				t.Fatalf("/v1/pods: %v: %s", err, b)
+			}
+			if got := pj.Pods[0].Health; got != tt.name {
+				t.Errorf("/v1/pods: health %s, want %s", got, tt.name)
+			}
+			text := scrape(t, f.url)
+			for _, st := range states {
+				v := "0"
+				if st == tt.name {
+					v = "1"
+				}
+				want := `kvindex_engine_health{dp_rank="0",model="qwen",pod="a",state="` + st + `"} ` + v + "\n"
+				if !strings.Contains(text, want) {
+					t.Errorf("metrics lack %s", want)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,138 @@
+package server
+
+import (
+	"fmt"
+	"time"
+)
+
+// Limits bound what clients can make the server hold: connections, time,
+// concurrent streams, query tokens and watchers. Each has a default here
+// (the one home of these defaults: kvindex serve's flags take theirs from
+// DefaultLimits); a zero field takes its default.
+type Limits struct {
+	// HTTPReadHeaderTimeout bounds reading a request's headers: a client
+	// sending them byte by byte is cut off after it.
+	HTTPReadHeaderTimeout time.Duration
+	// HTTPReadTimeout bounds reading a whole request, body included.
+	HTTPReadTimeout time.Duration
+	// HTTPWriteTimeout bounds answering a request from the end of its
+	// headers; it also caps /debug/pprof/profile's seconds. The HTTP API
+	// has no streaming endpoint (Watch is gRPC).
+	HTTPWriteTimeout time.Duration
+	// HTTPIdleTimeout closes keep-alive connections idle this long.
+	HTTPIdleTimeout time.Duration
+	// HTTPMaxConns caps open HTTP connections; a connection beyond it
+	// waits in the listen backlog until one closes (the timeouts above
+	// make every connection close eventually).
+	HTTPMaxConns int
+
+	// GRPCMaxStreams caps concurrent streams (calls) per gRPC connection.
+	GRPCMaxStreams uint32
+	// GRPCMaxConnIdle sends GOAWAY to a gRPC connection without calls for
+	// this long; clients reconnect transparently.
+	GRPCMaxConnIdle time.Duration
+	// GRPCKeepaliveTime is how often the server pings a quiet connection
+	// to find dead peers (it closes one that does not answer within
+	// GRPCKeepaliveTimeout).
+	GRPCKeepaliveTime    time.Duration
+	GRPCKeepaliveTimeout time.Duration
+	// GRPCKeepaliveMinTime is the shortest ping interval a client may use;
+	// a client pinging more often is disconnected (too_many_pings).
+	GRPCKeepaliveMinTime time.Duration
+
+	// MaxTokensInFlight caps the tokens of all queries being answered at
+	// once (a text prompt counts its bytes, a hash its block's tokens); a
+	// query that would exceed it is refused with ResourceExhausted (HTTP
+	// 429). 0: TokensInFlightFactor x Config.MaxTokens.
+	MaxTokensInFlight int64
+
+	// MaxWatchers caps concurrent Watch streams.
+	MaxWatchers int
+	// WatchQueueEvents and WatchQueueBytes bound each watcher's queue; a
+	// watcher whose queue overflows is told so and closed.
+	WatchQueueEvents int
+	WatchQueueBytes  int64
+	// HubQueueBatches and HubQueueBytes bound the batches waiting for the
+	// watch fan-out; a batch that does not fit is dropped for every
+	// watcher (and the watchers are told, see Hub).
+	HubQueueBatches int
+	HubQueueBytes   int64
+}
+
+// TokensInFlightFactor sizes the default MaxTokensInFlight: this many
+// queries of the largest size at once.
+const TokensInFlightFactor = 4
+
+// DefaultLimits are the Limits a zero field takes.
+var DefaultLimits = Limits{
+	HTTPReadHeaderTimeout: 10 * time.Second,
+	HTTPReadTimeout:       30 * time.Second,
+	HTTPWriteTimeout:      60 * time.Second,
+	HTTPIdleTimeout:       2 * time.Minute,
+	HTTPMaxConns:          1024,
+
+	GRPCMaxStreams:       1024,
+	GRPCMaxConnIdle:      30 * time.Minute,
+	GRPCKeepaliveTime:    time.Minute,
+	GRPCKeepaliveTimeout: 20 * time.Second,
+	GRPCKeepaliveMinTime: 10 * time.Second,
+
+	MaxWatchers:      64,
+	WatchQueueEvents: DefaultWatchBuffer,
+	WatchQueueBytes:  16 << 20,
+	HubQueueBatches:  4096,
+	HubQueueBytes:    64 << 20,
+}
+
+// withDefaults fills l's zero fields; maxTokens is the query size bound
+// (Config.MaxTokens) the tokens in flight default is sized from.
+func (l Limits) withDefaults(maxTokens int) Limits {
+	d := DefaultLimits
+	or := func(v *time.Duration, def time.Duration) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	or(&l.HTTPReadHeaderTimeout, d.HTTPReadHeaderTimeout)
+	or(&l.HTTPReadTimeout, d.HTTPReadTimeout)
+	or(&l.HTTPWriteTimeout, d.HTTPWriteTimeout)
+	or(&l.HTTPIdleTimeout, d.HTTPIdleTimeout)
+	or(&l.GRPCMaxConnIdle, d.GRPCMaxConnIdle)
+	or(&l.GRPCKeepaliveTime, d.GRPCKeepaliveTime)
+	or(&l.GRPCKeepaliveTimeout, d.GRPCKeepaliveTimeout)
+	or(&l.GRPCKeepaliveMinTime, d.GRPCKeepaliveMinTime)
+	if l.HTTPMaxConns <= 0 {
+		l.HTTPMaxConns = d.HTTPMaxConns
+	}
+	if l.GRPCMaxStreams == 0 {
+		l.GRPCMaxStreams = d.GRPCMaxStreams
+	}
+	if l.MaxTokensInFlight <= 0 {
+		l.MaxTokensInFlight = TokensInFlightFactor * int64(min(maxTokens, MaxMaxTokens))
+	}
+	if l.MaxWatchers <= 0 {
+		l.MaxWatchers = d.MaxWatchers
+	}
+	if l.WatchQueueEvents <= 0 {
+		l.WatchQueueEvents = d.WatchQueueEvents
+	}
+	if l.WatchQueueBytes <= 0 {
+		l.WatchQueueBytes = d.WatchQueueBytes
+	}
+	if l.HubQueueBatches <= 0 {
+		l.HubQueueBatches = d.HubQueueBatches
+	}
+	if l.HubQueueBytes <= 0 {
+		l.HubQueueBytes = d.HubQueueBytes
+	}
+	return l
+}
+
+// Check refuses limits that cannot work together; the messages name
+// kvindex serve's flags.
+func (l Limits) Check(maxTokens int) error {
+	if l.MaxTokensInFlight < int64(maxTokens) {
+		return fmt.Errorf("--max-tokens-in-flight %d is below --max-query-tokens %d: a query of the largest size could never run", l.MaxTokensInFlight, maxTokens)
+	}
+	return nil
+}

@@ -1,0 +1,300 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/kvevents"
+	"github.com/kvindex/kvindex/tokenizer"
+)
+
+// gateTokenizer holds every text prompt until open is closed, so that
+// queries stay in flight; entered receives one value per call.
+type gateTokenizer struct {
+	entered chan struct{}
+	open    chan struct{}
+}
+
+func (g *gateTokenizer) Tokenize(ctx context.Context, _ string, _ tokenizer.Input) ([]uint64, error) {
+	g.entered <- struct{}{}
+	select {
+	case <-g.open:
+		return seqTokens(1, 32), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Queries beyond --max-tokens-in-flight are refused at once with
+// ResourceExhausted (HTTP 429) naming the limit and its flag, while a
+// small query still fits; the refusals are counted.
+func TestTokensInFlight(t *testing.T) {
+	gate := &gateTokenizer{entered: make(chan struct{}, 8), open: make(chan struct{})}
+	f := newFixture(t, func(c *Config) {
+		c.MaxTokens = 1000
+		c.Limits.MaxTokensInFlight = 2500
+		c.Tokenizers = []NamedTokenizer{{client.SourceLocal, gate}}
+	})
+	loadThree(t, f, seqTokens(1, 64))
+	ctx := context.Background()
+	large := strings.Repeat("x", 1000) // counts 1,000 tokens
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := f.client.LongestPrefixText(ctx, testModel, large, nil); err != nil {
+				t.Errorf("query in flight: %v", err)
+			}
+		}()
+	}
+	<-gate.entered
+	<-gate.entered // 2,000 tokens in flight
+
+	_, err := f.client.LongestPrefixText(ctx, testModel, large, nil)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "2500 tokens in flight") || !strings.Contains(err.Error(), "--max-tokens-in-flight") {
+		t.Errorf("third large query: %v; want ResourceExhausted naming the limit and the flag", err)
+	}
+	code, body := post(t, f.url+"/v1/longest-prefix", `{"prompt":"`+large+`"}`)
+	if code != http.StatusTooManyRequests || !strings.Contains(string(body), "--max-tokens-in-flight") {
+		t.Errorf("HTTP large query: %d %s; want 429", code, body)
+	}
+	if _, err := f.client.LongestPrefixTokens(ctx, testModel, seqTokens(1, 64), nil); err != nil {
+		t.Errorf("small query: %v", err)
+	}
+	if _, err := f.client.LookupTokens(ctx, testModel, seqTokens(1, 64), nil); err != nil {
+		t.Errorf("small lookup: %v", err)
+	}
+	text := scrape(t, f.url)
+	for _, want := range []string{`kvindex_query_refused_total{reason="tokens_in_flight"} 2`, `kvindex_query_tokens_in_flight 2000`} {
+		if !strings.Contains(text, want+"\n") {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	close(gate.open)
+	wg.Wait()
+	if n := f.srv.tokens.inFlight.Load(); n != 0 {
+		t.Errorf("%d tokens in flight after every query ended", n)
+	}
+}
+
+// Clients that hold HTTP connections open, sending their headers byte by
+// byte, are cut off after the header timeout; meanwhile connections beyond
+// --http-max-conns wait, and /healthz is answered once a slot frees.
+func TestHTTPSlowClients(t *testing.T) {
+	const conns = 4
+	f := newFixture(t, func(c *Config) {
+		c.Limits.HTTPReadHeaderTimeout = 300 * time.Millisecond
+		c.Limits.HTTPMaxConns = conns
+	})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := f.srv.NewHTTPServer(HTTPOptions{})
+	go hs.Serve(f.srv.LimitListener(lis))
+	t.Cleanup(func() { hs.Close() })
+
+	closed := make(chan error, conns)
+	for range conns {
+		c, err := net.Dial("tcp", lis.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		go func() { // a byte at a time, until the server hangs up
+			req := "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + strings.Repeat("a", 1<<20)
+			for i := 0; ; i++ {
+				if _, err := c.Write([]byte{req[i%len(req)]}); err != nil {
+					return
+				}
+				time.Sleep(20 * time.Millisecond) // the client's pace, not synchronisation
+			}
+		}()
+		go func() {
+			_, err := io.Copy(io.Discard, c) // returns when the server closes
+			closed <- err
+		}()
+	}
+	// Every slot is (or will be) held by a slow client: /healthz waits,
+	// then is answered.
+	hc := &http.Client{Timeout: 30 * time.Second}
+	resp, err := hc.Get("http://" + lis.Addr().String() + "/healthz")
+	if err != nil {
+		t.Fatalf("/healthz: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("/healthz: %d", resp.StatusCode)
+	}
+	for range conns {
+		<-closed // each slow client was cut off
+	}
+	text := scrape(t, f.url)
+	if !strings.Contains(text, "kvindex_http_connection_waits_total ") || strings.Contains(text, "kvindex_http_connection_waits_total 0\n") {
+		t.Errorf("no connection waits counted:\n%s", grepLines(text, "kvindex_http_conn"))
+	}
+}
+
+func grepLines(text, prefix string) string {
+	var b strings.Builder
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), prefix) {
+			b.WriteString(sc.Text() + "\n")
+		}
+	}
+	return b.String()
+}
+
+// A Watch stream that falls behind ends with ResourceExhausted saying so;
+// Watch streams beyond --max-watchers are refused with ResourceExhausted.
+func TestWatchLimits(t *testing.T) {
+	var hub *Hub
+	f := newFixture(t, func(c *Config) {
+		hub = NewHubLimits(c.Index.(kvevents.Sink), Limits{MaxWatchers: 1, HubQueueBatches: 2})
+		c.Hub = hub
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := f.client.Index.Watch(ctx, &kvindexv1.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return hub.Watchers() == 1 })
+	second, err := f.client.Index.Watch(ctx, &kvindexv1.WatchRequest{})
+	if err == nil {
+		_, err = second.Recv()
+	}
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "--max-watchers") {
+		t.Errorf("second watcher: %v; want ResourceExhausted naming --max-watchers", err)
+	}
+
+	hub.mu.Lock() // the fan-out cannot deliver: its queue overflows
+	for i := range 10 {
+		hub.Apply(engine("a", 0), uint64(i), []kvevents.Event{stored(t, seqTokens(1, 32), 2)})
+	}
+	hub.mu.Unlock()
+	for err = nil; err == nil; {
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("watch: %v; want ResourceExhausted", err)
+	}
+	if !strings.Contains(err.Error(), "watch fell behind") || !strings.Contains(err.Error(), "reconnect") {
+		t.Errorf("watch ended with %v; want the fell-behind notice", err)
+	}
+	text := scrape(t, f.url)
+	for _, want := range []string{"kvindex_watch_closed_behind_total 1", "kvindex_watch_refused_total 1", "kvindex_watchers 0"} {
+		if !strings.Contains(text, want+"\n") {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+// Counts never wrap: answers saturate their uint32 fields, and the token
+// gate's sum cannot overflow even with a limit near the int64 maximum.
+func TestCountsSaturate(t *testing.T) {
+	for _, tc := range []struct {
+		in   int64
+		want uint32
+	}{{-1, 0}, {0, 0}, {7, 7}, {math.MaxUint32, math.MaxUint32}, {math.MaxUint32 + 1, math.MaxUint32}, {math.MaxInt64, math.MaxUint32}} {
+		if got := sat32(tc.in); got != tc.want {
+			t.Errorf("sat32(%d) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+	g := &tokenGate{max: math.MaxInt64}
+	if !g.tryAcquire(math.MaxInt64 - 10) {
+		t.Fatal("first acquire refused")
+	}
+	if g.tryAcquire(100) {
+		t.Error("acquire beyond the limit accepted: the sum wrapped")
+	}
+	if _, err := New(Config{Index: newTestIndex(t), BlockSize: 16, MaxTokens: MaxMaxTokens + 1}); err == nil || !strings.Contains(err.Error(), "--max-query-tokens") {
+		t.Errorf("MaxTokens beyond MaxMaxTokens: %v, want an error naming --max-query-tokens", err)
+	}
+}
+
+func newTestIndex(t *testing.T) *indexer.Index {
+	t.Helper()
+	ix, err := indexer.New(indexer.Options{Hasher: testHasher})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ix
+}
+
+// The gRPC server advertises --grpc-max-streams in its HTTP/2 SETTINGS
+// (clients keep to it), and closes connections idle for
+// --grpc-max-conn-idle (the client's connection leaves READY).
+func TestGRPCLimits(t *testing.T) {
+	f := newFixture(t, func(c *Config) {
+		c.Limits.GRPCMaxStreams = 7
+		c.Limits.GRPCMaxConnIdle = 200 * time.Millisecond
+	})
+	addr := f.client.Addr()
+
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	// The client preface and an empty SETTINGS frame.
+	if _, err := c.Write(append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, 0, 0, 4, 0, 0, 0, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	var maxStreams uint32
+	found := false
+	for !found {
+		var hdr [9]byte
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			t.Fatalf("reading the server's frames: %v", err)
+		}
+		n := int(hdr[0])<<16 | int(hdr[1])<<8 | int(hdr[2])
+		payload := make([]byte, n)
+		if _, err := io.ReadFull(r, payload); err != nil {
+			t.Fatal(err)
+		}
+		if hdr[3] != 4 || hdr[4]&1 != 0 { // SETTINGS, not an ACK
+			continue
+		}
+		for i := 0; i+6 <= n; i += 6 {
+			if id := uint16(payload[i])<<8 | uint16(payload[i+1]); id == 3 { // MAX_CONCURRENT_STREAMS
+				maxStreams = uint32(payload[i+2])<<24 | uint32(payload[i+3])<<16 | uint32(payload[i+4])<<8 | uint32(payload[i+5])
+			}
+		}
+		found = true
+	}
+	if maxStreams != 7 {
+		t.Errorf("SETTINGS_MAX_CONCURRENT_STREAMS %d, want 7", maxStreams)
+	}
+
+	conn := f.client.Conn()
+	if _, err := f.client.ListPods(context.Background(), ""); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for st := conn.GetState(); st == connectivity.Ready; st = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, st) {
+			t.Fatal("the idle connection was not closed by the server")
+		}
+	}
+}

@@ -1,0 +1,98 @@
+package server
+
+import (
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// NewHTTPServer returns an http.Server for Handler(opts) with the timeouts
+// of Config.Limits; serve it on LimitListener's listener so that the
+// connection limit holds too.
+func (s *Server) NewHTTPServer(opts HTTPOptions) *http.Server {
+	l := s.cfg.Limits
+	return &http.Server{
+		Handler:           s.Handler(opts),
+		ReadHeaderTimeout: l.HTTPReadHeaderTimeout,
+		ReadTimeout:       l.HTTPReadTimeout,
+		WriteTimeout:      l.HTTPWriteTimeout,
+		IdleTimeout:       l.HTTPIdleTimeout,
+		MaxHeaderBytes:    64 << 10,
+	}
+}
+
+// LimitListener returns lis accepting at most Limits.HTTPMaxConns open
+// connections: beyond that Accept waits for one to close, and the
+// connection waits in the kernel's backlog. Because every HTTP connection
+// ends within the server's timeouts, a waiting one is served eventually
+// (a client holding connections open cannot keep /healthz away for
+// good). Waits are counted (kvindex_http_connection_waits_total) and
+// logged at most once per connWaitLogEvery.
+func (s *Server) LimitListener(lis net.Listener) net.Listener {
+	s.conns.max = s.cfg.Limits.HTTPMaxConns
+	return &limitListener{Listener: lis, s: s, sem: make(chan struct{}, s.cfg.Limits.HTTPMaxConns), done: make(chan struct{})}
+}
+
+// connWaitLogEvery rate-limits the log line of a full connection limit.
+const connWaitLogEvery = 10 * time.Second
+
+// connStats counts the HTTP connections of LimitListener.
+type connStats struct {
+	max    int
+	open   atomic.Int64
+	waits  atomic.Uint64
+	logged atomic.Int64
+}
+
+type limitListener struct {
+	net.Listener
+	s         *Server
+	sem       chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.sem <- struct{}{}:
+	default:
+		st := &l.s.conns
+		st.waits.Add(1)
+		now := l.s.now().UnixNano()
+		if last := st.logged.Load(); now-last >= int64(connWaitLogEvery) && st.logged.CompareAndSwap(last, now) {
+			l.s.log.Warn("HTTP connection limit reached; new connections wait (--http-max-conns)", "limit", st.max, "waits_total", st.waits.Load())
+		}
+		select {
+		case l.sem <- struct{}{}:
+		case <-l.done:
+			return nil, net.ErrClosed
+		}
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.sem
+		return nil, err
+	}
+	l.s.conns.open.Add(1)
+	return &limitConn{Conn: c, release: func() { l.s.conns.open.Add(-1); <-l.sem }}, nil
+}
+
+func (l *limitListener) Close() error {
+	err := l.Listener.Close()
+	l.closeOnce.Do(func() { close(l.done) })
+	return err
+}
+
+type limitConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
