@@ -29,8 +29,10 @@ func TestFaults(t *testing.T) {
 	}
 	t.Run("drop-1pct/replay", func(t *testing.T) { liveFault(t, true, 0.01, 0, 0) })
 	t.Run("drop-1pct/no-replay", func(t *testing.T) { liveFault(t, false, 0.01, 0, 0) })
-	t.Run("duplicate-2pct", func(t *testing.T) { liveFault(t, true, 0, 0.02, 0) })
-	t.Run("reorder-2pct", func(t *testing.T) { liveFault(t, true, 0, 0, 0.02) })
+	t.Run("duplicate-2pct/replay", func(t *testing.T) { liveFault(t, true, 0, 0.02, 0) })
+	t.Run("duplicate-2pct/no-replay", func(t *testing.T) { liveFault(t, false, 0, 0.02, 0) })
+	t.Run("reorder-2pct/replay", func(t *testing.T) { liveFault(t, true, 0, 0, 0.02) })
+	t.Run("reorder-2pct/no-replay", func(t *testing.T) { liveFault(t, false, 0, 0, 0.02) })
 	t.Run("engine-restart/slow", func(t *testing.T) { engineRestart(t, false) })
 	t.Run("engine-restart/fast", func(t *testing.T) { engineRestart(t, true) })
 	t.Run("kvindex-sigkill/state-dir", func(t *testing.T) { kvindexKill(t, true) })
@@ -183,14 +185,13 @@ func kvindexKill(t *testing.T, stateDir bool) {
 	var extra []string
 	var dir string
 	if stateDir {
-		if !serveSupports(t, "state-dir") {
-			t.Skip("kvindex serve has no --state-dir flag yet: nothing to restore from")
+		for _, f := range []string{"state-dir", "snapshot-interval"} {
+			if !serveSupports(t, f) {
+				t.Skipf("kvindex serve has no --%s flag yet", f)
+			}
 		}
 		dir = t.TempDir()
-		extra = append(extra, "--state-dir", dir)
-		if serveSupports(t, "snapshot-interval") {
-			extra = append(extra, "--snapshot-interval", "200ms")
-		}
+		extra = append(extra, "--state-dir", dir, "--snapshot-interval", "200ms")
 	}
 	k, engines, tr := start(t, 2, engineOpts{replay: true, capacity: 1024, bufferSteps: 32}, extra...)
 	for _, e := range engines {
@@ -205,7 +206,9 @@ func kvindexKill(t *testing.T, stateDir bool) {
 	}
 	awaitOK(t, k, engines)
 	if stateDir {
-		awaitSnapshot(t, dir, time.Now())
+		// The second write after this point began after the first was
+		// complete: a whole snapshot of the current state is on disk.
+		awaitSnapshot(t, dir, awaitSnapshot(t, dir, time.Now()))
 		for range 5 { // within the replay buffer: the new process verifies the snapshot by replay
 			tail(t, tr, engines)
 		}
@@ -217,15 +220,16 @@ func kvindexKill(t *testing.T, stateDir bool) {
 	settle(t, k, faultEnd, engines, nil, 0)
 }
 
-// awaitSnapshot waits until a file in dir was written after since.
-func awaitSnapshot(t *testing.T, dir string, since time.Time) {
+// awaitSnapshot waits until a file in dir was written after since and
+// returns its modification time.
+func awaitSnapshot(t *testing.T, dir string, since time.Time) time.Time {
 	t.Helper()
 	deadline := time.Now().Add(awaitBound)
 	for {
 		ents, _ := os.ReadDir(dir)
 		for _, de := range ents {
 			if fi, err := de.Info(); err == nil && fi.Mode().IsRegular() && fi.ModTime().After(since) {
-				return
+				return fi.ModTime()
 			}
 		}
 		if time.Now().After(deadline) {
@@ -264,7 +268,7 @@ func churn(t *testing.T) {
 	// Departed engines must not be reported ok (connected and in
 	// sequence): nothing can be vouched for an engine that is gone.
 	var stale []string
-	deadline := time.Now().Add(awaitBound)
+	deadline := time.Now().Add(2 * recoverBound)
 	for {
 		pods := listPods(t, k)
 		stale = stale[:0]
@@ -295,7 +299,15 @@ func freeEndpoint(t *testing.T) string {
 	return "tcp://" + l.Addr().String()
 }
 
-// flood: 4 engines publish as fast as they can (4,000 requests each,
+// Each flooding engine makes floodRequests requests, every other one a
+// fresh prompt of floodBlocks blocks (a large batch: as many stores and
+// evictions).
+const (
+	floodRequests = 10_000
+	floodBlocks   = 32
+)
+
+// flood: 4 engines publish as fast as they can (floodRequests each,
 // concurrently) into a kvindex with --memory-budget 16MiB; their caches
 // (4,096 blocks each) fit the budget, so every answer must stay exact,
 // and the process's peak RSS must stay within the budget plus the fixed
@@ -310,8 +322,12 @@ func flood(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			tr := newTraffic(uint64(100 + i))
-			for range 4000 {
-				if _, err := e.Process(tr.prompt(), nil); err != nil {
+			for i := range floodRequests {
+				p := tr.prompt()
+				if i%2 == 1 {
+					p = tr.fresh(floodBlocks)
+				}
+				if _, err := e.Process(p, nil); err != nil {
 					errs <- err
 					return
 				}

@@ -132,7 +132,7 @@ func startKvindex(t *testing.T, args ...string) *kvindexProc {
 	}()
 	t.Cleanup(func() {
 		k.kill()
-		if t.Failed() {
+		if t.Failed() && !*tableFlag {
 			logs := k.logs.String()
 			if len(logs) > 8000 {
 				logs = "...\n" + logs[len(logs)-8000:]

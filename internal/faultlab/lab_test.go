@@ -109,15 +109,20 @@ func (tr *traffic) run(t *testing.T, engines []*engine, n int) {
 	}
 }
 
-// unique makes e publish a batch of blocks no other request shares.
-func (tr *traffic) unique(t *testing.T, e *engine) {
-	t.Helper()
-	toks := make([]uint64, blockSize)
+// fresh returns a prompt of n blocks no other request shares.
+func (tr *traffic) fresh(n int) []uint64 {
+	toks := make([]uint64, n*blockSize)
 	for i := range toks {
 		toks[i] = tr.next
 		tr.next++
 	}
-	if _, err := e.Process(toks, nil); err != nil {
+	return toks
+}
+
+// unique makes e publish a batch of blocks no other request shares.
+func (tr *traffic) unique(t *testing.T, e *engine) {
+	t.Helper()
+	if _, err := e.Process(tr.fresh(1), nil); err != nil {
 		t.Fatal(err)
 	}
 }
