@@ -3,7 +3,6 @@ package faultlab
 import (
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -203,20 +202,4 @@ func (k *kvindexProc) kill() {
 	k.readPeakRSS()
 	k.cmd.Process.Signal(syscall.SIGKILL)
 	<-k.done
-}
-
-// stop ends the process with SIGTERM, as an orchestrator does, and waits.
-func (k *kvindexProc) stop() error {
-	if k.exited() {
-		return k.waitErr
-	}
-	k.readPeakRSS()
-	k.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-k.done:
-	case <-time.After(awaitBound):
-		k.kill()
-		return errors.New("kvindex did not stop within the bound after SIGTERM")
-	}
-	return k.waitErr
 }

@@ -317,6 +317,10 @@ func printTable(w io.Writer) {
 	tw.Flush()
 }
 
+// rssLimit is the most resident memory a kvindex with the budget may
+// use: the budget, 10% slack, and the fixed overhead it does not cover.
+func rssLimit(budget int64) int64 { return budget + budget/10 + fixedOverhead }
+
 func mib(b int64) string { return fmt.Sprintf("%.1fMiB", float64(b)/(1<<20)) }
 
 // settle ends a scenario whose fault ended at faultEnd: it waits for a
@@ -348,7 +352,7 @@ func settle(t *testing.T, k *kvindexProc, faultEnd time.Time, engines, departed 
 	r.checked, r.wrongOK, r.wrongFlagged = total.checked, total.wrongOK, total.wrongFlagged
 	rss := k.readPeakRSS()
 	if budget > 0 {
-		r.rss = mib(rss) + " / " + mib(budget)
+		r.rss = fmt.Sprintf("%s / %s (limit %s)", mib(rss), mib(budget), mib(rssLimit(budget)))
 	} else {
 		r.rss = mib(rss) + " / unlimited"
 	}
