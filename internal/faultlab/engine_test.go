@@ -1,6 +1,7 @@
 package faultlab
 
 import (
+	"cmp"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -126,7 +127,7 @@ func newEngine(t *testing.T, name string, seed uint64, o engineOpts) *engine {
 	e.pcfg.ReplayHWM = steps + 16
 	var err error
 	e.Engine, err = enginesim.New(enginesim.Config{
-		Pod: name, Model: model, Hasher: hasher, CapacityBlocks: cmpOr(o.capacity, 160),
+		Pod: name, Model: model, Hasher: hasher, CapacityBlocks: cmp.Or(o.capacity, 160),
 		BufferSteps: o.bufferSteps, Publisher: e.fp,
 	})
 	if err != nil {
@@ -135,13 +136,6 @@ func newEngine(t *testing.T, name string, seed uint64, o engineOpts) *engine {
 	e.open(t)
 	t.Cleanup(e.close)
 	return e
-}
-
-func cmpOr(v, def int) int {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 // open binds (or connects) the engine's sockets: the first time on free

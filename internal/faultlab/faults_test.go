@@ -152,9 +152,7 @@ func engineRestart(t *testing.T, fast bool) {
 		awaitPod(t, k, e, "the old connection closed", func(p *kvindexv1.PodInfo) bool { return !p.GetConnected() })
 	}
 	e.open(t)
-	if !fast {
-		awaitPod(t, k, e, "the new connection", func(p *kvindexv1.PodInfo) bool { return p.GetConnected() })
-	}
+	awaitPod(t, k, e, "the new connection", func(p *kvindexv1.PodInfo) bool { return p.GetConnected() })
 	faultEnd := time.Now()
 	tr.run(t, engines, 50)
 	tail(t, tr, engines)
@@ -188,7 +186,7 @@ func kvindexKill(t *testing.T, stateDir bool) {
 	if stateDir {
 		for _, f := range []string{"state-dir", "snapshot-interval"} {
 			if !serveSupports(t, f) {
-				t.Skipf("kvindex serve has no --%s flag yet", f)
+				skip(t, "kvindex serve has no --"+f+" flag yet")
 			}
 		}
 		dir = t.TempDir()

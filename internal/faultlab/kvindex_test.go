@@ -94,7 +94,6 @@ func (s *syncBuffer) String() string {
 
 // kvindexProc is one kvindex serve process.
 type kvindexProc struct {
-	t        *testing.T
 	extra    []string // the flags given to startKvindex
 	cmd      *exec.Cmd
 	logs     *syncBuffer
@@ -119,7 +118,7 @@ func startKvindex(t *testing.T, args ...string) *kvindexProc {
 	full := append([]string{"serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--model", model, "--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", strconv.Itoa(blockSize),
 		"--ready-grace", "1s"}, args...)
-	k := &kvindexProc{t: t, extra: args, logs: &syncBuffer{}, done: make(chan struct{})}
+	k := &kvindexProc{extra: args, logs: &syncBuffer{}, done: make(chan struct{})}
 	k.cmd = exec.Command(kvindexBin, full...)
 	k.cmd.Stdout, k.cmd.Stderr = k.logs, k.logs
 	if err := k.cmd.Start(); err != nil {
