@@ -4,6 +4,10 @@
 #               golden-file generators reproduce their files), every
 #               test with the race detector, the race-shortened tests without it,
 #               and the decoder's tests against the msgpack library's reader
+#   make faults the fault-injection suite (internal/faultlab, also part of
+#               make test) printing one table: per fault, the answers
+#               checked, those wrong for an engine reported ok (must be 0),
+#               those wrong for a flagged one, time to recover, peak RSS
 
 # Go: the one on PATH, else the standard install's (/usr/local/go/bin, not
 # on every PATH), whose directory then goes first on the PATH of every
@@ -33,7 +37,7 @@ STATICCHECK_VERSION := v0.8.2
 TOOLS := $(CURDIR)/bin/tools
 STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 
-.PHONY: all build demo test check bench deps proto clean
+.PHONY: all build demo test check bench deps proto clean faults
 
 all: build
 
@@ -68,6 +72,13 @@ test: deps check golden-check
 	$(GO) test -race -count=1 $(PKGS)
 	$(GO) test -count=1 $(NORACE_PKGS)
 	$(GO) test -count=1 -tags kvevents_msgpacklib ./kvevents
+
+# The fault-injection suite, run from a compiled test binary so that its
+# output is the fault table (and the failures, if any) without go test's
+# per-test lines; go test -v ./internal/faultlab shows kvindex's logs too.
+faults: deps
+	$(GO) test -c -o bin/faultlab.test ./internal/faultlab
+	cd internal/faultlab && ../../bin/faultlab.test -test.count=1 -test.run '^TestFaults$$' -faults.table
 
 # Benchmarks the issues ask for; BENCH narrows them (make bench BENCH=Chain).
 bench: deps

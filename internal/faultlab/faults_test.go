@@ -1,0 +1,456 @@
+package faultlab
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/kvindexv1"
+)
+
+// fixedOverhead is the part of kvindex's resident memory that the memory
+// budget does not cover: the Go runtime, the binary's text and data, libzmq's
+// threads and the gRPC and HTTP servers at rest (about 29MiB measured with
+// two idle engines). The flood scenario allows peak RSS up to
+// budget*1.1 + fixedOverhead (rssLimit).
+const fixedOverhead = 32 << 20
+
+// TestFaults runs each fault against a fresh kvindex process and checks
+// that no answer is wrong for an engine kvindex reports ok.
+func TestFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the fault suite builds and runs the kvindex binary")
+	}
+	t.Run("drop-1pct/replay", func(t *testing.T) { liveFault(t, true, 0.01, 0, 0) })
+	t.Run("drop-1pct/no-replay", func(t *testing.T) { liveFault(t, false, 0.01, 0, 0) })
+	t.Run("duplicate-2pct/replay", func(t *testing.T) { liveFault(t, true, 0, 0.02, 0) })
+	t.Run("duplicate-2pct/no-replay", func(t *testing.T) { liveFault(t, false, 0, 0.02, 0) })
+	t.Run("reorder-2pct/replay", func(t *testing.T) { liveFault(t, true, 0, 0, 0.02) })
+	t.Run("reorder-2pct/no-replay", func(t *testing.T) { liveFault(t, false, 0, 0, 0.02) })
+	t.Run("engine-restart/slow", func(t *testing.T) { engineRestart(t, false) })
+	t.Run("engine-restart/fast", func(t *testing.T) { engineRestart(t, true) })
+	t.Run("kvindex-sigkill/state-dir", func(t *testing.T) { kvindexKill(t, true) })
+	t.Run("kvindex-sigkill/plain", func(t *testing.T) { kvindexKill(t, false) })
+	t.Run("churn-1000-engines", churn)
+	t.Run("flood-16MiB-budget", flood)
+	t.Run("slow-watchers-and-http", slowClients)
+}
+
+// start starts n engines and a kvindex connected to them (connect mode),
+// with extra serve flags, and waits until kvindex reports each engine ok
+// and caught up.
+func start(t *testing.T, n int, o engineOpts, extra ...string) (*kvindexProc, []*engine, *traffic) {
+	t.Helper()
+	var engines []*engine
+	var args []string
+	for i := range n {
+		e := newEngine(t, fmt.Sprintf("pod-%d", i), uint64(i+1), o)
+		engines = append(engines, e)
+		args = append(args, "--engine", e.engineFlag())
+	}
+	k := startKvindex(t, append(args, extra...)...)
+	warmUp(t, k, engines)
+	return k, engines, newTraffic(1)
+}
+
+// warmUp makes each engine clear its cache (AllBlocksCleared, after which
+// an engine's entries are known exactly whatever came before) until
+// kvindex reports it ok and caught up: a SUB socket misses what is
+// published before its subscription reaches the engine.
+func warmUp(t *testing.T, k *kvindexProc, engines []*engine) {
+	t.Helper()
+	pending := engines
+	deadline := time.Now().Add(awaitBound)
+	for len(pending) > 0 {
+		for _, e := range pending {
+			if err := e.Clear(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(pollEvery)
+		pods := listPods(t, k)
+		var still []*engine
+		for _, e := range pending {
+			if p := pods[podKey(e.name, 0)]; p == nil || p.GetHealth() != healthOK || !caughtUp(p, e) {
+				still = append(still, e)
+			}
+		}
+		pending = still
+		if len(pending) > 0 && time.Now().After(deadline) {
+			t.Fatalf("warm-up: kvindex does not report %d engines (e.g. %s) ok and caught up", len(pending), pending[0].name)
+		}
+	}
+}
+
+// tail makes every engine publish one clean batch after a fault, so that
+// kvindex sees any gap the fault left at the end of the stream.
+func tail(t *testing.T, tr *traffic, engines []*engine) {
+	t.Helper()
+	for _, e := range engines {
+		tr.unique(t, e)
+	}
+}
+
+// liveFault: 4 engines, 300 requests each, with batches dropped,
+// duplicated or swapped with the next one on the live path at the given
+// rates (seeded), with or without a replay endpoint.
+func liveFault(t *testing.T, replay bool, drop, dup, swap float64) {
+	k, engines, tr := start(t, 4, engineOpts{replay: replay})
+	tr.run(t, engines, 50)
+	awaitOK(t, k, engines)
+	for _, e := range engines {
+		e.fp.setFaults(drop, dup, swap)
+	}
+	tr.run(t, engines, 300)
+	for _, e := range engines {
+		if err := e.fp.endFaults(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	faultEnd := time.Now()
+	tail(t, tr, engines)
+	injected := 0
+	for _, e := range engines {
+		e.fp.mu.Lock()
+		injected += e.fp.dropped + e.fp.duplicated + e.fp.swapped
+		e.fp.mu.Unlock()
+	}
+	if injected == 0 {
+		t.Fatal("no fault was injected: the seeds or rates are wrong")
+	}
+	settle(t, k, faultEnd, engines, nil, 0)
+}
+
+// engineRestart: one of 2 engines restarts (new process: empty cache,
+// sequence from 0, same endpoints). Slow: kvindex sees the connection
+// close and hears the new process from its first batches. Fast: the new
+// process publishes more batches than the old one did before kvindex can
+// hear it, so the first batch kvindex hears is past the old process's
+// last.
+func engineRestart(t *testing.T, fast bool) {
+	k, engines, tr := start(t, 2, engineOpts{replay: true})
+	tr.run(t, engines, 100)
+	awaitOK(t, k, engines)
+	e := engines[0]
+	old := e.Seq()
+	e.close()
+	e.Restart()
+	if fast {
+		for e.Seq() < old+10 {
+			if _, err := e.Process(tr.prompt(), nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	} else {
+		awaitPod(t, k, e, "the old connection closed", func(p *kvindexv1.PodInfo) bool { return !p.GetConnected() })
+	}
+	e.open(t)
+	awaitPod(t, k, e, "the new connection", func(p *kvindexv1.PodInfo) bool { return p.GetConnected() })
+	faultEnd := time.Now()
+	tr.run(t, engines, 50)
+	tail(t, tr, engines)
+	settle(t, k, faultEnd, engines, nil, 0)
+}
+
+// awaitPod waits until cond holds for kvindex's view of e.
+func awaitPod(t *testing.T, k *kvindexProc, e *engine, what string, cond func(*kvindexv1.PodInfo) bool) {
+	t.Helper()
+	deadline := time.Now().Add(awaitBound)
+	for {
+		if p := listPods(t, k)[podKey(e.name, 0)]; p != nil && cond(p) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kvindex never reported %s of %s", what, e.name)
+		}
+		time.Sleep(pollEvery)
+	}
+}
+
+// kvindexKill: kvindex is killed with SIGKILL and started again while 2
+// engines keep their caches. Their replay buffers (32 batches) no longer
+// hold the batches that stored the long-lived blocks (every check prompt,
+// kept warm by full hits, which publish nothing). With --state-dir the new
+// process restores its snapshot and verifies it with the engines; without
+// it, it must not report ok an engine whose early history it cannot know.
+func kvindexKill(t *testing.T, stateDir bool) {
+	var extra []string
+	var dir string
+	if stateDir {
+		for _, f := range []string{"state-dir", "snapshot-interval"} {
+			if !serveSupports(t, f) {
+				skip(t, "kvindex serve has no --"+f+" flag yet")
+			}
+		}
+		dir = t.TempDir()
+		extra = append(extra, "--state-dir", dir, "--snapshot-interval", "200ms")
+	}
+	k, engines, tr := start(t, 2, engineOpts{replay: true, capacity: 1024, bufferSteps: 32}, extra...)
+	for _, e := range engines {
+		for _, p := range checkPrompts {
+			if _, err := e.Process(p, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for range 60 {
+		tail(t, tr, engines)
+	}
+	awaitOK(t, k, engines)
+	if stateDir {
+		// The second write after this point began after the first was
+		// complete: a whole snapshot of the current state is on disk.
+		awaitSnapshot(t, dir, awaitSnapshot(t, dir, time.Now()))
+		for range 5 { // within the replay buffer: the new process verifies the snapshot by replay
+			tail(t, tr, engines)
+		}
+	}
+	k.kill()
+	k = startKvindex(t, k.extra...)
+	faultEnd := time.Now()
+	tail(t, tr, engines)
+	settle(t, k, faultEnd, engines, nil, 0)
+}
+
+// awaitSnapshot waits until a file in dir was written after since and
+// returns its modification time.
+func awaitSnapshot(t *testing.T, dir string, since time.Time) time.Time {
+	t.Helper()
+	deadline := time.Now().Add(awaitBound)
+	for {
+		ents, _ := os.ReadDir(dir)
+		for _, de := range ents {
+			if fi, err := de.Info(); err == nil && fi.Mode().IsRegular() && fi.ModTime().After(since) {
+				return fi.ModTime()
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no snapshot written in %s", dir)
+		}
+		time.Sleep(pollEvery)
+	}
+}
+
+// churn: 1,000 engines join a bind-mode kvindex in waves of 100, each
+// publishing a few requests; each wave leaves (closes its socket, its
+// cache gone) once the next has joined. Departed engines hold nothing, so
+// whatever kvindex still reports for them must not be reported ok.
+func churn(t *testing.T) {
+	const waves, perWave = 10, 100
+	listen := freeEndpoint(t)
+	k := startKvindex(t, "--listen", listen)
+	tr := newTraffic(2)
+	var live, departed []*engine
+	for w := range waves {
+		var wave []*engine
+		for i := range perWave {
+			n := w*perWave + i
+			wave = append(wave, newEngine(t, fmt.Sprintf("pod-%04d", n), uint64(n+1), engineOpts{connectTo: listen}))
+		}
+		warmUp(t, k, wave)
+		tr.run(t, wave, 3)
+		for _, e := range live {
+			e.close()
+		}
+		departed = append(departed, live...)
+		live = wave
+	}
+	faultEnd := time.Now()
+	tail(t, tr, live)
+	// Departed engines must not be reported ok (connected and in
+	// sequence): nothing can be vouched for an engine that is gone.
+	var stale []string
+	deadline := time.Now().Add(2 * recoverBound)
+	for {
+		pods := listPods(t, k)
+		stale = stale[:0]
+		for _, e := range departed {
+			if p := pods[podKey(e.name, 0)]; p != nil && p.GetHealth() == healthOK {
+				stale = append(stale, e.name)
+			}
+		}
+		if len(stale) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(stale) > 0 {
+		t.Errorf("%d of %d departed engines still reported ok, e.g. %s", len(stale), len(departed), stale[0])
+	}
+	settle(t, k, faultEnd, live, departed, 0)
+}
+
+// freeEndpoint returns a tcp endpoint on a free loopback port.
+func freeEndpoint(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return "tcp://" + l.Addr().String()
+}
+
+// Each flooding engine makes floodRequests requests, every other one a
+// fresh prompt of floodBlocks blocks (a large batch: as many stores and
+// evictions).
+const (
+	floodRequests = 10_000
+	floodBlocks   = 32
+)
+
+// flood: 4 engines publish as fast as they can (floodRequests each,
+// concurrently) into a kvindex with --memory-budget 16MiB; their caches
+// (4,096 blocks each) fit the budget, so every answer must stay exact,
+// and the process's peak RSS must stay within the budget plus the fixed
+// overhead.
+func flood(t *testing.T) {
+	const budget = 16 << 20
+	k, engines, _ := start(t, 4, engineOpts{replay: true, capacity: 4096}, "--memory-budget", strconv.Itoa(budget))
+	var wg sync.WaitGroup
+	errs := make(chan error, len(engines))
+	for i, e := range engines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tr := newTraffic(uint64(100 + i))
+			for i := range floodRequests {
+				p := tr.prompt()
+				if i%2 == 1 {
+					p = tr.fresh(floodBlocks)
+				}
+				if _, err := e.Process(p, nil); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	faultEnd := time.Now()
+	tr := newTraffic(3)
+	tail(t, tr, engines)
+	settle(t, k, faultEnd, engines, nil, budget)
+	if limit := rssLimit(budget); k.peakRSS > limit {
+		t.Errorf("peak RSS %s exceeds the budget %s * 1.1 + fixed overhead %s = %s",
+			mib(k.peakRSS), mib(budget), mib(fixedOverhead), mib(limit))
+	}
+}
+
+// slowClients: 200 Watch streams that never read and 64 HTTP connections
+// sending their headers a byte at a time, while 2 engines publish 2,000
+// requests each and queries continue. Ingest must keep up (kvindex ends
+// caught up and ok), /healthz and queries must answer throughout, and
+// answers stay right.
+func slowClients(t *testing.T) {
+	k, engines, tr := start(t, 2, engineOpts{replay: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	for range 4 {
+		dctx, dcancel := context.WithTimeout(ctx, awaitBound)
+		c, err := client.Dial(dctx, k.grpcAddr)
+		dcancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		for range 50 {
+			wg.Add(1)
+			go func() { // opens a stream and never reads from it
+				defer wg.Done()
+				if _, err := c.Index.Watch(ctx, &kvindexv1.WatchRequest{}); err == nil {
+					<-ctx.Done()
+				}
+			}()
+		}
+	}
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := net.Dial("tcp", k.httpAddr)
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			req := []byte("GET /healthz HTTP/1.1\r\nHost: kvindex\r\nX-Slow: ")
+			for i := 0; ; i++ {
+				b := byte('a')
+				if i < len(req) {
+					b = req[i]
+				}
+				if _, err := conn.Write([]byte{b}); err != nil {
+					return
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 2000 {
+			for _, e := range engines {
+				if _, err := e.Process(tr.prompt(), nil); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}
+	}()
+	hc := &http.Client{Timeout: 5 * time.Second}
+	var probeErrs []string
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		case <-time.After(100 * time.Millisecond):
+		}
+		resp, err := hc.Get("http://" + k.httpAddr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("status %s", resp.Status)
+			}
+		}
+		if err != nil {
+			probeErrs = append(probeErrs, "/healthz: "+err.Error())
+		}
+		qctx, qcancel := context.WithTimeout(ctx, 5*time.Second)
+		if _, err := k.c.LongestPrefixTokens(qctx, model, checkPrompts[0], nil); err != nil {
+			probeErrs = append(probeErrs, "query: "+err.Error())
+		}
+		qcancel()
+	}
+	faultEnd := time.Now()
+	tail(t, newTraffic(4), engines)
+	settle(t, k, faultEnd, engines, nil, 0)
+	if len(probeErrs) > 0 {
+		t.Errorf("%d probes failed while slow clients were connected, e.g. %s", len(probeErrs), probeErrs[0])
+	}
+	pods := listPods(t, k)
+	for _, e := range engines {
+		if p := pods[podKey(e.name, 0)]; p.GetHealth() != healthOK || !caughtUp(p, e) {
+			t.Errorf("ingest did not keep up with %s: engine at seq %d, kvindex reports %v", e.name, e.Seq()-1, p)
+		}
+	}
+}
