@@ -1,8 +1,11 @@
 package indexer
 
 import (
+	"bufio"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sync"
@@ -309,4 +312,45 @@ func BenchmarkMemory(b *testing.B) {
 		b.ReportMetric(float64(st.HolderBlocks), "holder-blocks")
 		runtime.KeepAlive(bi)
 	}
+}
+
+// BenchmarkSnapshot streams the 10M holder-block index of
+// BenchmarkLongestPrefix to a file, as serve's --state-dir does while
+// ingest is parked (the pause), and restores it (a restart's start-up).
+func BenchmarkSnapshot(b *testing.B) {
+	bi := bigIndex(b)
+	path := filepath.Join(b.TempDir(), "snap")
+	var size int64
+	b.Run("write", func(b *testing.B) {
+		for b.Loop() {
+			f, err := os.Create(path)
+			if err != nil {
+				b.Fatal(err)
+			}
+			bw := bufio.NewWriterSize(f, 1<<20)
+			if err := bi.ix.Snapshot(bw); err != nil {
+				b.Fatal(err)
+			}
+			if err := bw.Flush(); err != nil {
+				b.Fatal(err)
+			}
+			fi, _ := f.Stat()
+			size = fi.Size()
+			f.Close()
+		}
+		b.ReportMetric(float64(size)/float64(bi.ix.Stats().HolderBlocks), "B/holder-block")
+	})
+	b.Run("restore", func(b *testing.B) {
+		for b.Loop() {
+			f, err := os.Open(path)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ix, _ := New(Options{Hasher: bi.ix.opts.Hasher})
+			if err := ix.Restore(bufio.NewReaderSize(f, 1<<20)); err != nil {
+				b.Fatal(err)
+			}
+			f.Close()
+		}
+	})
 }

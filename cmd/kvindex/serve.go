@@ -98,6 +98,8 @@ type serveOptions struct {
 	readyGrace         time.Duration
 	pprof              bool
 	limits             server.Limits
+	stateDir           string
+	snapshotInterval   time.Duration
 }
 
 // options validates the flags.
@@ -114,6 +116,7 @@ func (f *serveFlags) options() (*serveOptions, error) {
 		index:       indexer.Options{Hasher: h, MemoryBudget: budget},
 		tokenizeURL: f.tokenizeURL, tokenizerFile: f.tokenizer,
 		maxQueryTokens: f.maxQueryTokens, readyGrace: f.readyGrace, pprof: f.pprof,
+		stateDir: f.stateDir, snapshotInterval: f.snapshotEvery,
 	}
 	seen := map[string]bool{}
 	for _, s := range f.engines {
@@ -147,6 +150,8 @@ func (f *serveFlags) options() (*serveOptions, error) {
 		return nil, usagef("--ready-grace %v: must not be negative", o.readyGrace)
 	case o.maxEngines < 1:
 		return nil, usagef("--max-engines %d: want at least 1", o.maxEngines)
+	case o.snapshotInterval < minSnapshotInterval:
+		return nil, usagef("--snapshot-interval %v: want at least %v", o.snapshotInterval, minSnapshotInterval)
 	}
 	if o.limits, err = f.limits.limits(o.maxQueryTokens); err != nil {
 		return nil, err
@@ -206,6 +211,7 @@ type service struct {
 	http     *http.Server
 	grpcAddr string // resolved listen addresses
 	httpAddr string
+	state    *stateDir // nil without --state-dir
 
 	done chan struct{}
 	err  error
@@ -214,7 +220,7 @@ type service struct {
 // checkServe builds every part from the settings without starting any,
 // prints what serve would run, and reports the first bad setting.
 func checkServe(w io.Writer, o *serveOptions, log *slog.Logger) error {
-	p, err := buildParts(o, log)
+	p, err := buildParts(o, log, false)
 	if err != nil {
 		return err
 	}
@@ -228,6 +234,9 @@ func checkServe(w io.Writer, o *serveOptions, log *slog.Logger) error {
 	}
 	if o.listen != "" {
 		fmt.Fprintf(w, "  listen %s, %d rank(s), topics %s, replay %s\n", o.listen, o.listenRanks, o.topicPattern, cmpOr(o.replayTemplate, "none"))
+	}
+	if o.stateDir != "" {
+		fmt.Fprintf(w, "  state dir %s (%s), snapshot every %v\n", o.stateDir, describeState(o.stateDir), o.snapshotInterval)
 	}
 	return nil
 }
@@ -248,12 +257,14 @@ type parts struct {
 	hub   *server.Hub
 	sub   *zmqtransport.Subscriber
 	api   *server.Server
+	state *stateDir // nil without --state-dir
 }
 
 // buildParts builds every part, loading what the settings name (a local
 // tokenizer file), so that a bad setting stops serve before anything
-// listens. --check stops here.
-func buildParts(o *serveOptions, log *slog.Logger) (*parts, error) {
+// listens. --check stops here. With restore, the state directory's index
+// and positions are loaded (--check only checks the directory).
+func buildParts(o *serveOptions, log *slog.Logger, restore bool) (*parts, error) {
 	toks, err := buildTokenizers(o)
 	if err != nil {
 		return nil, err
@@ -262,11 +273,21 @@ func buildParts(o *serveOptions, log *slog.Logger) (*parts, error) {
 	if err != nil {
 		return nil, err
 	}
+	var state *stateDir
+	var resume []kvevents.Position
+	if o.stateDir != "" {
+		if state, err = newStateDir(o, ix, log.With("component", "state")); err != nil {
+			return nil, err
+		}
+		if restore {
+			resume = state.restore(o)
+		}
+	}
 	hub := server.NewHubLimits(ix, o.limits)
 	scfg := zmqtransport.SubscriberConfig{
 		Engines: o.engines, Listen: o.listen, ListenRanks: o.listenRanks, TopicPattern: o.topicPattern,
 		Model: o.model, ReplayTemplate: o.replayTemplate, MaxEngines: o.maxEngines,
-		RcvHWM: memoryLimits(o.index.MemoryBudget, o.streams()).rcvHWM,
+		RcvHWM: memoryLimits(o.index.MemoryBudget, o.streams()).rcvHWM, Resume: resume,
 	}
 	sub, err := zmqtransport.NewSubscriber(scfg, hub, log.With("component", "kvevents"))
 	if err != nil {
@@ -288,11 +309,19 @@ func buildParts(o *serveOptions, log *slog.Logger) (*parts, error) {
 	if err == nil {
 		err = srv.Registry().Register(buildInfoGauge(buildinfo.Read()))
 	}
+	if err == nil && state != nil {
+		state.sub = sub
+		for _, c := range state.collectors() {
+			if err = srv.Registry().Register(c); err != nil {
+				break
+			}
+		}
+	}
 	if err != nil {
 		sub.Close()
 		return nil, err
 	}
-	return &parts{index: ix, hub: hub, sub: sub, api: srv}, nil
+	return &parts{index: ix, hub: hub, sub: sub, api: srv, state: state}, nil
 }
 
 // buildInfoGauge is kvindex_build_info: 1, labelled with what the binary
@@ -312,7 +341,7 @@ func buildInfoGauge(in buildinfo.Info) prometheus.Collector {
 // startService builds and starts every part, and returns once kvindex
 // listens; it stops when ctx is done (wait reports how that went).
 func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*service, error) {
-	p, err := buildParts(o, log)
+	p, err := buildParts(o, log, true)
 	if err != nil {
 		return nil, err
 	}
@@ -346,6 +375,7 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		http:     srv.NewHTTPServer(server.HTTPOptions{Pprof: o.pprof}),
 		grpcAddr: grpcLis.Addr().String(),
 		httpAddr: httpLis.Addr().String(),
+		state:    p.state,
 		done:     make(chan struct{}),
 	}
 	log.Info("serving", "grpc", s.grpcAddr, "http", s.httpAddr, "pprof", o.pprof)
@@ -371,6 +401,13 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		defer wg.Done()
 		srv.Run(runCtx)
 	}()
+	if s.state != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.state.run(runCtx.Done())
+		}()
+	}
 	if o.readyGrace > 0 {
 		wg.Add(1)
 		go func() {
@@ -441,9 +478,15 @@ func (s *service) shutdown() error {
 		s.grpc.Stop()
 		<-stopped
 	}
+	var sterr error
+	if s.state != nil {
+		// The last word: what the engines sent up to now, so that a
+		// restart resumes from here.
+		sterr = s.state.write(shutdownSnapshot)
+	}
 	serr := s.sub.Close()
 	s.log.Info("stopped")
-	return errors.Join(herr, serr)
+	return errors.Join(herr, sterr, serr)
 }
 
 // wait blocks until the service has stopped.

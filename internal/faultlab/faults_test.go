@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/internal/statefile"
 )
 
 // fixedOverhead is the part of kvindex's resident memory that the memory
@@ -219,17 +221,14 @@ func kvindexKill(t *testing.T, stateDir bool) {
 	settle(t, k, faultEnd, engines, nil, 0)
 }
 
-// awaitSnapshot waits until a file in dir was written after since and
+// awaitSnapshot waits until dir's state file was written after since and
 // returns its modification time.
 func awaitSnapshot(t *testing.T, dir string, since time.Time) time.Time {
 	t.Helper()
 	deadline := time.Now().Add(awaitBound)
 	for {
-		ents, _ := os.ReadDir(dir)
-		for _, de := range ents {
-			if fi, err := de.Info(); err == nil && fi.Mode().IsRegular() && fi.ModTime().After(since) {
-				return fi.ModTime()
-			}
+		if fi, err := os.Stat(filepath.Join(dir, statefile.Name)); err == nil && fi.ModTime().After(since) {
+			return fi.ModTime()
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no snapshot written in %s", dir)
