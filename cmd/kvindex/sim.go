@@ -407,6 +407,10 @@ func (p *simPlan) run(ctx context.Context, w io.Writer) (err error) {
 		case <-timer.C:
 		}
 		if err := r.request(ctx, w, wl.next(), tok, f.model, logw); err != nil {
+			if ctx.Err() != nil { // stopped (Ctrl-C) mid-request: not a failure
+				fmt.Fprintf(w, "stopped after %d requests\n", r.sent)
+				return nil
+			}
 			return err
 		}
 		timer.Reset(time.Duration(arrivals.ExpFloat64() / f.rate * float64(time.Second)))
