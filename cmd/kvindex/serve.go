@@ -90,6 +90,7 @@ type serveOptions struct {
 	listenRanks        int
 	topicPattern       string
 	replayTemplate     string
+	engineAllow        []zmqtransport.AllowRule
 	maxEngines         int
 	index              indexer.Options
 	tokenizeURL        string
@@ -132,6 +133,9 @@ func (f *serveFlags) options() (*serveOptions, error) {
 		return nil, usagef("--engine %q: %s", f.engines[le.Index], le.Detail)
 	}
 	if err := f.checkBindMode(); err != nil {
+		return nil, err
+	}
+	if o.engineAllow, err = f.allowRules(); err != nil {
 		return nil, err
 	}
 	switch {
@@ -227,7 +231,7 @@ func checkServe(w io.Writer, o *serveOptions, log *slog.Logger) error {
 		fmt.Fprintf(w, "  engine %s (model %s): %s, replay %s, %d rank(s)\n", e.Name, e.Model, e.Endpoint, cmpOr(e.ReplayEndpoint, "none"), max(e.Ranks, 1))
 	}
 	if o.listen != "" {
-		fmt.Fprintf(w, "  listen %s, %d rank(s), topics %s, replay %s\n", o.listen, o.listenRanks, o.topicPattern, cmpOr(o.replayTemplate, "none"))
+		fmt.Fprintf(w, "  listen %s, %d rank(s), topics %s, replay %s, engine allow rules %d\n", o.listen, o.listenRanks, o.topicPattern, cmpOr(o.replayTemplate, "none"), len(o.engineAllow))
 	}
 	return nil
 }
@@ -265,7 +269,7 @@ func buildParts(o *serveOptions, log *slog.Logger) (*parts, error) {
 	hub := server.NewHubLimits(ix, o.limits)
 	scfg := zmqtransport.SubscriberConfig{
 		Engines: o.engines, Listen: o.listen, ListenRanks: o.listenRanks, TopicPattern: o.topicPattern,
-		Model: o.model, ReplayTemplate: o.replayTemplate, MaxEngines: o.maxEngines,
+		Model: o.model, ReplayTemplate: o.replayTemplate, MaxEngines: o.maxEngines, EngineAllow: o.engineAllow,
 		RcvHWM: memoryLimits(o.index.MemoryBudget, o.streams()).rcvHWM,
 	}
 	sub, err := zmqtransport.NewSubscriber(scfg, hub, log.With("component", "kvevents"))
@@ -499,6 +503,8 @@ func cmpOr(s, def string) string {
 func subscriberConfigError(err error) error {
 	msg := strings.TrimPrefix(err.Error(), "zmqtransport: ")
 	switch {
+	case strings.HasPrefix(msg, "engine allow"):
+		return usagef("--engine-allow: %s", msg)
 	case strings.HasPrefix(msg, "replay template"):
 		return usagef("--replay-template: %s", msg)
 	case strings.HasPrefix(msg, "topic"):
