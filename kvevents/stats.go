@@ -63,4 +63,11 @@ type ListenerStats struct {
 	// stream because the listener had its maximum of streams; each is
 	// counted once while refused, and its messages are dropped.
 	RefusedEngines uint64
+	// RefusedSources counts messages dropped because their source
+	// address is not allowed to speak for the pod their topic names
+	// (engine allow rules).
+	RefusedSources uint64
+	// RefusedHandshakes counts connections refused at the ZMQ handshake
+	// because no engine allow rule names their source address.
+	RefusedHandshakes uint64
 }

@@ -143,8 +143,9 @@ var (
 	listenerLabels   = []string{"endpoint"}
 	descLsnPeers     = newDesc("kvindex_listener_peers", "Engines connected to the listen socket.", listenerLabels)
 	descLsnMessages  = newDesc("kvindex_listener_messages_total", "Messages received on the listen socket.", listenerLabels)
-	descLsnRejected  = newDesc("kvindex_listener_rejected_total", "Listen-socket messages not attributable to an engine, by reason.", append(listenerLabels, "reason"))
+	descLsnRejected  = newDesc("kvindex_listener_rejected_total", "Listen-socket messages not attributable to an engine, by reason (source: the source address may not speak for the topic's pod, --engine-allow).", append(listenerLabels, "reason"))
 	descLsnRefused   = newDesc("kvindex_listener_refused_engines_total", "Engine ranks refused a stream because the listener had --max-engines streams.", listenerLabels)
+	descLsnConnRef   = newDesc("kvindex_listener_refused_connections_total", "Connections to the listen socket refused, by reason (handshake: no --engine-allow rule names the source address).", append(listenerLabels, "reason"))
 	descEngineBlocks = newDesc("kvindex_engine_blocks", "Blocks the engine holds in the index (all media and groups).", engineLabels)
 	descHashCheck    = newDesc("kvindex_engine_hash_check", "Hash verification state of the engine: 1 for the current state (verified, mismatch, unknown).", append(engineLabels, "state"))
 	descHashVerified = newDesc("kvindex_engine_hash_verified_blocks_total", "Blocks whose recomputed hash matched the engine's.", engineLabels)
@@ -246,6 +247,8 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 				counter(descLsnRejected, st.DecodeErrors, st.Endpoint, "decode_error")
 				counter(descLsnRejected, st.BadRanks, st.Endpoint, "bad_rank")
 				counter(descLsnRejected, st.Conflicts, st.Endpoint, "conflict")
+				counter(descLsnRejected, st.RefusedSources, st.Endpoint, "source")
+				counter(descLsnConnRef, st.RefusedHandshakes, st.Endpoint, "handshake")
 				counter(descLsnRefused, st.RefusedEngines, st.Endpoint)
 			}
 		}

@@ -93,3 +93,38 @@ func TestMetrics(t *testing.T) {
 		t.Error("runtime metrics missing")
 	}
 }
+
+// listenerStreams is a StreamSource with a listen socket.
+type listenerStreams struct {
+	fakeStreams
+	ls kvevents.ListenerStats
+}
+
+func (l *listenerStreams) ListenerStats() (kvevents.ListenerStats, bool) { return l.ls, true }
+
+func TestListenerMetrics(t *testing.T) {
+	ep := "tcp://0.0.0.0:5557"
+	streams := &listenerStreams{ls: kvevents.ListenerStats{
+		Endpoint: ep, Peers: 2, Messages: 100, MalformedFrames: 1, UnknownTopics: 2, DecodeErrors: 3,
+		BadRanks: 4, Conflicts: 5, RefusedEngines: 6, RefusedSources: 7, RefusedHandshakes: 8,
+	}}
+	f := newFixture(t, func(c *Config) { c.Streams = streams })
+	text := scrape(t, f.url)
+	l := `endpoint="` + ep + `"`
+	for _, want := range []string{
+		`kvindex_listener_peers{` + l + `} 2`,
+		`kvindex_listener_messages_total{` + l + `} 100`,
+		`kvindex_listener_rejected_total{` + l + `,reason="malformed"} 1`,
+		`kvindex_listener_rejected_total{` + l + `,reason="unknown_topic"} 2`,
+		`kvindex_listener_rejected_total{` + l + `,reason="decode_error"} 3`,
+		`kvindex_listener_rejected_total{` + l + `,reason="bad_rank"} 4`,
+		`kvindex_listener_rejected_total{` + l + `,reason="conflict"} 5`,
+		`kvindex_listener_refused_engines_total{` + l + `} 6`,
+		`kvindex_listener_rejected_total{` + l + `,reason="source"} 7`,
+		`kvindex_listener_refused_connections_total{` + l + `,reason="handshake"} 8`,
+	} {
+		if !strings.Contains(text, want+"\n") {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}

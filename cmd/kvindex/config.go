@@ -29,6 +29,7 @@ type serveFlags struct {
 	listenRanks    int
 	topicPattern   string
 	replayTemplate string
+	engineAllow    []string
 	maxEngines     int
 	hash           hashFlags
 	memoryBudget   sizeValue
@@ -54,7 +55,8 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.listen, "listen", "", "bind a SUB socket here for engines to connect to (bind mode), e.g. tcp://*:5557; with --listen-ranks, on that many ports")
 	fs.IntVar(&f.listenRanks, "listen-ranks", 1, "bind mode: the engines' data-parallel size; vLLM's rank r connects to the --listen port + r, so kvindex binds that many consecutive ports")
 	fs.StringVar(&f.topicPattern, "topic-pattern", zmqtransport.LLMDTopicPattern, "bind mode: how topics name engines, with {pod} and optionally {model}")
-	fs.StringVar(&f.replayTemplate, "replay-template", "", "bind mode: engines' replay endpoint, with {pod}, e.g. tcp://{pod}:5567; rank r replays on its port + r (default: no replay)")
+	fs.StringVar(&f.replayTemplate, "replay-template", "", "bind mode: engines' replay endpoint; {addr} is the address the engine's events come from, e.g. tcp://{addr}:5567 ({pod} and {model}, from the topic, let whoever reaches --listen choose the host, so with --engine-allow the host must be {addr}); rank r replays on its port + r (default: no replay)")
+	fs.StringArrayVar(&f.engineAllow, "engine-allow", nil, "bind mode: POD=CIDR, where the engines of a pod may connect from (POD exact, or a glob such as vllm-* or *; CIDR or one address); once given, connections from other addresses are refused at the ZMQ handshake, messages whose source the topic's pod does not allow are dropped (a pod named by an IP must come from it), both counted; repeatable")
 	fs.IntVar(&f.maxEngines, "max-engines", zmqtransport.DefaultMaxEngines, "bind mode: most engine ranks to follow; further topics are refused and counted (kvindex_listener_refused_engines_total)")
 	f.hash.register(fs)
 	fs.Var(&f.memoryBudget, "memory-budget", "cap on the index's memory, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited. It also bounds the process: Go memory limit of the budget + "+formatSize(goOverhead)+" (unless GOMEMLIMIT is set), event queues sized from 1/"+strconv.Itoa(queueShareDiv)+" of it")

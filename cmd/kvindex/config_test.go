@@ -242,7 +242,7 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{"serve", "--listen", "tcp://*:1", "--tokenizer", "/nonexistent/tokenizer.json", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --tokenizer /nonexistent/tokenizer.json: "},
 		{[]string{"serve", "--listen", "tcp://*:1", "--tokenize-url", "vllm:8000", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --tokenize-url: base URL \"vllm:8000\""},
 		{[]string{"serve", "--listen", "tcp://*:1", "--topic-pattern", "kv@{model}", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --topic-pattern: topic template \"kv@{model}\" has no {pod}"},
-		{[]string{"serve", "--listen", "tcp://*:1", "--replay-template", "tcp://x:1", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --replay-template \"tcp://x:1\": no {pod}"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--replay-template", "tcp://x:1", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --replay-template \"tcp://x:1\": no {addr} or {pod}"},
 		// Data-parallel layouts: every rank's ports, within and across engines.
 		// (--check: a setting that is wrongly accepted fails at once
 		// instead of starting a server.)
@@ -259,6 +259,15 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{"serve", "--check", "--listen", "tcp://*:65535", "--listen-ranks", "2"}, "kvindex: --listen \"tcp://*:65535\": port 65535 cannot be offset by 2 data-parallel ranks"},
 		{[]string{"serve", "--check", "--listen", "tcp://*:5557", "--listen-ranks", "0"}, "kvindex: --listen-ranks 0: want an integer in 1..1024"},
 		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--replay-template", "tcp://{pod}:0"}, "kvindex: --replay-template \"tcp://{pod}:0\": port \"0\": connecting needs the engine's port"},
+		// Engine allow rules.
+		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "vllm-0"}, "kvindex: --engine-allow \"vllm-0\": no '='"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "=10.0.0.0/8"}, "kvindex: --engine-allow \"=10.0.0.0/8\": empty pod"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "p=10.0.0.0/33"}, "kvindex: --engine-allow \"p=10.0.0.0/33\": \"10.0.0.0/33\" is not an IP network or address"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "p=10.1.2.3/16"}, "kvindex: --engine-allow \"p=10.1.2.3/16\": network 10.1.2.3/16 has bits set beyond its /16 prefix; did you mean 10.1.0.0/16?"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "p=10.0.0.5", "--engine-allow", "p=10.0.0.5/32"}, "kvindex: --engine-allow \"p=10.0.0.5/32\": the same rule as \"p=10.0.0.5\", given before"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "*=10.0.0.0/8", "--replay-template", "tcp://{pod}:5567"}, "kvindex: --replay-template \"tcp://{pod}:5567\": with engine allow rules the replay host must be the engine's source address: want tcp://{addr}:PORT"},
+		{[]string{"serve", "--check", "--listen", "ipc:///tmp/kv", "--engine-allow", "*=10.0.0.0/8"}, "kvindex: --engine-allow needs a tcp --listen endpoint"},
+		{[]string{"serve", "--check", "--model", "m", "--engine", "a=tcp://h:1", "--engine-allow", "a=10.0.0.1"}, "kvindex: --engine-allow applies to bind mode (--listen) only"},
 		// Bind-mode flags without bind mode.
 		{[]string{"serve", "--check", "--model", "m", "--engine", "a=tcp://h:1", "--replay-template", "tcp://{pod}:5567"}, "kvindex: --replay-template applies to bind mode (--listen) only; in connect mode give each engine's replay endpoint: --engine NAME=ENDPOINT,replay=ENDPOINT"},
 		{[]string{"serve", "--check", "--model", "m", "--engine", "a=tcp://h:1", "--topic-pattern", "x.{pod}"}, "kvindex: --topic-pattern applies to bind mode (--listen) only"},
@@ -371,6 +380,13 @@ func TestServeCheck(t *testing.T) {
 	out, errOut, code = runCLI(t, "serve", "--check", "--listen", "tcp://127.0.0.1:3", "--listen-ranks", "4", "--replay-template", "tcp://{pod}:20")
 	if code != exitOK || !strings.Contains(out, "listen tcp://127.0.0.1:3, 4 rank(s), topics kv@{pod}@{model}, replay tcp://{pod}:20") {
 		t.Errorf("bind mode with ranks: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	// --engine-allow from a --config list, with the replay template it
+	// requires.
+	cfg := writeFile(t, "kvindex.yaml", "listen: tcp://127.0.0.1:3\nreplay-template: tcp://{addr}:5567\nengine-allow:\n  - vllm-*=10.1.0.0/16\n  - 10.0.0.5=10.0.0.5\n")
+	out, errOut, code = runCLI(t, "serve", "--check", "--config", cfg)
+	if code != exitOK || !strings.Contains(out, "replay tcp://{addr}:5567, engine allow rules 2") {
+		t.Errorf("engine allow rules: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	bad := writeFile(t, "tokenizer.json", `{"model":{"type":"Unigram"}}`)
 	_, errOut, code = runCLI(t, "serve", "--check", "--listen", "tcp://127.0.0.1:*", "--tokenizer", bad)

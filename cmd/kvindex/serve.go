@@ -56,8 +56,8 @@ flags on the command line override the file.`,
 		Example: `  kvindex serve --model Qwen/Qwen2.5-7B --hash-algo sha256_cbor --hash-seed 0 \
       --engine pod-a=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5567 \
       --engine pod-b=tcp://10.0.0.6:5557,replay=tcp://10.0.0.6:5567,ranks=2
-  kvindex serve --listen 'tcp://*:5557' --listen-ranks 2 --replay-template 'tcp://{pod}:5567' \
-      --hash-algo sha256_cbor --tokenize-url http://vllm:8000
+  kvindex serve --listen 'tcp://*:5557' --listen-ranks 2 --replay-template 'tcp://{addr}:5567' \
+      --engine-allow '*=10.244.0.0/16' --hash-algo sha256_cbor --tokenize-url http://vllm:8000
   kvindex serve --config kvindex.yaml --log-format json`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -90,6 +90,7 @@ type serveOptions struct {
 	listenRanks        int
 	topicPattern       string
 	replayTemplate     string
+	engineAllow        []zmqtransport.AllowRule
 	maxEngines         int
 	index              indexer.Options
 	tokenizeURL        string
@@ -135,6 +136,9 @@ func (f *serveFlags) options() (*serveOptions, error) {
 		return nil, usagef("--engine %q: %s", f.engines[le.Index], le.Detail)
 	}
 	if err := f.checkBindMode(); err != nil {
+		return nil, err
+	}
+	if o.engineAllow, err = f.allowRules(); err != nil {
 		return nil, err
 	}
 	switch {
@@ -233,7 +237,7 @@ func checkServe(w io.Writer, o *serveOptions, log *slog.Logger) error {
 		fmt.Fprintf(w, "  engine %s (model %s): %s, replay %s, %d rank(s)\n", e.Name, e.Model, e.Endpoint, cmpOr(e.ReplayEndpoint, "none"), max(e.Ranks, 1))
 	}
 	if o.listen != "" {
-		fmt.Fprintf(w, "  listen %s, %d rank(s), topics %s, replay %s\n", o.listen, o.listenRanks, o.topicPattern, cmpOr(o.replayTemplate, "none"))
+		fmt.Fprintf(w, "  listen %s, %d rank(s), topics %s, replay %s, engine allow rules %d\n", o.listen, o.listenRanks, o.topicPattern, cmpOr(o.replayTemplate, "none"), len(o.engineAllow))
 	}
 	if o.stateDir != "" {
 		fmt.Fprintf(w, "  state dir %s (%s), snapshot every %v\n", o.stateDir, describeState(o.stateDir), o.snapshotInterval)
@@ -286,7 +290,7 @@ func buildParts(o *serveOptions, log *slog.Logger, restore bool) (*parts, error)
 	hub := server.NewHubLimits(ix, o.limits)
 	scfg := zmqtransport.SubscriberConfig{
 		Engines: o.engines, Listen: o.listen, ListenRanks: o.listenRanks, TopicPattern: o.topicPattern,
-		Model: o.model, ReplayTemplate: o.replayTemplate, MaxEngines: o.maxEngines,
+		Model: o.model, ReplayTemplate: o.replayTemplate, MaxEngines: o.maxEngines, EngineAllow: o.engineAllow,
 		RcvHWM: memoryLimits(o.index.MemoryBudget, o.streams()).rcvHWM, Resume: resume,
 	}
 	sub, err := zmqtransport.NewSubscriber(scfg, hub, log.With("component", "kvevents"))
@@ -542,6 +546,8 @@ func cmpOr(s, def string) string {
 func subscriberConfigError(err error) error {
 	msg := strings.TrimPrefix(err.Error(), "zmqtransport: ")
 	switch {
+	case strings.HasPrefix(msg, "engine allow"):
+		return usagef("--engine-allow: %s", msg)
 	case strings.HasPrefix(msg, "replay template"):
 		return usagef("--replay-template: %s", msg)
 	case strings.HasPrefix(msg, "topic"):

@@ -12,7 +12,7 @@ import (
 type streamCounters struct {
 	engine         atomic.Pointer[kvevents.EngineID]
 	endpoint       string
-	replayEndpoint string
+	replayEndpoint atomic.Pointer[string] // bind mode with {addr}: follows the engine's source
 	bind           bool
 	listener       *listenerCounters // bind mode: for Connected
 
@@ -39,7 +39,7 @@ func (c *streamCounters) snapshot() kvevents.StreamStats {
 	st := kvevents.StreamStats{
 		Engine:            *c.engine.Load(),
 		Endpoint:          c.endpoint,
-		ReplayEndpoint:    c.replayEndpoint,
+		ReplayEndpoint:    *c.replayEndpoint.Load(),
 		Bind:              c.bind,
 		Batches:           c.batches.Load(),
 		Events:            c.events.Load(),
@@ -73,6 +73,7 @@ type listenerCounters struct {
 	peers                                         atomic.Int64
 	messages, malformed, unknownTopics, decodeErr atomic.Uint64
 	badRanks, conflicts, refused                  atomic.Uint64
+	refusedSource, refusedHandshake               atomic.Uint64
 }
 
 func (c *listenerCounters) snapshot() kvevents.ListenerStats {
@@ -85,6 +86,9 @@ func (c *listenerCounters) snapshot() kvevents.ListenerStats {
 		BadRanks:        c.badRanks.Load(),
 		Conflicts:       c.conflicts.Load(),
 		RefusedEngines:  c.refused.Load(),
+
+		RefusedSources:    c.refusedSource.Load(),
+		RefusedHandshakes: c.refusedHandshake.Load(),
 	}
 	if ep := c.endpoint.Load(); ep != nil {
 		ls.Endpoint = *ep

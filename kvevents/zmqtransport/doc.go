@@ -28,8 +28,18 @@
 // per rank (ListenRanks: rank r connects to the port + r), and names each
 // engine from its topic (TopicPattern: llm-d's kv@<pod>@<model>, a
 // {pod}/{model} template or a regexp) and dp_rank; replay endpoints then
-// come from ReplayTemplate. CheckConnectEndpoint, CheckBindEndpoint and
+// come from ReplayTemplate, whose {addr} is the address the engine's
+// events come from. CheckConnectEndpoint, CheckBindEndpoint and
 // CheckReplayTemplate say which endpoints are accepted.
+//
+// # Engine identity in bind mode
+//
+// A topic is whatever a peer writes. EngineAllow rules (POD=CIDR) bind
+// pods to source addresses: connections from addresses no rule names are
+// refused at the ZMQ handshake by a ZAP handler, and each message's source
+// address (its Peer-Address) must be allowed for the pod its topic names
+// before it reaches a stream; replays then dial {addr} only (listen_auth.go
+// says why it is built this way).
 //
 // # Reconnecting
 //

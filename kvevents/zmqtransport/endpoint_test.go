@@ -67,7 +67,8 @@ func TestCheckReplayTemplate(t *testing.T) {
 		"tcp://{pod}:5567":         "",
 		"tcp://{model}.{pod}:5567": "",
 		"tcp://{pod}":              "", // the pod may carry the port
-		"tcp://replay:5567":        "no {pod}",
+		"tcp://{addr}:5567":        "",
+		"tcp://replay:5567":        "no {addr} or {pod}",
 		"tcp://{pod}:99999":        `port "99999" is not in 1..65535`,
 		"tcp://{pod}:65535":        "cannot be offset by 2 data-parallel ranks",
 		"{pod}:5567":               "no transport",
@@ -75,6 +76,23 @@ func TestCheckReplayTemplate(t *testing.T) {
 		err := CheckReplayTemplate(tmpl, 2)
 		if (want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), want) {
 			t.Errorf("CheckReplayTemplate(%q) = %v, want %q", tmpl, err, want)
+		}
+	}
+}
+
+func TestCheckSourceReplayTemplate(t *testing.T) {
+	for tmpl, want := range map[string]string{
+		"tcp://{addr}:5567":       "",
+		"tcp://{pod}:5567":        "want tcp://{addr}:PORT",
+		"tcp://{addr}.{pod}:5567": "want tcp://{addr}:PORT",
+		"tcp://{addr}:{model}":    "want tcp://{addr}:PORT",
+		"ipc://{addr}":            "want tcp://{addr}:PORT",
+		"tcp://{addr}:0":          `port "0" is not in 1..65535`,
+		"tcp://{addr}:5567;x":     `port "5567;x"`,
+	} {
+		err := CheckSourceReplayTemplate(tmpl)
+		if (want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), want) {
+			t.Errorf("CheckSourceReplayTemplate(%q) = %v, want %q", tmpl, err, want)
 		}
 	}
 }

@@ -34,6 +34,13 @@ type listener struct {
 	nopen  int // streams open (at most SubscriberConfig.MaxEngines)
 	closed bool
 
+	// allow is SubscriberConfig.EngineAllow (nil: every source may speak
+	// for every pod); zap answers libzmq's ZAP requests with it. follow
+	// is set when the replay template dials {addr}.
+	allow  *allowList
+	zap    *zmq.Socket
+	follow bool
+
 	// pending are the streams of resumed positions (SubscriberConfig.
 	// Resume) whose engine has not sent anything yet; the first batch of
 	// their identity adopts them.
@@ -55,10 +62,14 @@ type listener struct {
 // route is what a topic resolved to: an engine and its ranks' streams.
 type route struct {
 	pod, model string
-	ok         bool // false: the topic matched no pattern
-	conflict   bool // a configured engine owns this identity
-	ranks      []*stream
-	refused    map[int]bool // ranks refused at the MaxEngines cap, counted once
+	// srcOK and srcBad are the last source addresses allowed and refused
+	// for this pod (allow rules), so the rules are not evaluated per
+	// message; the rules never change, so neither answer goes stale.
+	srcOK, srcBad string
+	ok            bool // false: the topic matched no pattern
+	conflict      bool // a configured engine owns this identity
+	ranks         []*stream
+	refused       map[int]bool // ranks refused at the MaxEngines cap, counted once
 }
 
 func (s *Subscriber) startListener() error {
@@ -74,8 +85,20 @@ func (s *Subscriber) startListener() error {
 		routes:  map[string]*route{},
 		pending: map[kvevents.EngineID]*stream{},
 		conns:   map[int]uint64{},
+		allow:   s.allow,
+		follow:  strings.Contains(s.cfg.ReplayTemplate, "{addr}"),
+	}
+	if ln.allow != nil || ln.follow {
+		ln.rx.wantPeer()
 	}
 	err = l.call(func() error {
+		if ln.allow != nil {
+			// Before the listen socket exists: libzmq lets a NULL
+			// handshake through when no ZAP handler is bound.
+			if err := ln.openZAP(); err != nil {
+				return err
+			}
+		}
 		if err := ln.open(s.cfg.Listen, s.cfg.Topic, s.cfg.ListenRanks); err != nil {
 			return err
 		}
@@ -83,6 +106,9 @@ func (s *Subscriber) startListener() error {
 		return nil
 	})
 	if err != nil {
+		if ln.zap != nil {
+			_ = l.call(func() error { ln.closeZAP(); return nil })
+		}
 		l.stop()
 		return err
 	}
@@ -90,7 +116,10 @@ func (s *Subscriber) startListener() error {
 	s.listenerView.Store(ln)
 	s.log.Info("zmqtransport: listening", "endpoint", ln.bound[0], "ranks", len(ln.bound),
 		"endpoints", strings.Join(ln.bound, " "),
-		"topic_pattern", s.topic.src, "replay_template", s.cfg.ReplayTemplate)
+		"topic_pattern", s.topic.src, "replay_template", s.cfg.ReplayTemplate, "engine_allow_rules", len(s.cfg.EngineAllow))
+	if ln.allow == nil {
+		s.log.Warn("zmqtransport: no engine allow rules: whoever reaches the listen socket can write any pod's entries (set engine allow rules, --engine-allow)")
+	}
 	return nil
 }
 
@@ -100,6 +129,13 @@ func (s *Subscriber) startListener() error {
 func (ln *listener) open(endpoint, topic string, ranks int) error {
 	var bound []string
 	sub, mon, err := ln.s.openSUB(topic, zmq.EVENT_ACCEPTED|zmq.EVENT_DISCONNECTED, func(sub *zmq.Socket) error {
+		if ln.allow != nil {
+			// libzmq asks the ZAP handler about a NULL-mechanism peer
+			// only when the socket has a ZAP domain.
+			if err := sub.SetZapDomain(zapDomain); err != nil {
+				return fmt.Errorf("zmqtransport: ZAP domain: %w", err)
+			}
+		}
 		for r := range ranks {
 			ep, err := offsetEndpoint(endpoint, r)
 			if err != nil {
@@ -140,6 +176,7 @@ func (ln *listener) close() {
 	ln.loop.remove(ln.sub)
 	ln.loop.remove(ln.mon)
 	closeMonitored(ln.sub, ln.mon)
+	ln.closeZAP()
 	ln.rx.free()
 	for _, rt := range ln.routes {
 		for _, st := range rt.ranks {
@@ -193,7 +230,7 @@ func (ln *listener) resumePending() {
 		if configured[id.Pod] || id.DPRank < 0 || id.DPRank >= kvevents.MaxDPRank {
 			continue
 		}
-		if st := ln.newEngineStream(id); st != nil {
+		if st := ln.newEngineStream(id, ""); st != nil {
 			st.ctr.pending.Store(true)
 			ln.pending[id] = st
 		}
@@ -238,6 +275,10 @@ func (ln *listener) handle(topic []byte, seq uint64, payload []byte, now int64) 
 		}
 		return
 	}
+	peer := ln.rx.peerAddr()
+	if ln.allow != nil && !ln.sourceAllowed(rt, peer) {
+		return
+	}
 	if err := ln.dec.Decode(payload, &ln.batch); err != nil {
 		c := ln.ctr.decodeErr.Add(1)
 		if logEvery(c) {
@@ -257,9 +298,12 @@ func (ln *listener) handle(topic []byte, seq uint64, payload []byte, now int64) 
 		}
 		return
 	}
-	st := ln.stream(rt, rank, topic)
+	st := ln.stream(rt, rank, topic, peer)
 	if st == nil {
 		return
+	}
+	if ln.follow {
+		st.follow(peer)
 	}
 	// A batch on a new connection of an engine with history: verify the
 	// engine before it (a restarted process may already be past the
@@ -322,7 +366,7 @@ func (ln *listener) resolve(topic string) *route {
 
 // stream returns the stream of one rank of a route, creating it on first
 // sight; nil if its identity belongs to a configured engine.
-func (ln *listener) stream(rt *route, rank int, topic []byte) *stream {
+func (ln *listener) stream(rt *route, rank int, topic, peer []byte) *stream {
 	if rank < len(rt.ranks) && rt.ranks[rank] != nil {
 		return rt.ranks[rank]
 	}
@@ -341,7 +385,7 @@ func (ln *listener) stream(rt *route, rank int, topic []byte) *stream {
 			return nil
 		}
 		delete(rt.refused, rank)
-		if st = ln.newEngineStream(id); st == nil {
+		if st = ln.newEngineStream(id, string(peer)); st == nil {
 			// Remember the conflict so the next message does not try again.
 			rt.conflict = true
 			return nil
@@ -357,12 +401,13 @@ func (ln *listener) stream(rt *route, rank int, topic []byte) *stream {
 
 // newEngineStream creates, claims and registers the stream of a bind-mode
 // engine rank, counted against MaxEngines; nil if its identity belongs to
-// another stream.
-func (ln *listener) newEngineStream(id kvevents.EngineID) *stream {
+// another stream. addr is the source of its first batch ("" for a resumed
+// stream, whose engine has sent nothing yet).
+func (ln *listener) newEngineStream(id kvevents.EngineID, addr string) *stream {
 	rank := id.DPRank
 	var replayEP string
-	if ln.s.cfg.ReplayTemplate != "" {
-		ep, err := expandReplayTemplate(ln.s.cfg.ReplayTemplate, id.Pod, id.Model, rank)
+	if ln.s.cfg.ReplayTemplate != "" && (addr != "" || !ln.follow) {
+		ep, err := expandReplayTemplate(ln.s.cfg.ReplayTemplate, id.Pod, id.Model, addr, rank)
 		if err != nil {
 			ln.s.log.Warn("zmqtransport: no replay endpoint for engine", "engine", id.String(), "err", err)
 		} else {
@@ -374,6 +419,7 @@ func (ln *listener) newEngineStream(id kvevents.EngineID) *stream {
 		endpoint = ln.bound[rank]
 	}
 	st := ln.s.newStream(ln.loop, id, endpoint, replayEP, ln)
+	st.addr = addr
 	if !ln.s.claim(id, st) {
 		st.close()
 		c := ln.ctr.conflicts.Add(1)
@@ -384,9 +430,12 @@ func (ln *listener) newEngineStream(id kvevents.EngineID) *stream {
 	if err := st.openDealer(); err != nil {
 		ln.s.log.Warn("zmqtransport: replay socket not opened; gaps will degrade the stream",
 			"engine", id.String(), "err", err)
-		st.replayEP = ""
-		st.ctr.replayEndpoint = ""
-		st.seq.DisableReplay()
+		none := ""
+		st.replayEP = none
+		st.ctr.replayEndpoint.Store(&none)
+		if !ln.follow {
+			st.seq.DisableReplay()
+		}
 	}
 	ln.s.register(st)
 	ln.nopen++

@@ -12,9 +12,17 @@ package zmqtransport
 // kv_rx holds the frames of one received message until they are copied
 // out: a message larger than the caller's buffer waits here while Go
 // grows the buffer.
+// The peer fields hold the first frame's "Peer-Address" property when
+// want_peer is set (the listener checks sources): libzmq's metadata lives
+// as long as the message, so it is copied out before the message is
+// released.
+#define KV_PEERMAX 64
 typedef struct {
 	zmq_msg_t parts[KV_MAXF];
 	int held;
+	int want_peer;
+	size_t peerlen;
+	char peer[KV_PEERMAX];
 } kv_rx;
 
 static int kv_sock_type(void *s) {
@@ -84,6 +92,17 @@ static int kv_recv(void *s, kv_rx *rx, char *buf, size_t cap, size_t *lens, size
 		more = zmq_msg_more(m);
 		if (n == 0) {
 			*fd = zmq_msg_get(m, ZMQ_SRCFD);
+			if (rx->want_peer) {
+				const char *p = zmq_msg_gets(m, "Peer-Address");
+				size_t l = p == NULL ? 0 : strlen(p);
+				if (l > KV_PEERMAX) {
+					l = 0; // no address is this long: unknown
+				}
+				if (l > 0) {
+					memcpy(rx->peer, p, l);
+				}
+				rx->peerlen = l;
+			}
 		}
 		if (n < KV_MAXF) {
 			lens[n] = zmq_msg_size(m);
@@ -139,7 +158,11 @@ type receiver struct {
 	total  C.size_t // a field, not a local: its address goes to C, which would move a local to the heap
 	fd     C.int    // the last message's connection (ZMQ_SRCFD); -1 if unknown
 	frames [][]byte
-	large  bool // frames alias a message larger than rxKeep
+	// peer is the last message's source address (libzmq's Peer-Address
+	// property), read only after wantPeer: fallback path only (the fast
+	// path keeps it in rx).
+	peer  []byte
+	large bool // frames alias a message larger than rxKeep
 }
 
 func newReceiver() *receiver {
@@ -148,6 +171,25 @@ func newReceiver() *receiver {
 		buf:    make([]byte, rxInitial),
 		frames: make([][]byte, 0, maxFrames),
 	}
+}
+
+// wantPeer makes recv read each message's source address (Peer-Address),
+// which peerAddr returns. It costs a lookup in the message's metadata
+// (BenchmarkReceive's PeerAddress case measures it).
+func (r *receiver) wantPeer() { r.rx.want_peer = 1 }
+
+// peerAddr returns the last message's source address as libzmq wrote it
+// (e.g. "10.0.0.5"), empty if unknown or not asked for (wantPeer). It
+// aliases the receiver's memory until the next recv.
+func (r *receiver) peerAddr() []byte {
+	if r.peer != nil {
+		return r.peer
+	}
+	n := int(r.rx.peerlen)
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&r.rx.peer[0])), n)
 }
 
 // free releases the C state. Idempotent.
@@ -167,7 +209,15 @@ func (r *receiver) recv(sock *zmq.Socket) ([][]byte, int, error) {
 	raw := rawSocket(sock)
 	if raw == nil {
 		r.fd = -1
-		frames, n, err := recvMessage(sock, r.frames)
+		r.peer = nil
+		var frames [][]byte
+		var n int
+		var err error
+		if r.rx.want_peer != 0 {
+			frames, n, r.peer, err = recvMessagePeer(sock, r.frames)
+		} else {
+			frames, n, err = recvMessage(sock, r.frames)
+		}
 		size := 0
 		for _, f := range frames {
 			size += len(f)
@@ -175,6 +225,7 @@ func (r *receiver) recv(sock *zmq.Socket) ([][]byte, int, error) {
 		r.large = size > rxKeep
 		return frames, n, err
 	}
+	r.rx.peerlen = 0
 	n, err := C.kv_recv(raw, r.rx, (*C.char)(unsafe.Pointer(&r.buf[0])), C.size_t(len(r.buf)), &r.lens[0], &r.total, &r.fd)
 	if n < 0 {
 		return r.frames[:0], 0, zmq.AsErrno(err)
@@ -267,8 +318,36 @@ func rawSocket(sock *zmq.Socket) unsafe.Pointer {
 // recvMessage is the fallback receive through pebbe's API. It reads one
 // multipart message without blocking, reusing frames' backing array.
 func recvMessage(sock *zmq.Socket, frames [][]byte) ([][]byte, int, error) {
-	frames = frames[:0]
-	n := 0
+	return recvRest(sock, frames[:0], 0)
+}
+
+// recvMessagePeer is recvMessage that also returns the message's source
+// address (nil if unknown). pebbe reads metadata into a new map per
+// frame, so only the first frame is read that way.
+func recvMessagePeer(sock *zmq.Socket, frames [][]byte) ([][]byte, int, []byte, error) {
+	b, md, err := sock.RecvBytesWithMetadata(zmq.DONTWAIT, peerAddressProperty)
+	if err != nil {
+		return frames[:0], 0, nil, err
+	}
+	var peer []byte
+	if a := md[peerAddressProperty]; a != "" {
+		peer = []byte(a)
+	}
+	frames = append(frames[:0], b)
+	more, err := sock.GetRcvmore()
+	if err != nil || !more {
+		return frames, 1, peer, err
+	}
+	frames, n, err := recvRest(sock, frames, 1)
+	return frames, n, peer, err
+}
+
+// peerAddressProperty is libzmq's message property naming the peer's IP
+// address (ZMQ_MSG_PROPERTY_PEER_ADDRESS).
+const peerAddressProperty = "Peer-Address"
+
+// recvRest reads the remaining frames of a message of which n were read.
+func recvRest(sock *zmq.Socket, frames [][]byte, n int) ([][]byte, int, error) {
 	for {
 		b, err := sock.RecvBytes(zmq.DONTWAIT)
 		if err != nil {

@@ -65,6 +65,9 @@ type stream struct {
 	// makes a stream with history verify its engine (see listener.conns).
 	bind bool
 	conn uint64
+	// addr is the source address of the stream's last batch, which a
+	// replay template with {addr} dials (see follow); "" until known.
+	addr string
 }
 
 func (s *Subscriber) newStream(l *ioLoop, id kvevents.EngineID, endpoint, replayEP string, ln *listener) *stream {
@@ -77,17 +80,21 @@ func (s *Subscriber) newStream(l *ioLoop, id kvevents.EngineID, endpoint, replay
 		bind:     ln != nil,
 		rx:       newReceiver(),
 		ctr: &streamCounters{
-			endpoint:       endpoint,
-			replayEndpoint: replayEP,
-			bind:           ln != nil,
+			endpoint: endpoint,
+			bind:     ln != nil,
 		},
 	}
+	st.ctr.replayEndpoint.Store(&replayEP)
+	// A template with {addr} has no endpoint until the engine's first
+	// batch names its source (a resumed stream's), yet can replay.
+	canReplay := replayEP != ""
 	if ln != nil {
 		st.ctr.listener = &ln.ctr
+		canReplay = canReplay || ln.follow
 	}
 	st.ctr.engine.Store(&id)
 	st.seq = kvevents.NewSequencer(st, kvevents.SequencerConfig{
-		CanReplay:     replayEP != "",
+		CanReplay:     canReplay,
 		MaxHeld:       s.cfg.MaxBuffered,
 		ReplayTimeout: s.cfg.ReplayTimeout,
 	})
@@ -172,6 +179,36 @@ func (st *stream) openDealer() error {
 	st.dealer = d
 	st.loop.add(d, st.onReplay)
 	return nil
+}
+
+// follow points a bind-mode stream's replay socket at addr, the source
+// address of its latest batch, when the replay template dials {addr}: a
+// replay goes where the engine's events come from, never to a host a
+// topic names. It runs before the batch is sequenced, so a reconnect's
+// verifying replay already goes to the new address. A replay outstanding
+// on the old address is lost (its socket is replaced) and times out.
+func (st *stream) follow(addr []byte) {
+	if string(addr) == st.addr {
+		return
+	}
+	st.addr = string(addr)
+	ep, err := expandReplayTemplate(st.s.cfg.ReplayTemplate, st.id.Pod, st.id.Model, st.addr, st.id.DPRank)
+	if err != nil {
+		st.logAttrs(slog.LevelWarn, "zmqtransport: no replay endpoint for engine", slog.Any("err", err))
+		ep = ""
+	}
+	if ep == st.replayEP {
+		return
+	}
+	st.closeDealer()
+	st.replayEP = ep
+	st.ctr.replayEndpoint.Store(&ep)
+	if err := st.openDealer(); err != nil {
+		st.logAttrs(slog.LevelWarn, "zmqtransport: replay socket not opened; gaps will degrade the stream", slog.Any("err", err))
+		none := ""
+		st.replayEP = none
+		st.ctr.replayEndpoint.Store(&none)
+	}
 }
 
 func (st *stream) closeDealer() {

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,10 +81,24 @@ type SubscriberConfig struct {
 	// Model is the model of bind-mode engines whose pattern has none.
 	Model string
 	// ReplayTemplate is the replay endpoint of bind-mode engines, with
-	// {pod} (and optionally {model}) placeholders, e.g.
-	// "tcp://{pod}:5558"; rank r replays on its port + r. "" means no
-	// replay: gaps degrade the stream.
+	// placeholders: {addr}, the IP address the engine's events come from
+	// (e.g. "tcp://{addr}:5558"), or {pod} (and optionally {model}), taken
+	// from its topic; rank r replays on its port + r. "" means no replay:
+	// gaps degrade the stream. With {pod} in the host, whoever reaches
+	// the listen socket chooses where kvindex connects to (a topic
+	// kv@10.9.9.9@m makes it dial 10.9.9.9), so with EngineAllow the
+	// host must be {addr}.
 	ReplayTemplate string
+	// EngineAllow, if not empty, says which source addresses may speak
+	// for which pods in bind mode (see AllowRule). A connection from an
+	// address no rule names is refused at the ZMQ handshake (through a
+	// ZAP handler; ListenerStats.RefusedHandshakes), and a message whose
+	// source address no rule allows for the pod its topic names is
+	// dropped before it reaches any stream (ListenerStats.
+	// RefusedSources). A pod named by an IP address must also come from
+	// that address. It needs a tcp Listen endpoint, and a ReplayTemplate
+	// whose host is {addr}.
+	EngineAllow []AllowRule
 	// MaxEngines caps the streams (engine ranks) a listen socket
 	// discovers from topics: each costs a sequencer, a replay socket and
 	// metrics series, and topics are whatever peers send. Further engines
@@ -252,6 +267,7 @@ type Subscriber struct {
 	sink  kvevents.Sink
 	log   *slog.Logger
 	topic *topicPattern
+	allow *allowList // EngineAllow compiled; nil without rules
 	zctx  *zmq.Context
 	epoch time.Time // origin of the monotonic clock for replay deadlines
 	names atomic.Uint64
@@ -322,6 +338,14 @@ func NewSubscriber(cfg SubscriberConfig, sink kvevents.Sink, log *slog.Logger) (
 			return nil, fmt.Errorf("zmqtransport: replay template: %w", err)
 		}
 	}
+	allow, err := compileAllowList(cfg.EngineAllow)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSourceBinding(cfg, allow != nil); err != nil {
+		return nil, err
+	}
+	cfg.EngineAllow = slices.Clone(cfg.EngineAllow)
 	resume := make(map[kvevents.EngineID]kvevents.Position, len(cfg.Resume))
 	for _, p := range cfg.Resume {
 		resume[p.Engine] = p
@@ -333,11 +357,33 @@ func NewSubscriber(cfg SubscriberConfig, sink kvevents.Sink, log *slog.Logger) (
 		sink:    sink,
 		log:     log,
 		topic:   tp,
+		allow:   allow,
 		epoch:   time.Now(),
 		engines: map[string]*engine{},
 		owners:  map[kvevents.EngineID]*stream{},
 		streams: map[*streamCounters]struct{}{},
 	}, nil
+}
+
+// checkSourceBinding checks what source addresses need: a tcp listen
+// socket (libzmq names no source address on ipc or inproc) for {addr}
+// and allow rules, and, with rules, a replay template that dials the
+// source's address rather than a host a topic chose.
+func checkSourceBinding(cfg SubscriberConfig, rules bool) error {
+	tcp := strings.HasPrefix(cfg.Listen, "tcp://")
+	switch {
+	case rules && cfg.Listen == "":
+		return errors.New("zmqtransport: engine allow rules apply to a listen socket (bind mode) only")
+	case rules && !tcp:
+		return fmt.Errorf("zmqtransport: engine allow rules need a tcp listen endpoint, not %q: only tcp connections have a source address", cfg.Listen)
+	case strings.Contains(cfg.ReplayTemplate, "{addr}") && cfg.Listen != "" && !tcp:
+		return fmt.Errorf("zmqtransport: replay template: {addr} needs a tcp listen endpoint, not %q: only tcp connections have a source address", cfg.Listen)
+	case rules && cfg.ReplayTemplate != "":
+		if err := CheckSourceReplayTemplate(cfg.ReplayTemplate); err != nil {
+			return fmt.Errorf("zmqtransport: replay template: %w", err)
+		}
+	}
+	return nil
 }
 
 // Start opens the sockets and starts the I/O loops. A bind error of the

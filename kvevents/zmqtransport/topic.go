@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -128,14 +129,14 @@ func (tp *topicPattern) parse(topic string) (pod, model string, err error) {
 
 // CheckReplayTemplate reports whether tmpl is a usable bind-mode replay
 // template (SubscriberConfig.ReplayTemplate) for engines of up to ranks
-// data-parallel ranks: it names {pod} (without it every engine would ask
-// one socket for its gaps) and is an endpoint to connect to, the
-// placeholders standing in for the host. A template ending in a
+// data-parallel ranks: it names {addr} or {pod} (without either every
+// engine would ask one socket for its gaps) and is an endpoint to connect
+// to, the placeholders standing in for the host. A template ending in a
 // placeholder may take its port from it and is not checked further. The
 // error is an *EndpointError.
 func CheckReplayTemplate(tmpl string, ranks int) error {
-	if !strings.Contains(tmpl, "{pod}") {
-		return &EndpointError{Endpoint: tmpl, Reason: "no {pod}: every engine would ask one socket for its gaps (want e.g. tcp://{pod}:5567)"}
+	if !strings.Contains(tmpl, "{pod}") && !strings.Contains(tmpl, "{addr}") {
+		return &EndpointError{Endpoint: tmpl, Reason: "no {addr} or {pod}: every engine would ask one socket for its gaps (want e.g. tcp://{addr}:5567)"}
 	}
 	if strings.HasSuffix(tmpl, "}") {
 		return nil
@@ -143,9 +144,35 @@ func CheckReplayTemplate(tmpl string, ranks int) error {
 	return CheckConnectEndpoint(tmpl, ranks)
 }
 
+// CheckSourceReplayTemplate reports whether tmpl dials only the address
+// an engine's events come from: tcp://{addr}:PORT, the one form allowed
+// with engine allow rules, so that no topic can choose a host for kvindex
+// to connect to. The error is an *EndpointError.
+func CheckSourceReplayTemplate(tmpl string) error {
+	port, ok := strings.CutPrefix(tmpl, "tcp://{addr}:")
+	if !ok || strings.ContainsAny(port, "{}") {
+		return &EndpointError{Endpoint: tmpl, Reason: "with engine allow rules the replay host must be the engine's source address: want tcp://{addr}:PORT, e.g. tcp://{addr}:5567 (a host taken from the topic would let any peer choose where kvindex connects)"}
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return &EndpointError{Endpoint: tmpl, Reason: fmt.Sprintf("port %q is not in 1..65535", port)}
+	}
+	return nil
+}
+
 // expandReplayTemplate fills a bind-mode replay template such as
-// "tcp://{pod}:5567" for one engine's rank ({model} is also recognised).
-func expandReplayTemplate(tmpl, pod, model string, rank int) (string, error) {
+// "tcp://{addr}:5567" for one engine's rank: {addr} is the engine's source
+// address (an IPv6 one in brackets), {pod} and {model} its topic's. It
+// fails for {addr} while the source is unknown ("").
+func expandReplayTemplate(tmpl, pod, model, addr string, rank int) (string, error) {
+	if strings.Contains(tmpl, "{addr}") {
+		if addr == "" {
+			return "", errors.New("the engine's source address is not known yet")
+		}
+		if strings.Contains(addr, ":") {
+			addr = "[" + addr + "]"
+		}
+		tmpl = strings.ReplaceAll(tmpl, "{addr}", addr)
+	}
 	ep := strings.ReplaceAll(tmpl, "{pod}", pod)
 	ep = strings.ReplaceAll(ep, "{model}", model)
 	if err := CheckConnectEndpoint(ep, rank+1); err != nil {

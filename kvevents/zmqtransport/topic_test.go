@@ -68,13 +68,23 @@ func TestTopicPatternErrors(t *testing.T) {
 }
 
 func TestExpandReplayTemplate(t *testing.T) {
-	got, err := expandReplayTemplate("tcp://{pod}:5558", "10.0.0.5", "m", 2)
-	if err != nil || got != "tcp://10.0.0.5:5560" {
-		t.Fatalf("got %q, %v", got, err)
-	}
-	got, err = expandReplayTemplate("tcp://{model}-{pod}.svc:5558", "p", "llama", 0)
-	if err != nil || got != "tcp://llama-p.svc:5558" {
-		t.Fatalf("got %q, %v", got, err)
+	for _, tt := range []struct {
+		tmpl, pod, model, addr string
+		rank                   int
+		want, err              string
+	}{
+		{tmpl: "tcp://{pod}:5558", pod: "10.0.0.5", model: "m", rank: 2, want: "tcp://10.0.0.5:5560"},
+		{tmpl: "tcp://{model}-{pod}.svc:5558", pod: "p", model: "llama", want: "tcp://llama-p.svc:5558"},
+		{tmpl: "tcp://{addr}:5567", pod: "evil.example", model: "m", addr: "10.0.0.7", rank: 1, want: "tcp://10.0.0.7:5568"},
+		{tmpl: "tcp://{addr}:5567", pod: "p", model: "m", addr: "fd00::7", want: "tcp://[fd00::7]:5567"},
+		// A pod containing a placeholder is text, never expanded again.
+		{tmpl: "tcp://{addr}:5567", pod: "{addr}", model: "m", addr: "10.0.0.7", want: "tcp://10.0.0.7:5567"},
+		{tmpl: "tcp://{addr}:5567", pod: "p", model: "m", err: "source address is not known"},
+	} {
+		got, err := expandReplayTemplate(tt.tmpl, tt.pod, tt.model, tt.addr, tt.rank)
+		if got != tt.want || (tt.err == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tt.err) {
+			t.Errorf("expand(%q, pod %q, addr %q, rank %d) = %q, %v; want %q, error %q", tt.tmpl, tt.pod, tt.addr, tt.rank, got, err, tt.want, tt.err)
+		}
 	}
 }
 
