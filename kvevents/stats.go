@@ -70,4 +70,7 @@ type ListenerStats struct {
 	// RefusedHandshakes counts connections refused at the ZMQ handshake
 	// because no engine allow rule names their source address.
 	RefusedHandshakes uint64
+	// ForgottenEngines counts engine ranks forgotten after their
+	// connection had been gone for the subscriber's ForgetAfter.
+	ForgottenEngines uint64
 }

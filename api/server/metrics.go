@@ -145,6 +145,7 @@ var (
 	descLsnMessages  = newDesc("kvindex_listener_messages_total", "Messages received on the listen socket.", listenerLabels)
 	descLsnRejected  = newDesc("kvindex_listener_rejected_total", "Listen-socket messages not attributable to an engine, by reason (source: the source address may not speak for the topic's pod, --engine-allow).", append(listenerLabels, "reason"))
 	descLsnRefused   = newDesc("kvindex_listener_refused_engines_total", "Engine ranks refused a stream because the listener had --max-engines streams.", listenerLabels)
+	descLsnForgot    = newDesc("kvindex_listener_forgotten_engines_total", "Engine ranks forgotten after their connection had been gone for --forget-after (their entries dropped).", listenerLabels)
 	descLsnConnRef   = newDesc("kvindex_listener_refused_connections_total", "Connections to the listen socket refused, by reason (handshake: no --engine-allow rule names the source address).", append(listenerLabels, "reason"))
 	descEngineBlocks = newDesc("kvindex_engine_blocks", "Blocks the engine holds in the index (all media and groups).", engineLabels)
 	descHashCheck    = newDesc("kvindex_engine_hash_check", "Hash verification state of the engine: 1 for the current state (verified, mismatch, unknown).", append(engineLabels, "state"))
@@ -250,6 +251,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 				counter(descLsnRejected, st.RefusedSources, st.Endpoint, "source")
 				counter(descLsnConnRef, st.RefusedHandshakes, st.Endpoint, "handshake")
 				counter(descLsnRefused, st.RefusedEngines, st.Endpoint)
+				counter(descLsnForgot, st.ForgottenEngines, st.Endpoint)
 			}
 		}
 	}

@@ -31,6 +31,7 @@ type serveFlags struct {
 	replayTemplate string
 	engineAllow    []string
 	maxEngines     int
+	forgetAfter    time.Duration
 	hash           hashFlags
 	memoryBudget   sizeValue
 	tokenizeURL    string
@@ -58,6 +59,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.replayTemplate, "replay-template", "", "bind mode: engines' replay endpoint; {addr} is the address the engine's events come from, e.g. tcp://{addr}:5567 ({pod} and {model}, from the topic, let whoever reaches --listen choose the host, so with --engine-allow the host must be {addr}); rank r replays on its port + r (default: no replay)")
 	fs.StringArrayVar(&f.engineAllow, "engine-allow", nil, "bind mode: POD=CIDR, where the engines of a pod may connect from (POD exact, or a glob such as vllm-* or *; CIDR or one address); once given, connections from other addresses are refused at the ZMQ handshake, messages whose source the topic's pod does not allow are dropped (a pod named by an IP must come from it), both counted; repeatable")
 	fs.IntVar(&f.maxEngines, "max-engines", zmqtransport.DefaultMaxEngines, "bind mode: most engine ranks to follow; further topics are refused and counted (kvindex_listener_refused_engines_total)")
+	fs.DurationVar(&f.forgetAfter, "forget-after", zmqtransport.DefaultForgetAfter, "bind mode: forget an engine whose connection has been gone this long (its entries dropped, counted in kvindex_listener_forgotten_engines_total); it returns as new if it publishes again; 0: never")
 	f.hash.register(fs)
 	fs.Var(&f.memoryBudget, "memory-budget", "cap on the index's memory, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited. It also bounds the process: Go memory limit of the budget + "+formatSize(goOverhead)+" (unless GOMEMLIMIT is set), event queues sized from 1/"+strconv.Itoa(queueShareDiv)+" of it")
 	fs.StringVar(&f.tokenizeURL, "tokenize-url", "", "engine server root whose /tokenize tokenizes text and chat prompts, e.g. http://vllm:8000")

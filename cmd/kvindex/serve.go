@@ -92,6 +92,7 @@ type serveOptions struct {
 	replayTemplate     string
 	engineAllow        []zmqtransport.AllowRule
 	maxEngines         int
+	forgetAfter        time.Duration
 	index              indexer.Options
 	tokenizeURL        string
 	tokenizerFile      string
@@ -113,7 +114,7 @@ func (f *serveFlags) options() (*serveOptions, error) {
 	o := &serveOptions{
 		grpcAddr: f.grpcAddr, httpAddr: f.httpAddr, model: f.model,
 		listen: f.listen, listenRanks: f.listenRanks, topicPattern: f.topicPattern, replayTemplate: f.replayTemplate,
-		maxEngines:  f.maxEngines,
+		maxEngines:  f.maxEngines, forgetAfter: f.forgetAfter,
 		index:       indexer.Options{Hasher: h, MemoryBudget: budget},
 		tokenizeURL: f.tokenizeURL, tokenizerFile: f.tokenizer,
 		maxQueryTokens: f.maxQueryTokens, readyGrace: f.readyGrace, pprof: f.pprof,
@@ -152,6 +153,8 @@ func (f *serveFlags) options() (*serveOptions, error) {
 		return nil, usagef("--max-query-tokens %d: want an integer in 1..%d", o.maxQueryTokens, server.MaxMaxTokens)
 	case o.readyGrace < 0:
 		return nil, usagef("--ready-grace %v: must not be negative", o.readyGrace)
+	case o.forgetAfter < 0:
+		return nil, usagef("--forget-after %v: must not be negative (0: never)", o.forgetAfter)
 	case o.maxEngines < 1:
 		return nil, usagef("--max-engines %d: want at least 1", o.maxEngines)
 	case o.snapshotInterval < minSnapshotInterval:
@@ -290,7 +293,7 @@ func buildParts(o *serveOptions, log *slog.Logger, restore bool) (*parts, error)
 	hub := server.NewHubLimits(ix, o.limits)
 	scfg := zmqtransport.SubscriberConfig{
 		Engines: o.engines, Listen: o.listen, ListenRanks: o.listenRanks, TopicPattern: o.topicPattern,
-		Model: o.model, ReplayTemplate: o.replayTemplate, MaxEngines: o.maxEngines, EngineAllow: o.engineAllow,
+		Model: o.model, ReplayTemplate: o.replayTemplate, MaxEngines: o.maxEngines, EngineAllow: o.engineAllow, ForgetAfter: forgetAfter(o.forgetAfter),
 		RcvHWM: memoryLimits(o.index.MemoryBudget, o.streams()).rcvHWM, Resume: resume,
 	}
 	sub, err := zmqtransport.NewSubscriber(scfg, hub, log.With("component", "kvevents"))
@@ -556,4 +559,13 @@ func subscriberConfigError(err error) error {
 		return usagef("--%s", msg)
 	}
 	return usagef("%s", msg)
+}
+
+// forgetAfter maps --forget-after onto SubscriberConfig.ForgetAfter, whose
+// zero means its default: the flag's 0 means never.
+func forgetAfter(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

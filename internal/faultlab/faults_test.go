@@ -244,7 +244,8 @@ func awaitSnapshot(t *testing.T, dir string, since time.Time) time.Time {
 func churn(t *testing.T) {
 	const waves, perWave = 10, 100
 	listen := freeEndpoint(t)
-	k := startKvindex(t, "--listen", listen)
+	// Departed engines are forgotten 2 s after their connection went.
+	k := startKvindex(t, "--listen", listen, "--forget-after", "2s")
 	tr := newTraffic(2)
 	var live, departed []*engine
 	for w := range waves {

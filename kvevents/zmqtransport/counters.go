@@ -73,7 +73,7 @@ type listenerCounters struct {
 	peers                                         atomic.Int64
 	messages, malformed, unknownTopics, decodeErr atomic.Uint64
 	badRanks, conflicts, refused                  atomic.Uint64
-	refusedSource, refusedHandshake               atomic.Uint64
+	refusedSource, refusedHandshake, forgotten    atomic.Uint64
 }
 
 func (c *listenerCounters) snapshot() kvevents.ListenerStats {
@@ -89,6 +89,7 @@ func (c *listenerCounters) snapshot() kvevents.ListenerStats {
 
 		RefusedSources:    c.refusedSource.Load(),
 		RefusedHandshakes: c.refusedHandshake.Load(),
+		ForgottenEngines:  c.forgotten.Load(),
 	}
 	if ep := c.endpoint.Load(); ep != nil {
 		ls.Endpoint = *ep

@@ -232,6 +232,7 @@ func (ln *listener) resumePending() {
 		}
 		if st := ln.newEngineStream(id, ""); st != nil {
 			st.ctr.pending.Store(true)
+			st.goneAt = ln.s.mono()
 			ln.pending[id] = st
 		}
 	}
@@ -316,6 +317,7 @@ func (ln *listener) handle(topic []byte, seq uint64, payload []byte, now int64) 
 		ln.onMonitor()
 		conn = ln.conns[fd]
 	}
+	st.goneAt = 0
 	if conn != st.conn {
 		if _, _, _, history := st.seq.Position(); st.conn != 0 && conn != 0 && history {
 			st.seq.Connected(now)
@@ -339,13 +341,64 @@ func (ln *listener) disconnected(conn uint64) {
 	if conn == 0 {
 		return
 	}
+	now := ln.s.mono()
 	for _, rt := range ln.routes {
 		for _, st := range rt.ranks {
 			if st != nil && st.conn == conn {
 				st.ctr.connected.Store(false)
+				st.goneAt = now
 			}
 		}
 	}
+}
+
+// maxNamedForgotten bounds the engines one log line names.
+const maxNamedForgotten = 10
+
+// forgetDeparted removes the streams whose connection has been gone for
+// ForgetAfter, and the resumed streams whose engine never showed up in
+// that time (SubscriberConfig.ForgetAfter). Loop goroutine.
+func (ln *listener) forgetDeparted(now int64) {
+	after := int64(ln.s.cfg.ForgetAfter)
+	gone := func(st *stream) bool { return st != nil && st.goneAt != 0 && now-st.goneAt >= after }
+	var names []string
+	n := 0
+	forget := func(st *stream) {
+		st.remove()
+		ln.nopen--
+		n++
+		if len(names) < maxNamedForgotten {
+			names = append(names, st.id.String())
+		}
+	}
+	for topic, rt := range ln.routes {
+		live := false
+		for rank, st := range rt.ranks {
+			if gone(st) {
+				forget(st)
+				rt.ranks[rank] = nil
+			}
+			live = live || rt.ranks[rank] != nil
+		}
+		if !live && len(rt.ranks) > 0 {
+			delete(ln.routes, topic)
+		}
+	}
+	for id, st := range ln.pending {
+		if gone(st) {
+			forget(st)
+			delete(ln.pending, id)
+		}
+	}
+	if n == 0 {
+		return
+	}
+	ln.ctr.forgotten.Add(uint64(n))
+	if n > len(names) {
+		names = append(names, fmt.Sprintf("and %d more", n-len(names)))
+	}
+	ln.s.log.Info("zmqtransport: departed engines forgotten", "count", n,
+		"gone_for", ln.s.cfg.ForgetAfter.String(), "engines", strings.Join(names, ", "))
 }
 
 // resolve parses a new topic and remembers the answer.

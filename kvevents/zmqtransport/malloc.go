@@ -74,10 +74,11 @@ func trimMalloc(minGap time.Duration) {
 	C.kv_trim()
 }
 
-// trimmer calls trimMalloc every trimEvery until stop is closed.
-func trimmer(stop <-chan struct{}, done chan<- struct{}) {
+// trimmer calls trimMalloc (at most every trimEvery/2), and then also,
+// every period until stop is closed.
+func trimmer(stop <-chan struct{}, done chan<- struct{}, period time.Duration, also func()) {
 	defer close(done)
-	t := time.NewTicker(trimEvery)
+	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		select {
@@ -85,6 +86,7 @@ func trimmer(stop <-chan struct{}, done chan<- struct{}) {
 			return
 		case <-t.C:
 			trimMalloc(trimEvery / 2)
+			also()
 		}
 	}
 }

@@ -65,6 +65,10 @@ type stream struct {
 	// makes a stream with history verify its engine (see listener.conns).
 	bind bool
 	conn uint64
+	// goneAt is when the stream's connection went away, or when a resumed
+	// stream was created (monotonic, Subscriber.mono); 0 while its engine
+	// is connected. Bind mode: see listener.forgetDeparted.
+	goneAt int64
 	// addr is the source address of the stream's last batch, which a
 	// replay template with {addr} dials (see follow); "" until known.
 	addr string

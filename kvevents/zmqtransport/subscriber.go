@@ -35,6 +35,10 @@ const (
 	DefaultRcvHWM = 1000
 	// DefaultMaxEngines is 1,000 pods of 8 data-parallel ranks each.
 	DefaultMaxEngines = 8000
+	// DefaultForgetAfter is long enough for a network blip and a
+	// connection's reconnect backoff, short enough that a fleet's churn
+	// does not pile up departed engines.
+	DefaultForgetAfter = 10 * time.Minute
 )
 
 // EngineConfig names one engine to connect to (connect mode).
@@ -106,6 +110,14 @@ type SubscriberConfig struct {
 	// messages dropped until a stream is removed. Default
 	// DefaultMaxEngines.
 	MaxEngines int
+	// ForgetAfter: in bind mode, an engine rank whose connection has
+	// been gone this long (or a resumed one whose engine never showed up)
+	// is forgotten: its stream removed and its entries reset
+	// (Sink.Reset with ResetRemoved), so that the engines of pods that
+	// went away neither linger in answers nor hold --max-engines slots.
+	// If it publishes again it returns as a new engine. 0 means
+	// DefaultForgetAfter; negative, never.
+	ForgetAfter time.Duration
 
 	// Resume are positions a Checkpoint of an earlier process reported,
 	// whose entries the Sink holds again (restored from a snapshot): each
@@ -187,6 +199,9 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 	if c.MaxEngines <= 0 {
 		c.MaxEngines = DefaultMaxEngines
+	}
+	if c.ForgetAfter == 0 {
+		c.ForgetAfter = DefaultForgetAfter
 	}
 	if c.Pollers <= 0 {
 		c.Pollers = runtime.GOMAXPROCS(0)
@@ -404,7 +419,13 @@ func (s *Subscriber) Start() error {
 		return fmt.Errorf("zmqtransport: zmq context: %w", err)
 	}
 	s.trimStop, s.trimDone = make(chan struct{}), make(chan struct{})
-	go trimmer(s.trimStop, s.trimDone)
+	// Departed engines are looked for at a quarter of ForgetAfter (at
+	// most every trimEvery), so one is forgotten within 1.25 ForgetAfter.
+	sweep := trimEvery
+	if s.cfg.ForgetAfter > 0 {
+		sweep = min(sweep, max(s.cfg.ForgetAfter/4, 10*time.Millisecond))
+	}
+	go trimmer(s.trimStop, s.trimDone, sweep, s.sweepDeparted)
 	// libzmq's default of 1023 sockets is too few for a large fleet: each
 	// stream uses up to four (SUB, DEALER, monitor pair).
 	_ = zctx.SetMaxSockets(1 << 16)
@@ -840,4 +861,14 @@ func (s *Subscriber) Checkpoint(fn func([]kvevents.Position) error) error {
 	s.regMu.Unlock()
 	slices.SortFunc(pos, func(a, b kvevents.Position) int { return compareEngineIDs(a.Engine, b.Engine) })
 	return fn(pos)
+}
+
+// sweepDeparted asks the listener, if any, to forget its departed engines
+// (SubscriberConfig.ForgetAfter). Called from the trimmer goroutine.
+func (s *Subscriber) sweepDeparted() {
+	ln := s.listenerView.Load()
+	if ln == nil || s.cfg.ForgetAfter < 0 {
+		return
+	}
+	ln.loop.post(func() { ln.forgetDeparted(s.mono()) })
 }

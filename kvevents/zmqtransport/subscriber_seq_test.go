@@ -256,3 +256,44 @@ func TestSubscriberBindModeDepartedEngineDisconnected(t *testing.T) {
 		t.Fatalf("%v reported disconnected; only the other engine left", ids[0])
 	}
 }
+
+// TestSubscriberBindModeForgetsDepartedEngines: an engine whose connection
+// has been gone for ForgetAfter is forgotten (its entries reset, its
+// stream gone, counted), as is a resumed engine that never showed up; a
+// connected one stays however long it is quiet, and a forgotten one that
+// publishes again returns as a new engine.
+func TestSubscriberBindModeForgetsDepartedEngines(t *testing.T) {
+	sink := newRecSink()
+	never := kvevents.EngineID{Pod: "never-came-back", Model: "m"}
+	s := startSubscriber(t, SubscriberConfig{Listen: "tcp://127.0.0.1:*", ForgetAfter: 100 * time.Millisecond,
+		Resume: []kvevents.Position{{Engine: never, Seq: 9, Print: 1}}}, sink)
+	var pubs []*testPublisher
+	var ids []kvevents.EngineID
+	for _, pod := range []string{"stays", "leaves"} {
+		p := newTestPublisher(t, pubOptions{connect: s.ListenEndpoint(), topic: "kv@" + pod + "@m"})
+		p.waitSubscribed(1)
+		p.publishN(3, 0)
+		e := kvevents.EngineID{Pod: pod, Model: "m"}
+		sink.waitApplied(t, e, 2)
+		pubs, ids = append(pubs, p), append(ids, e)
+	}
+	pubs[1].Close()
+	eventually(t, "the departed engine forgotten", func() bool { _, ok := streamOf(s, ids[1]); return !ok })
+	eventually(t, "the resumed engine that never came forgotten", func() bool { _, ok := streamOf(s, never); return !ok })
+	if calls := sink.entries(ids[1]); len(calls) == 0 || calls[len(calls)-1].reset != kvevents.ResetRemoved {
+		t.Errorf("the departed engine's last sink call %+v; want a reset (removed)", calls)
+	}
+	if ls, _ := s.ListenerStats(); ls.ForgottenEngines != 2 {
+		t.Errorf("ForgottenEngines %d, want 2", ls.ForgottenEngines)
+	}
+	// The engine that stayed connected is kept, however long it is quiet:
+	// a later sweep (several ForgetAfter periods on) still lists it.
+	time.Sleep(300 * time.Millisecond) // quiet time is the condition under test, not synchronisation
+	if st := mustStream(t, s, ids[0]); !st.Connected {
+		t.Fatalf("the quiet connected engine: %+v", st)
+	}
+	p := newTestPublisher(t, pubOptions{connect: s.ListenEndpoint(), topic: "kv@leaves@m"})
+	p.waitSubscribed(1)
+	p.publishN(2, 0)
+	eventually(t, "the forgotten engine back", func() bool { st, ok := streamOf(s, ids[1]); return ok && st.Connected })
+}
