@@ -114,7 +114,7 @@ func (f *serveFlags) options() (*serveOptions, error) {
 	o := &serveOptions{
 		grpcAddr: f.grpcAddr, httpAddr: f.httpAddr, model: f.model,
 		listen: f.listen, listenRanks: f.listenRanks, topicPattern: f.topicPattern, replayTemplate: f.replayTemplate,
-		maxEngines:  f.maxEngines, forgetAfter: f.forgetAfter,
+		maxEngines: f.maxEngines, forgetAfter: f.forgetAfter,
 		index:       indexer.Options{Hasher: h, MemoryBudget: budget},
 		tokenizeURL: f.tokenizeURL, tokenizerFile: f.tokenizer,
 		maxQueryTokens: f.maxQueryTokens, readyGrace: f.readyGrace, pprof: f.pprof,
