@@ -76,11 +76,11 @@ test: deps check golden-check
 	$(FUZZ_RUN)
 
 # Fuzz every fuzz target (found in the source by .ci/fuzz) for FUZZTIME
-# each, one after the other, as `go test -fuzz` takes one target per run;
-# FUZZ narrows them by name (make fuzz FUZZ=Decode FUZZTIME=5m).
-FUZZTIME ?= 10s
-FUZZ     ?= .
-FUZZ_RUN  = FUZZTIME='$(FUZZTIME)' FUZZ='$(FUZZ)' GO='$(GO)' .ci/fuzz
+# each (default in .ci/fuzz), one after the other, as `go test -fuzz` takes
+# one target per run; FUZZ narrows them by name (make fuzz FUZZ=Decode
+# FUZZTIME=5m).
+export FUZZTIME FUZZ
+FUZZ_RUN = GO='$(GO)' .ci/fuzz
 fuzz: deps
 	$(FUZZ_RUN)
 
