@@ -3,7 +3,8 @@
 #   make test   the checks (gofmt, go vet, staticcheck, the cgo-free build, the
 #               golden-file generators reproduce their files), every
 #               test with the race detector, the race-shortened tests without it,
-#               and the decoder's tests against the msgpack library's reader
+#               the decoder's tests against the msgpack library's reader,
+#               and a short run of every fuzz target (make fuzz)
 #   make faults the fault-injection suite (internal/faultlab, also part of
 #               make test) printing one table: per fault, the answers
 #               checked, those wrong for an engine reported ok (must be 0),
@@ -37,7 +38,7 @@ STATICCHECK_VERSION := v0.8.2
 TOOLS := $(CURDIR)/bin/tools
 STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 
-.PHONY: all build demo test check bench deps proto clean faults
+.PHONY: all build demo test check bench deps proto clean faults fuzz
 
 all: build
 
@@ -72,6 +73,16 @@ test: deps check golden-check
 	$(GO) test -race -count=1 $(PKGS)
 	$(GO) test -count=1 $(NORACE_PKGS)
 	$(GO) test -count=1 -tags kvevents_msgpacklib ./kvevents
+	$(FUZZ_RUN)
+
+# Fuzz every fuzz target (found in the source by .ci/fuzz) for FUZZTIME
+# each (default in .ci/fuzz), one after the other, as `go test -fuzz` takes
+# one target per run; FUZZ narrows them by name (make fuzz FUZZ=Decode
+# FUZZTIME=5m).
+export FUZZTIME FUZZ
+FUZZ_RUN = GO='$(GO)' .ci/fuzz
+fuzz: deps
+	$(FUZZ_RUN)
 
 # The fault-injection suite, run from a compiled test binary so that its
 # output is the fault table (and the failures, if any) without go test's
