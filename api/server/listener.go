@@ -29,10 +29,12 @@ func (s *Server) NewHTTPServer(opts HTTPOptions) *http.Server {
 // ends within the server's timeouts, a waiting one is served eventually
 // (a client holding connections open cannot keep /healthz away for
 // good). Waits are counted (kvindex_http_connection_waits_total) and
-// logged at most once per connWaitLogEvery.
+// logged at most once per connWaitLogEvery. With TLS configured
+// (Config.Security) the connections it returns speak TLS; the handshake
+// runs in the connection's own goroutine, on its first read.
 func (s *Server) LimitListener(lis net.Listener) net.Listener {
 	s.conns.max = s.cfg.Limits.HTTPMaxConns
-	return &limitListener{Listener: lis, s: s, sem: make(chan struct{}, s.cfg.Limits.HTTPMaxConns), done: make(chan struct{})}
+	return tlsListener(&limitListener{Listener: lis, s: s, sem: make(chan struct{}, s.cfg.Limits.HTTPMaxConns), done: make(chan struct{})}, s.HTTPTLSConfig())
 }
 
 // connWaitLogEvery rate-limits the log line of a full connection limit.

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -84,6 +85,9 @@ type Config struct {
 	// The watch fields are the Hub's: give the same Limits to
 	// NewHubLimits.
 	Limits Limits
+	// Security configures TLS and caller authorization; the zero value
+	// serves plaintext to every caller.
+	Security Security
 	// Registry receives the server's metrics; a new one if nil.
 	Registry *prometheus.Registry
 	// Logger logs the server's noteworthy events; slog.Default if nil.
@@ -116,6 +120,9 @@ type Server struct {
 
 	tokens tokenGate
 	conns  connStats
+
+	certs *reloader[certs] // nil without TLS
+	sec   securityMetrics
 }
 
 // NamedTokenizer is one tokenizer backend and the token_source name its
@@ -176,6 +183,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.metrics = m
+	if err := s.setupSecurity(); err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
 	for _, svc := range healthServices {
 		s.health.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
 	}
@@ -218,6 +228,9 @@ func (s *Server) NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.GRPCKeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(s.metrics.unaryInterceptor),
+	}
+	if cfg := s.GRPCTLSConfig(); cfg != nil {
+		base = append(base, grpc.Creds(credentials.NewTLS(cfg)))
 	}
 	gs := grpc.NewServer(append(base, opts...)...)
 	s.Register(gs)

@@ -41,6 +41,7 @@ type serveFlags struct {
 	logFormat      string
 	check          bool
 	limits         limitFlags
+	security       securityFlags
 }
 
 func (f *serveFlags) register(fs *pflag.FlagSet) {
@@ -64,6 +65,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text|json")
 	f.limits.register(fs)
+	f.security.register(fs)
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables, --config file, tokenizer file), print them and exit without listening or connecting")
 }
 

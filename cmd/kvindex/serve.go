@@ -98,6 +98,7 @@ type serveOptions struct {
 	readyGrace         time.Duration
 	pprof              bool
 	limits             server.Limits
+	security           server.Security
 }
 
 // options validates the flags.
@@ -149,6 +150,9 @@ func (f *serveFlags) options() (*serveOptions, error) {
 		return nil, usagef("--max-engines %d: want at least 1", o.maxEngines)
 	}
 	if o.limits, err = f.limits.limits(o.maxQueryTokens); err != nil {
+		return nil, err
+	}
+	if o.security, err = f.security.security(); err != nil {
 		return nil, err
 	}
 	if o.listen != "" {
@@ -283,7 +287,7 @@ func buildParts(o *serveOptions, log *slog.Logger) (*parts, error) {
 	srv, err := server.New(server.Config{
 		Index: ix, BlockSize: o.index.Hasher.BlockSize(), Tokenizers: toks, Hub: hub, Streams: sub,
 		DefaultModel: o.model, MaxTokens: o.maxQueryTokens, ExpectStreams: expect, ReadyGrace: grace,
-		Logger: log.With("component", "api"), Limits: o.limits,
+		Logger: log.With("component", "api"), Limits: o.limits, Security: o.security,
 	})
 	if err == nil {
 		err = srv.Registry().Register(buildInfoGauge(buildinfo.Read()))
@@ -350,6 +354,7 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 	}
 	log.Info("serving", "grpc", s.grpcAddr, "http", s.httpAddr, "pprof", o.pprof)
 	logLimits(log, o.limits)
+	logSecurity(log, o.security, s.grpcAddr, s.httpAddr)
 
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"log/slog"
+	"net"
+
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/server"
+)
+
+// securityFlags are serve's TLS and authorization settings; api/README's
+// security section describes the model.
+type securityFlags struct {
+	tlsCert, tlsKey, tlsClientCA string
+}
+
+func (f *securityFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "serve gRPC and HTTP over TLS with this certificate chain (PEM); reloaded when the file changes")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "private key (PEM) of --tls-cert; reloaded when the file changes")
+	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "require client certificates signed by these CAs (PEM) on the gRPC and HTTP listeners (mutual TLS); reloaded when the file changes")
+}
+
+// security validates the flags into the server's Security.
+func (f *securityFlags) security() (server.Security, error) {
+	sec := server.Security{CertFile: f.tlsCert, KeyFile: f.tlsKey, ClientCAFile: f.tlsClientCA}
+	if err := sec.Check(); err != nil {
+		return sec, usagef("%v", err)
+	}
+	return sec, nil
+}
+
+// logSecurity logs how serve authenticates callers, and warns when a
+// listener reachable from other hosts has no authentication.
+func logSecurity(log *slog.Logger, sec server.Security, addrs ...string) {
+	mode := "none"
+	switch {
+	case sec.ClientCAFile != "":
+		mode = "mutual TLS"
+	case sec.TLS():
+		mode = "TLS"
+	}
+	log.Info("security", "tls", mode)
+	if sec.ClientCAFile != "" {
+		return
+	}
+	for _, a := range addrs {
+		if a != "" && !loopback(a) {
+			log.Warn("listening beyond loopback without authentication: any host that reaches this address may query, watch every tenant's block hashes and read metrics; see --tls-client-ca", "addr", a)
+		}
+	}
+}
+
+// loopback reports whether a listen address only accepts local
+// connections.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// clientSecurityFlags are the TLS and token settings of the commands
+// that talk to a running kvindex.
+type clientSecurityFlags struct {
+	ca, cert, key, serverName, tokenFile string
+}
+
+func (f *clientSecurityFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.ca, "tls-ca", "", "speak TLS, trusting the CAs in this PEM file for kvindex's certificate (an https:// --server uses the system's roots)")
+	fs.StringVar(&f.cert, "tls-cert", "", "client certificate (PEM) for a kvindex that requires one (mutual TLS); with --tls-key")
+	fs.StringVar(&f.key, "tls-key", "", "private key (PEM) of --tls-cert")
+	fs.StringVar(&f.serverName, "tls-server-name", "", "name kvindex's certificate must carry (default: the host of --server)")
+	fs.StringVar(&f.tokenFile, "token-file", "", "send the bearer token in this file with every call (over TLS only)")
+}
+
+// tls reports whether any flag asks for TLS.
+func (f *clientSecurityFlags) tls() bool {
+	return f.ca != "" || f.cert != "" || f.key != "" || f.serverName != ""
+}
+
+// dialOptions returns the dial options the flags ask for; useTLS says
+// whether --server's scheme asked for TLS (https://, grpcs://).
+func (f *clientSecurityFlags) dialOptions(useTLS bool) ([]grpc.DialOption, error) {
+	if (f.cert == "") != (f.key == "") {
+		return nil, usagef("--tls-cert and --tls-key go together: give both or neither")
+	}
+	if !useTLS && !f.tls() {
+		if f.tokenFile != "" {
+			return nil, usagef("--token-file: a bearer token is sent over TLS only; give --tls-ca FILE (or --server https://HOST:PORT for a certificate the system trusts)")
+		}
+		return nil, nil
+	}
+	var opts []grpc.DialOption
+	o, err := client.WithTLS(client.TLSConfig{CAFile: f.ca, CertFile: f.cert, KeyFile: f.key, ServerName: f.serverName})
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	opts = append(opts, o)
+	if f.tokenFile != "" {
+		o, err := client.WithTokenFile(f.tokenFile)
+		if err != nil {
+			return nil, usagef("--token-file: %v", err)
+		}
+		opts = append(opts, o)
+	}
+	return opts, nil
+}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/internal/testcerts"
+)
+
+// pki is a CA with a server certificate for loopback and client
+// certificates, in a test's temporary directory.
+type pki struct {
+	ca     *testcerts.CA
+	server testcerts.Pair
+	dir    string
+}
+
+func newPKI(t *testing.T) *pki {
+	t.Helper()
+	dir := t.TempDir()
+	ca := testcerts.NewCA(t, dir, "ca")
+	return &pki{ca: ca, server: ca.Server(t, "kvindex"), dir: dir}
+}
+
+// dialTLS is the Go client's TLS option for c.
+func dialTLS(t *testing.T, c client.TLSConfig) grpc.DialOption {
+	t.Helper()
+	o, err := client.WithTLS(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// serve under mutual TLS; the Go client and the CLI reach it with a client
+// certificate, and are refused without one; the CLI's TLS flags are also
+// read from KVINDEX_* variables.
+func TestE2EMutualTLS(t *testing.T) {
+	p := newPKI(t)
+	router := p.ca.Client(t, "router")
+	x := startE2EDial(t,
+		[]grpc.DialOption{dialTLS(t, client.TLSConfig{CAFile: p.ca.CertFile, CertFile: router.CertFile, KeyFile: router.KeyFile})},
+		[]string{"pod-a"},
+		"--tls-cert", p.server.CertFile, "--tls-key", p.server.KeyFile, "--tls-client-ca", p.ca.CertFile)
+	if !strings.Contains(x.logs.String(), "tls=\"mutual TLS\"") {
+		t.Errorf("serve did not log its TLS mode:\n%s", x.logs.String())
+	}
+	addr := x.svc.grpcAddr
+	tests := []struct {
+		name  string
+		args  []string
+		env   map[string]string
+		code  int
+		inOut string // in stdout (success) or stderr (failure)
+	}{
+		{"client certificate", []string{"--tls-ca", p.ca.CertFile, "--tls-cert", router.CertFile, "--tls-key", router.KeyFile}, nil, exitOK, "pod-a"},
+		{"from the environment", nil, map[string]string{"KVINDEX_TLS_CA": p.ca.CertFile, "KVINDEX_TLS_CERT": router.CertFile, "KVINDEX_TLS_KEY": router.KeyFile}, exitOK, "pod-a"},
+		{"server name", []string{"--tls-ca", p.ca.CertFile, "--tls-cert", router.CertFile, "--tls-key", router.KeyFile, "--tls-server-name", "localhost"}, nil, exitOK, "pod-a"},
+		{"https scheme and CA", []string{"--server", "https://" + addr, "--tls-ca", p.ca.CertFile, "--tls-cert", router.CertFile, "--tls-key", router.KeyFile}, nil, exitOK, "pod-a"},
+		{"no client certificate", []string{"--tls-ca", p.ca.CertFile}, nil, exitRuntime, "cannot reach kvindex"},
+		{"plaintext", nil, nil, exitRuntime, "cannot reach kvindex"},
+		{"certificate without key", []string{"--tls-ca", p.ca.CertFile, "--tls-cert", router.CertFile}, nil, exitUsage, "--tls-cert and --tls-key go together"},
+		{"token without TLS", []string{"--token-file", router.KeyFile}, nil, exitUsage, "--token-file: a bearer token is sent over TLS only"},
+		{"missing CA file", []string{"--tls-ca", p.dir + "/none.pem"}, nil, exitUsage, "no such file"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			args := append([]string{"pods", "--server", addr, "--timeout", "5s"}, tc.args...)
+			out, errOut, code := runCLI(t, args...)
+			text := out
+			if tc.code != exitOK {
+				text = errOut
+			}
+			if code != tc.code || !strings.Contains(text, tc.inOut) {
+				t.Errorf("exit %d (want %d)\nstdout: %s\nstderr: %s\nwant %q", code, tc.code, out, errOut, tc.inOut)
+			}
+		})
+	}
+}
