@@ -23,6 +23,27 @@ func (s *Server) NewHTTPServer(opts HTTPOptions) *http.Server {
 	}
 }
 
+// NewAdminServer returns an http.Server for AdminHandler. Its write
+// timeout is Limits.HTTPWriteTimeout, which also caps
+// /debug/pprof/profile's seconds. Serve it on AdminListener's listener.
+func (s *Server) NewAdminServer() *http.Server {
+	l := s.cfg.Limits
+	return &http.Server{
+		Handler:           s.AdminHandler(),
+		ReadHeaderTimeout: l.HTTPReadHeaderTimeout,
+		ReadTimeout:       l.HTTPReadTimeout,
+		WriteTimeout:      l.HTTPWriteTimeout,
+		IdleTimeout:       l.HTTPIdleTimeout,
+		MaxHeaderBytes:    64 << 10,
+	}
+}
+
+// AdminListener returns lis speaking TLS with AdminTLSConfig when TLS is
+// configured, else lis.
+func (s *Server) AdminListener(lis net.Listener) net.Listener {
+	return tlsListener(lis, s.AdminTLSConfig())
+}
+
 // LimitListener returns lis accepting at most Limits.HTTPMaxConns open
 // connections: beyond that Accept waits for one to close, and the
 // connection waits in the kernel's backlog. Because every HTTP connection

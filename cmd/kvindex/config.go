@@ -61,7 +61,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.tokenizer, "tokenizer", "", "local tokenizer.json (or .json.gz) for text prompts (completion form only)")
 	fs.IntVar(&f.maxQueryTokens, "max-query-tokens", server.DefaultMaxTokens, "largest prompt a query may carry, in tokens")
 	fs.DurationVar(&f.readyGrace, "ready-grace", server.DefaultReadyGrace, "report ready after this long even if some engines never connected")
-	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles under /debug/pprof/ on the HTTP address")
+	fs.BoolVar(&f.pprof, "pprof", false, "removed: Go profiles are served on the admin listener, see --admin-addr")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text|json")
 	f.limits.register(fs)

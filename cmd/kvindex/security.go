@@ -1,8 +1,13 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"sync"
 
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
@@ -15,21 +20,78 @@ import (
 // security section describes the model.
 type securityFlags struct {
 	tlsCert, tlsKey, tlsClientCA string
+	adminAddr                    string
 }
 
 func (f *securityFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "serve gRPC and HTTP over TLS with this certificate chain (PEM); reloaded when the file changes")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "private key (PEM) of --tls-cert; reloaded when the file changes")
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "require client certificates signed by these CAs (PEM) on the gRPC and HTTP listeners (mutual TLS); reloaded when the file changes")
+	fs.StringVar(&f.adminAddr, "admin-addr", "", "serve the admin listener here: Go profiles (/debug/pprof/), /metrics, /healthz, /readyz; keep it on loopback (e.g. 127.0.0.1:6060) unless callers need the admin scope (default: off)")
 }
 
-// security validates the flags into the server's Security.
-func (f *securityFlags) security() (server.Security, error) {
+// options validates the flags into the server's Security and the admin
+// address; pprof is the removed --pprof flag, refused with where profiles
+// went.
+func (f *securityFlags) options(pprof bool) (server.Security, string, error) {
 	sec := server.Security{CertFile: f.tlsCert, KeyFile: f.tlsKey, ClientCAFile: f.tlsClientCA}
-	if err := sec.Check(); err != nil {
-		return sec, usagef("%v", err)
+	if pprof {
+		return sec, "", usagef("--pprof was removed: Go profiles are served on the admin listener, off the API port; give --admin-addr 127.0.0.1:6060 instead")
 	}
-	return sec, nil
+	if err := sec.Check(); err != nil {
+		return sec, "", usagef("%v", err)
+	}
+	return sec, f.adminAddr, nil
+}
+
+// listenAdmin opens the admin listener, or returns nil without
+// --admin-addr.
+func listenAdmin(addr string) (net.Listener, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--admin-addr %s: %w", addr, err)
+	}
+	return lis, nil
+}
+
+func closeAdmin(lis net.Listener) {
+	if lis != nil {
+		lis.Close()
+	}
+}
+
+// adminAddr is the admin listener's resolved address, "" when off.
+func (s *service) adminAddr() string {
+	if s.adminLis == nil {
+		return ""
+	}
+	return s.adminLis.Addr().String()
+}
+
+// serveAdmin serves the admin listener, if any, until shutdownAdmin.
+func (s *service) serveAdmin(wg *sync.WaitGroup, errs chan<- error) {
+	if s.adminLis == nil {
+		return
+	}
+	s.admin = s.api.NewAdminServer()
+	lis := s.api.AdminListener(s.adminLis)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := s.admin.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs <- fmt.Errorf("admin server: %w", err)
+		}
+	}()
+}
+
+func (s *service) shutdownAdmin(ctx context.Context) error {
+	if s.admin == nil {
+		return nil
+	}
+	return s.admin.Shutdown(ctx)
 }
 
 // logSecurity logs how serve authenticates callers, and warns when a

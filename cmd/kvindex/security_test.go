@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 
@@ -81,5 +82,37 @@ func TestE2EMutualTLS(t *testing.T) {
 				t.Errorf("exit %d (want %d)\nstdout: %s\nstderr: %s\nwant %q", code, tc.code, out, errOut, tc.inOut)
 			}
 		})
+	}
+}
+
+// Go profiles are served on --admin-addr only; --pprof says where they
+// went.
+func TestE2EAdminListener(t *testing.T) {
+	x := startE2E(t, []string{"pod-a"}, "--admin-addr", "127.0.0.1:0")
+	admin := "http://" + x.svc.adminAddr()
+	tests := []struct {
+		url  string
+		want int
+	}{
+		{admin + "/debug/pprof/", http.StatusOK},
+		{admin + "/metrics", http.StatusOK},
+		{admin + "/readyz", http.StatusOK},
+		{admin + "/v1/pods", http.StatusNotFound},
+		{"http://" + x.svc.httpAddr + "/debug/pprof/", http.StatusNotFound},
+	}
+	for _, tc := range tests {
+		resp, err := http.Get(tc.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("GET %s: %d, want %d", tc.url, resp.StatusCode, tc.want)
+		}
+	}
+
+	_, errOut, code := runCLI(t, "serve", "--engine", "a=tcp://127.0.0.1:5557", "--model", "m", "--pprof")
+	if code != exitUsage || !strings.Contains(errOut, "--pprof was removed") || !strings.Contains(errOut, "--admin-addr") {
+		t.Errorf("--pprof: exit %d, %q", code, errOut)
 	}
 }
