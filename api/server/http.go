@@ -38,9 +38,9 @@ type HTTPOptions struct{}
 // mistakes.
 func (s *Server) Handler(HTTPOptions) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/v1/longest-prefix", s.method(http.MethodPost, s.httpLongestPrefix))
-	mux.Handle("/v1/lookup", s.method(http.MethodPost, s.httpLookup))
-	mux.Handle("/v1/pods", s.method(http.MethodGet, s.httpPods))
+	mux.Handle("/v1/longest-prefix", s.guard(ScopeQuery, "/v1/longest-prefix", s.method(http.MethodPost, s.httpLongestPrefix)))
+	mux.Handle("/v1/lookup", s.guard(ScopeQuery, "/v1/lookup", s.method(http.MethodPost, s.httpLookup)))
+	mux.Handle("/v1/pods", s.guard(ScopeQuery, "/v1/pods", s.method(http.MethodGet, s.httpPods)))
 	s.handleCommon(mux)
 	return mux
 }
@@ -54,11 +54,14 @@ func (s *Server) Handler(HTTPOptions) http.Handler {
 //	GET /readyz    as on the API port
 func (s *Server) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	prof := func(path string, h http.HandlerFunc) {
+		mux.Handle(path, s.guard(ScopeAdmin, "/debug/pprof/", h))
+	}
+	prof("/debug/pprof/", pprof.Index)
+	prof("/debug/pprof/cmdline", pprof.Cmdline)
+	prof("/debug/pprof/profile", pprof.Profile)
+	prof("/debug/pprof/symbol", pprof.Symbol)
+	prof("/debug/pprof/trace", pprof.Trace)
 	s.handleCommon(mux)
 	return mux
 }
@@ -66,7 +69,7 @@ func (s *Server) AdminHandler() http.Handler {
 // handleCommon adds the endpoints both HTTP listeners serve: metrics,
 // liveness, readiness, and a JSON 404 for the rest.
 func (s *Server) handleCommon(mux *http.ServeMux) {
-	mux.Handle("/metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry}))
+	mux.Handle("/metrics", s.guard(ScopeMetrics, "/metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
 	})
@@ -355,6 +358,10 @@ func httpStatus(c codes.Code) int {
 		return http.StatusBadRequest
 	case codes.NotFound:
 		return http.StatusNotFound
+	case codes.Unauthenticated:
+		return http.StatusUnauthorized
+	case codes.PermissionDenied:
+		return http.StatusForbidden
 	case codes.ResourceExhausted:
 		return http.StatusTooManyRequests
 	case codes.Unimplemented:

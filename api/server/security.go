@@ -8,6 +8,7 @@ import (
 // refused callers.
 type securityMetrics struct {
 	reloads *prometheus.CounterVec
+	refused *prometheus.CounterVec
 }
 
 // setupSecurity loads the certificate (and auth) files of
@@ -25,8 +26,12 @@ func (s *Server) setupSecurity() error {
 			Name: "kvindex_config_reloads_total",
 			Help: "Reloads of changed certificate (tls) and auth (auth) files, by result (ok; error: the loaded version was kept).",
 		}, []string{"file", "result"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvindex_auth_refused_total",
+			Help: "Requests refused by authorization, by reason (no_credentials, bad_token, unknown_identity, scope, tenant) and endpoint.",
+		}, []string{"reason", "endpoint"}),
 	}
-	for _, c := range []prometheus.Collector{s.sec.reloads} {
+	for _, c := range []prometheus.Collector{s.sec.reloads, s.sec.refused} {
 		if err := s.cfg.Registry.Register(c); err != nil {
 			return err
 		}
@@ -35,7 +40,20 @@ func (s *Server) setupSecurity() error {
 	if s.certs, err = s.newCertReloader(*sec); err != nil {
 		return err
 	}
-	return nil
+	switch {
+	case sec.AuthFile != "":
+		s.authMode = authFile
+		s.auth, err = newReloader("auth", []string{sec.AuthFile}, sec.ReloadCheck, s.now, s.log, s.sec.reloaded("auth"), func() (*policy, error) {
+			p, err := loadAuthFile(sec.AuthFile)
+			if err == nil {
+				s.log.Info("auth file loaded", "file", sec.AuthFile, "tokens", len(p.tokens), "identities", len(p.identities))
+			}
+			return p, err
+		})
+	case sec.ClientCAFile != "":
+		s.authMode = authCertOnly
+	}
+	return err
 }
 
 // reloaded returns the function counting reloads of file.

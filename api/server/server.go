@@ -121,8 +121,10 @@ type Server struct {
 	tokens tokenGate
 	conns  connStats
 
-	certs *reloader[certs] // nil without TLS
-	sec   securityMetrics
+	certs    *reloader[certs]  // nil without TLS
+	auth     *reloader[policy] // nil without an auth file
+	authMode authMode
+	sec      securityMetrics
 }
 
 // NamedTokenizer is one tokenizer backend and the token_source name its
@@ -227,7 +229,8 @@ func (s *Server) NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 			MaxConnectionIdle: l.GRPCMaxConnIdle, Time: l.GRPCKeepaliveTime, Timeout: l.GRPCKeepaliveTimeout,
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.GRPCKeepaliveMinTime, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(s.metrics.unaryInterceptor),
+		grpc.ChainUnaryInterceptor(s.authUnary, s.metrics.unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.authStream),
 	}
 	if cfg := s.GRPCTLSConfig(); cfg != nil {
 		base = append(base, grpc.Creds(credentials.NewTLS(cfg)))
@@ -513,6 +516,9 @@ func (s *Server) resolveLongestPrefix(ctx context.Context, st *queryState, in pr
 	if err := s.checkModel(model, hv); err != nil {
 		return resolved{}, err
 	}
+	if err := s.checkTenant(ctx, in.prompt); err != nil {
+		return resolved{}, err
+	}
 	release, err := s.admit(in.prompt)
 	if err != nil {
 		return resolved{}, err
@@ -663,6 +669,9 @@ func (s *Server) Lookup(ctx context.Context, req *kvindexv1.LookupRequest) (*kvi
 		return nil, err
 	}
 	if err := s.checkModel(model, s.healthOf()); err != nil {
+		return nil, err
+	}
+	if err := s.checkTenant(ctx, req.GetPrompt()); err != nil {
 		return nil, err
 	}
 	release, err := s.admit(req.GetPrompt())

@@ -23,7 +23,7 @@ type Security struct {
 	// AdminTLSConfig). Needs CertFile.
 	ClientCAFile string
 	// AuthFile lists bearer tokens and certificate identities with their
-	// scopes (LoadAuthFile documents the format). Empty: with
+	// scopes (api/README.md's Security section documents the format). Empty: with
 	// ClientCAFile every verified certificate may do everything; without
 	// it nobody is asked.
 	AuthFile string

@@ -20,6 +20,7 @@ import (
 // security section describes the model.
 type securityFlags struct {
 	tlsCert, tlsKey, tlsClientCA string
+	authTokens                   string
 	adminAddr                    string
 }
 
@@ -27,6 +28,7 @@ func (f *securityFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "serve gRPC and HTTP over TLS with this certificate chain (PEM); reloaded when the file changes")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "private key (PEM) of --tls-cert; reloaded when the file changes")
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "require client certificates signed by these CAs (PEM) on the gRPC and HTTP listeners (mutual TLS); reloaded when the file changes")
+	fs.StringVar(&f.authTokens, "auth-tokens", "", "authorize callers: YAML file of bearer tokens (by SHA-256) and client-certificate identities with their scopes (query, watch, metrics, admin) and cache salts / LoRA adapters; reloaded when it changes (see the API documentation's Security section)")
 	fs.StringVar(&f.adminAddr, "admin-addr", "", "serve the admin listener here: Go profiles (/debug/pprof/), /metrics, /healthz, /readyz; keep it on loopback (e.g. 127.0.0.1:6060) unless callers need the admin scope (default: off)")
 }
 
@@ -34,7 +36,7 @@ func (f *securityFlags) register(fs *pflag.FlagSet) {
 // address; pprof is the removed --pprof flag, refused with where profiles
 // went.
 func (f *securityFlags) options(pprof bool) (server.Security, string, error) {
-	sec := server.Security{CertFile: f.tlsCert, KeyFile: f.tlsKey, ClientCAFile: f.tlsClientCA}
+	sec := server.Security{CertFile: f.tlsCert, KeyFile: f.tlsKey, ClientCAFile: f.tlsClientCA, AuthFile: f.authTokens}
 	if pprof {
 		return sec, "", usagef("--pprof was removed: Go profiles are served on the admin listener, off the API port; give --admin-addr 127.0.0.1:6060 instead")
 	}
@@ -104,13 +106,23 @@ func logSecurity(log *slog.Logger, sec server.Security, addrs ...string) {
 	case sec.TLS():
 		mode = "TLS"
 	}
-	log.Info("security", "tls", mode)
-	if sec.ClientCAFile != "" {
+	auth := "none"
+	switch {
+	case sec.AuthFile != "":
+		auth = "auth file " + sec.AuthFile
+	case sec.ClientCAFile != "":
+		auth = "any certificate of --tls-client-ca"
+	}
+	log.Info("security", "tls", mode, "auth", auth)
+	if sec.AuthFile != "" && !sec.TLS() {
+		log.Warn("bearer tokens without TLS cross the network in the clear: give --tls-cert and --tls-key (kvindex's own client sends tokens over TLS only)")
+	}
+	if sec.AuthFile != "" || sec.ClientCAFile != "" {
 		return
 	}
 	for _, a := range addrs {
 		if a != "" && !loopback(a) {
-			log.Warn("listening beyond loopback without authentication: any host that reaches this address may query, watch every tenant's block hashes and read metrics; see --tls-client-ca", "addr", a)
+			log.Warn("listening beyond loopback without authentication: any host that reaches this address may query, watch every tenant's block hashes and read metrics; see --auth-tokens and --tls-client-ca", "addr", a)
 		}
 	}
 }

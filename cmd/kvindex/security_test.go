@@ -1,7 +1,11 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -114,5 +118,75 @@ func TestE2EAdminListener(t *testing.T) {
 	_, errOut, code := runCLI(t, "serve", "--engine", "a=tcp://127.0.0.1:5557", "--model", "m", "--pprof")
 	if code != exitUsage || !strings.Contains(errOut, "--pprof was removed") || !strings.Contains(errOut, "--admin-addr") {
 		t.Errorf("--pprof: exit %d, %q", code, errOut)
+	}
+}
+
+// writeToken writes a token file and returns its path and the auth-file
+// line of its hash.
+func writeToken(t *testing.T, dir, name, token string) string {
+	t.Helper()
+	p := filepath.Join(dir, name+".token")
+	if err := os.WriteFile(p, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func tokenSHA(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
+// serve --auth-tokens: the CLI's --token-file carries a token's scopes;
+// tail without the watch scope and query with a watch-only token are
+// refused, saying which scope is missing, and counted.
+func TestE2ETokens(t *testing.T) {
+	p := newPKI(t)
+	auth := filepath.Join(p.dir, "auth.yaml")
+	err := os.WriteFile(auth, []byte(`tokens:
+  - name: gateway
+    sha256: `+tokenSHA("query-secret")+`
+    scopes: [query]
+  - name: tailer
+    sha256: `+tokenSHA("watch-secret")+`
+    scopes: [watch]
+`), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queryTok := writeToken(t, p.dir, "query", "query-secret")
+	watchTok := writeToken(t, p.dir, "watch", "watch-secret")
+	x := startE2EDial(t,
+		[]grpc.DialOption{dialTLS(t, client.TLSConfig{CAFile: p.ca.CertFile}), client.WithToken("query-secret")},
+		[]string{"pod-a"},
+		"--tls-cert", p.server.CertFile, "--tls-key", p.server.KeyFile, "--auth-tokens", auth)
+	addr := x.svc.grpcAddr
+	tests := []struct {
+		name  string
+		args  []string
+		code  int
+		inOut string
+	}{
+		{"pods with the query token", []string{"pods", "--token-file", queryTok}, exitOK, "pod-a"},
+		{"query with the query token", []string{"query", "--tokens", idsArg(tokensFrom(1, 32)), "--token-file", queryTok}, exitOK, "pod-a"},
+		{"query with the watch token", []string{"query", "--tokens", idsArg(tokensFrom(1, 32)), "--token-file", watchTok}, exitRuntime, "token tailer lacks the query scope that LongestPrefix needs (PermissionDenied)"},
+		{"tail with the query token", []string{"tail", "--token-file", queryTok}, exitRuntime, "token gateway lacks the watch scope that Watch needs (PermissionDenied)"},
+		{"pods without a token", []string{"pods"}, exitRuntime, "needs credentials"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append(tc.args, "--server", addr, "--tls-ca", p.ca.CertFile, "--timeout", "10s")
+			out, errOut, code := runCLI(t, args...)
+			text := out
+			if tc.code != exitOK {
+				text = errOut
+			}
+			if code != tc.code || !strings.Contains(text, tc.inOut) {
+				t.Errorf("exit %d (want %d)\nstdout: %s\nstderr: %s\nwant %q", code, tc.code, out, errOut, tc.inOut)
+			}
+		})
+	}
+	if logs := x.logs.String(); !strings.Contains(logs, `caller="token tailer"`) || strings.Contains(logs, "secret") {
+		t.Errorf("refusals should be logged with the token's name, never the token:\n%s", logs)
 	}
 }
