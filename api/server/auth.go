@@ -350,3 +350,27 @@ func quoteOrNone(s string) string {
 	}
 	return `"` + s + `"`
 }
+
+// watchTenant applies the tenant rule to a Watch: it returns the LoRA
+// adapters the caller may watch (nil: any), or refuses a caller restricted
+// to cache salts. Events carry a block's salt at most in the first block
+// of a sequence (vLLM hashes it into that block's extra keys, which the
+// stream does not carry), never in the blocks chained after it, so kvindex
+// cannot tell which of the blocks it streams belong to a salt: a
+// salt-restricted caller may query with its salts but not watch.
+func (s *Server) watchTenant(ctx context.Context) ([]string, error) {
+	ci := callInfoOf(ctx)
+	if ci == nil || ci.g == nil || !ci.g.restricted() {
+		return nil, nil
+	}
+	g := ci.g
+	if g.salts != nil {
+		return nil, s.refuse(&credential{remote: ci.remote}, g.name, ci.endpoint, reasonTenant, codes.PermissionDenied,
+			g.name+" is restricted to cache salts and cannot Watch: kvindex cannot attribute streamed blocks to a salt (only a sequence's first block carries it)")
+	}
+	loras := make([]string, 0, len(g.loras))
+	for l := range g.loras {
+		loras = append(loras, l)
+	}
+	return loras, nil
+}

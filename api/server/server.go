@@ -773,7 +773,11 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream kvindexv1.IndexServic
 			return status.Errorf(codes.InvalidArgument, "pods[%d] is empty", i)
 		}
 	}
-	w, err := s.cfg.Hub.Subscribe(req.GetPods())
+	loras, err := s.watchTenant(stream.Context())
+	if err != nil {
+		return err
+	}
+	w, err := s.cfg.Hub.SubscribeLoRAs(req.GetPods(), loras)
 	switch {
 	case errors.Is(err, ErrTooManyWatchers):
 		s.log.Warn("watch refused", "limit", s.cfg.Hub.MaxWatchers())
@@ -786,10 +790,14 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream kvindexv1.IndexServic
 	for {
 		m, err := w.Next(ctx)
 		var behind *BehindError
+		var limit *WatchLimitError
 		switch {
 		case errors.As(err, &behind):
 			s.log.Info("watcher fell behind; closed", "lost_events", behind.Events, "fan_out_queue", behind.Hub)
 			return status.Error(codes.ResourceExhausted, behind.Error())
+		case errors.As(err, &limit):
+			s.log.Info("restricted watcher closed", "reason", limit.Error())
+			return status.Error(codes.ResourceExhausted, limit.Error())
 		case errors.Is(err, ErrHubClosed):
 			return nil // the server is shutting down
 		case err != nil:

@@ -150,12 +150,17 @@ func TestE2ETokens(t *testing.T) {
   - name: tailer
     sha256: `+tokenSHA("watch-secret")+`
     scopes: [watch]
+  - name: tenant-a
+    sha256: `+tokenSHA("tenant-secret")+`
+    scopes: [query, watch]
+    salts: [salt-a]
 `), 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
 	queryTok := writeToken(t, p.dir, "query", "query-secret")
 	watchTok := writeToken(t, p.dir, "watch", "watch-secret")
+	tenantTok := writeToken(t, p.dir, "tenant", "tenant-secret")
 	x := startE2EDial(t,
 		[]grpc.DialOption{dialTLS(t, client.TLSConfig{CAFile: p.ca.CertFile}), client.WithToken("query-secret")},
 		[]string{"pod-a"},
@@ -172,6 +177,9 @@ func TestE2ETokens(t *testing.T) {
 		{"query with the watch token", []string{"query", "--tokens", idsArg(tokensFrom(1, 32)), "--token-file", watchTok}, exitRuntime, "token tailer lacks the query scope that LongestPrefix needs (PermissionDenied)"},
 		{"tail with the query token", []string{"tail", "--token-file", queryTok}, exitRuntime, "token gateway lacks the watch scope that Watch needs (PermissionDenied)"},
 		{"pods without a token", []string{"pods"}, exitRuntime, "needs credentials"},
+		{"tenant with its salt", []string{"query", "--tokens", idsArg(tokensFrom(1, 32)), "--cache-salt", "salt-a", "--token-file", tenantTok}, exitOK, "pod-a"},
+		{"tenant without its salt", []string{"lookup", "--tokens", idsArg(tokensFrom(1, 32)), "--token-file", tenantTok}, exitRuntime, `token tenant-a may not query cache_salt "" (none) (PermissionDenied)`},
+		{"tenant tails", []string{"tail", "--token-file", tenantTok}, exitRuntime, "restricted to cache salts and cannot Watch"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
