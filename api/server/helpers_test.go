@@ -53,7 +53,7 @@ func newFixture(t testing.TB, edit func(*Config)) *fixture {
 	}
 	gs := srv.NewGRPCServer()
 	go gs.Serve(lis)
-	hs := httptest.NewServer(srv.Handler(HTTPOptions{Pprof: true}))
+	hs := httptest.NewServer(srv.Handler(HTTPOptions{}))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := client.Dial(ctx, lis.Addr().String())

@@ -21,11 +21,9 @@ import (
 	"github.com/kvindex/kvindex/tokenizer"
 )
 
-// HTTPOptions configures Handler.
-type HTTPOptions struct {
-	// Pprof serves net/http/pprof under /debug/pprof/.
-	Pprof bool
-}
+// HTTPOptions configures Handler. It has no options today: Go profiles,
+// which it once served, are on the admin listener (AdminHandler).
+type HTTPOptions struct{}
 
 // Handler returns the HTTP/JSON API:
 //
@@ -35,16 +33,43 @@ type HTTPOptions struct {
 //	GET  /metrics            Prometheus metrics
 //	GET  /healthz            200 while the process runs
 //	GET  /readyz             200 once ready, else 503
-//	     /debug/pprof/       profiles, if opts.Pprof
 //
 // Errors are JSON objects {"error": "..."} with a 4xx status for client
 // mistakes.
-func (s *Server) Handler(opts HTTPOptions) http.Handler {
+func (s *Server) Handler(HTTPOptions) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/v1/longest-prefix", s.method(http.MethodPost, s.httpLongestPrefix))
-	mux.Handle("/v1/lookup", s.method(http.MethodPost, s.httpLookup))
-	mux.Handle("/v1/pods", s.method(http.MethodGet, s.httpPods))
-	mux.Handle("/metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry}))
+	mux.Handle("/v1/longest-prefix", s.guard(ScopeQuery, "/v1/longest-prefix", s.method(http.MethodPost, s.httpLongestPrefix)))
+	mux.Handle("/v1/lookup", s.guard(ScopeQuery, "/v1/lookup", s.method(http.MethodPost, s.httpLookup)))
+	mux.Handle("/v1/pods", s.guard(ScopeQuery, "/v1/pods", s.method(http.MethodGet, s.httpPods)))
+	s.handleCommon(mux)
+	return mux
+}
+
+// AdminHandler returns the admin listener's endpoints: what only
+// operators need, kept off the API port.
+//
+//	/debug/pprof/  Go profiles (net/http/pprof)
+//	GET /metrics   Prometheus metrics, as on the API port
+//	GET /healthz   as on the API port
+//	GET /readyz    as on the API port
+func (s *Server) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	prof := func(path string, h http.HandlerFunc) {
+		mux.Handle(path, s.guard(ScopeAdmin, "/debug/pprof/", h))
+	}
+	prof("/debug/pprof/", pprof.Index)
+	prof("/debug/pprof/cmdline", pprof.Cmdline)
+	prof("/debug/pprof/profile", pprof.Profile)
+	prof("/debug/pprof/symbol", pprof.Symbol)
+	prof("/debug/pprof/trace", pprof.Trace)
+	s.handleCommon(mux)
+	return mux
+}
+
+// handleCommon adds the endpoints both HTTP listeners serve: metrics,
+// liveness, readiness, and a JSON 404 for the rest.
+func (s *Server) handleCommon(mux *http.ServeMux) {
+	mux.Handle("/metrics", s.guard(ScopeMetrics, "/metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
 	})
@@ -55,17 +80,9 @@ func (s *Server) Handler(opts HTTPOptions) http.Handler {
 		}
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": s.notReadyReason()})
 	})
-	if opts.Pprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
-	return mux
 }
 
 // notReadyReason explains /readyz's 503.
@@ -341,6 +358,10 @@ func httpStatus(c codes.Code) int {
 		return http.StatusBadRequest
 	case codes.NotFound:
 		return http.StatusNotFound
+	case codes.Unauthenticated:
+		return http.StatusUnauthorized
+	case codes.PermissionDenied:
+		return http.StatusForbidden
 	case codes.ResourceExhausted:
 		return http.StatusTooManyRequests
 	case codes.Unimplemented:

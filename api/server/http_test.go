@@ -165,7 +165,7 @@ func TestHTTPBadRequests(t *testing.T) {
 
 func TestHTTPHealthAndPprof(t *testing.T) {
 	f := newFixture(t, nil)
-	for path, want := range map[string]int{"/healthz": 200, "/readyz": 503, "/debug/pprof/": 200} {
+	for path, want := range map[string]int{"/healthz": 200, "/readyz": 503, "/debug/pprof/": 404} {
 		resp, err := http.Get(f.url + path)
 		if err != nil {
 			t.Fatal(err)
@@ -184,16 +184,18 @@ func TestHTTPHealthAndPprof(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Errorf("/readyz after the first event = %d", resp.StatusCode)
 	}
-	// Without the flag there is no pprof.
-	srv, err := New(Config{Index: f.index, BlockSize: testBlockSize})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &responseRecorder{header: http.Header{}}
-	req, _ := http.NewRequest(http.MethodGet, "/debug/pprof/", nil)
-	srv.Handler(HTTPOptions{}).ServeHTTP(rec, req)
-	if rec.code != http.StatusNotFound {
-		t.Errorf("pprof without the option: %d", rec.code)
+	// Profiles are on the admin handler only, next to the probes and
+	// metrics.
+	for path, want := range map[string]int{"/debug/pprof/": 200, "/debug/pprof/cmdline": 200, "/healthz": 200, "/readyz": 200, "/metrics": 200, "/v1/pods": 404} {
+		rec := &responseRecorder{header: http.Header{}}
+		req, _ := http.NewRequest(http.MethodGet, path, nil)
+		f.srv.AdminHandler().ServeHTTP(rec, req)
+		if rec.code == 0 {
+			rec.code = 200
+		}
+		if rec.code != want {
+			t.Errorf("admin %s = %d, want %d", path, rec.code, want)
+		}
 	}
 }
 

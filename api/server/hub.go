@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/kvevents"
 )
@@ -139,7 +141,7 @@ func (h *Hub) Apply(engine kvevents.EngineID, seq uint64, events []kvevents.Even
 		slab = append(slab, ev.Hashes...)
 		it.events[i] = kvevents.Event{
 			Kind: ev.Kind, Hashes: slab[start:len(slab):len(slab)], Parent: ev.Parent, HasParent: ev.HasParent,
-			Medium: ev.Medium, GroupIdx: ev.GroupIdx, LoRAName: ev.LoRAName,
+			Medium: ev.Medium, GroupIdx: ev.GroupIdx, LoRAName: ev.LoRAName, HasLoRAID: ev.HasLoRAID, LoRAID: ev.LoRAID,
 		}
 		it.ntoks[i] = uint32(min(len(ev.TokenIDs), int(^uint32(0))))
 		it.bytes += int64(96 + len(ev.Medium) + len(ev.LoRAName))
@@ -210,7 +212,7 @@ func (h *Hub) fanOut() {
 // deliver offers one queued item to every watcher that wants it, and
 // closes the watchers it overflows.
 func (h *Hub) deliver(it *hubItem) {
-	var behind []*Watcher
+	var behind, ended []*Watcher
 	h.mu.RLock()
 	switch {
 	case it.lost > 0:
@@ -226,7 +228,13 @@ func (h *Hub) deliver(it *hubItem) {
 			Kind: kvindexv1.EventKind_EVENT_KIND_RESET, ResetReason: string(it.reset), AppliedUnixMs: it.ms,
 		}
 		for w := range h.watchers {
-			if w.wants(it.engine.Pod) && !h.offer(w, msg, int64(watchOverhead+len(msg.Pod)+len(msg.Model))) {
+			if !w.wants(it.engine.Pod) {
+				continue
+			}
+			if w.loras != nil {
+				w.forget(it.engine)
+			}
+			if !h.offer(w, msg, int64(watchOverhead+len(msg.Pod)+len(msg.Model))) {
 				behind = append(behind, w)
 			}
 		}
@@ -242,14 +250,29 @@ func (h *Hub) deliver(it *hubItem) {
 					msg = eventMessage(it.engine, it.bseq, &it.events[i], it.ntoks[i], it.ms)
 					size = watchSize(msg)
 				}
-				if !h.offer(w, msg, size) {
+				m, sz := msg, size
+				if w.loras != nil {
+					var err error
+					if m, err = w.restrict(it.engine, &it.events[i], msg); err != nil {
+						w.end(err)
+						ended = append(ended, w)
+						continue
+					}
+					if m == nil {
+						continue
+					}
+					if m != msg {
+						sz = watchSize(m)
+					}
+				}
+				if !h.offer(w, m, sz) {
 					behind = append(behind, w)
 				}
 			}
 		}
 	}
 	h.mu.RUnlock()
-	if len(behind) == 0 {
+	if len(behind) == 0 && len(ended) == 0 {
 		return
 	}
 	h.mu.Lock()
@@ -258,6 +281,9 @@ func (h *Hub) deliver(it *hubItem) {
 			delete(h.watchers, w)
 			h.closedBehind.Add(1)
 		}
+	}
+	for _, w := range ended {
+		delete(h.watchers, w)
 	}
 	h.active.Store(int64(len(h.watchers)))
 	h.mu.Unlock()
@@ -349,7 +375,33 @@ func (h *Hub) MaxWatchers() int { return h.limits.MaxWatchers }
 // none). It fails with ErrTooManyWatchers when Limits.MaxWatchers are
 // open, ErrHubClosed after Close.
 func (h *Hub) Subscribe(pods []string) (*Watcher, error) {
+	return h.SubscribeLoRAs(pods, nil)
+}
+
+// SubscribeLoRAs is Subscribe for a caller restricted to some LoRA
+// adapters ("" is the base model; nil: any, as Subscribe). Its watcher
+// gets:
+//   - the BlockStored events of those adapters; an event of an adapter
+//     kvindex cannot name (an engine sending lora_id without lora_name) is
+//     withheld;
+//   - of each BlockRemoved, only the hashes it was sent as stored, so that
+//     it never learns a block of another adapter, even one being evicted;
+//   - AllBlocksCleared and resets, which carry no block.
+//
+// To filter removals the watcher remembers the blocks it was sent, per
+// engine, up to MaxRestrictedWatchBlocks; beyond that it is ended with a
+// *WatchLimitError (the client reconnects and starts afresh). Blocks the
+// index evicts for its memory budget send no event and stay remembered
+// until then.
+func (h *Hub) SubscribeLoRAs(pods, loras []string) (*Watcher, error) {
 	w := &Watcher{hub: h, signal: make(chan struct{}, 1)}
+	if loras != nil {
+		w.loras = make(map[string]bool, len(loras))
+		for _, l := range loras {
+			w.loras[l] = true
+		}
+		w.shown = make(map[kvevents.EngineID]map[uint64]uint32)
+	}
 	if len(pods) > 0 {
 		w.pods = make(map[string]struct{}, len(pods))
 		for _, p := range pods {
@@ -402,11 +454,17 @@ func (h *Hub) Close() {
 
 // Watcher is one subscription to a Hub.
 type Watcher struct {
-	hub    *Hub
-	pods   map[string]struct{} // nil: every pod
-	since  uint64              // hub queue position at Subscribe
-	signal chan struct{}       // cap 1: the queue has items or err is set
-	closed atomic.Bool         // Close was called
+	hub   *Hub
+	pods  map[string]struct{} // nil: every pod
+	loras map[string]bool     // nil: every adapter (SubscribeLoRAs)
+	// shown counts, per engine, the stored blocks sent to a watcher with
+	// loras (references, as an engine may store a block twice); only the
+	// fan-out goroutine touches it.
+	shown  map[kvevents.EngineID]map[uint64]uint32
+	nshown int
+	since  uint64        // hub queue position at Subscribe
+	signal chan struct{} // cap 1: the queue has items or err is set
+	closed atomic.Bool   // Close was called
 
 	mu    sync.Mutex
 	q     []queued
@@ -527,6 +585,87 @@ func (w *Watcher) Close() {
 	h.mu.Unlock()
 	w.end(ErrHubClosed)
 	w.discard()
+}
+
+// MaxRestrictedWatchBlocks bounds the blocks a watcher restricted to LoRA
+// adapters remembers (SubscribeLoRAs): about 40 bytes each.
+const MaxRestrictedWatchBlocks = 1 << 20
+
+// WatchLimitError ends a restricted watcher that would remember more than
+// MaxRestrictedWatchBlocks blocks.
+type WatchLimitError struct{}
+
+func (*WatchLimitError) Error() string {
+	return fmt.Sprintf("a Watch restricted to LoRA adapters follows at most %d blocks; reconnect", MaxRestrictedWatchBlocks)
+}
+
+// loraAllowed reports whether a BlockStored event's adapter is one the
+// watcher may see.
+func (w *Watcher) loraAllowed(ev *kvevents.Event) bool {
+	if ev.LoRAName == "" && ev.HasLoRAID && ev.LoRAID != 0 {
+		return false // an adapter without a name: cannot be attributed
+	}
+	return w.loras[ev.LoRAName]
+}
+
+// restrict returns what a watcher with loras may see of one event: msg
+// itself, a copy with fewer hashes, or nil for nothing.
+func (w *Watcher) restrict(e kvevents.EngineID, ev *kvevents.Event, msg *kvindexv1.WatchResponse) (*kvindexv1.WatchResponse, error) {
+	switch ev.Kind {
+	case kvevents.BlockStored:
+		if !w.loraAllowed(ev) {
+			return nil, nil
+		}
+		if w.nshown+len(ev.Hashes) > MaxRestrictedWatchBlocks {
+			return nil, &WatchLimitError{}
+		}
+		m := w.shown[e]
+		if m == nil {
+			m = make(map[uint64]uint32)
+			w.shown[e] = m
+		}
+		for _, k := range ev.Hashes {
+			if m[k] == 0 {
+				w.nshown++
+			}
+			m[k]++
+		}
+		return msg, nil
+	case kvevents.BlockRemoved:
+		m := w.shown[e]
+		var keep []uint64
+		for _, k := range ev.Hashes {
+			n, ok := m[k]
+			if !ok {
+				continue
+			}
+			if n <= 1 {
+				delete(m, k)
+				w.nshown--
+			} else {
+				m[k] = n - 1
+			}
+			keep = append(keep, k)
+		}
+		switch len(keep) {
+		case 0:
+			return nil, nil
+		case len(ev.Hashes):
+			return msg, nil
+		}
+		c := proto.Clone(msg).(*kvindexv1.WatchResponse)
+		c.BlockHashes = keep
+		return c, nil
+	case kvevents.AllBlocksCleared:
+		w.forget(e)
+	}
+	return msg, nil
+}
+
+// forget drops what a restricted watcher remembers of an engine.
+func (w *Watcher) forget(e kvevents.EngineID) {
+	w.nshown -= len(w.shown[e])
+	delete(w.shown, e)
 }
 
 // eventMessage converts one applied event; ntoks is its number of token

@@ -23,16 +23,39 @@ func (s *Server) NewHTTPServer(opts HTTPOptions) *http.Server {
 	}
 }
 
+// NewAdminServer returns an http.Server for AdminHandler. Its write
+// timeout is Limits.HTTPWriteTimeout, which also caps
+// /debug/pprof/profile's seconds. Serve it on AdminListener's listener.
+func (s *Server) NewAdminServer() *http.Server {
+	l := s.cfg.Limits
+	return &http.Server{
+		Handler:           s.AdminHandler(),
+		ReadHeaderTimeout: l.HTTPReadHeaderTimeout,
+		ReadTimeout:       l.HTTPReadTimeout,
+		WriteTimeout:      l.HTTPWriteTimeout,
+		IdleTimeout:       l.HTTPIdleTimeout,
+		MaxHeaderBytes:    64 << 10,
+	}
+}
+
+// AdminListener returns lis speaking TLS with AdminTLSConfig when TLS is
+// configured, else lis.
+func (s *Server) AdminListener(lis net.Listener) net.Listener {
+	return tlsListener(lis, s.AdminTLSConfig())
+}
+
 // LimitListener returns lis accepting at most Limits.HTTPMaxConns open
 // connections: beyond that Accept waits for one to close, and the
 // connection waits in the kernel's backlog. Because every HTTP connection
 // ends within the server's timeouts, a waiting one is served eventually
 // (a client holding connections open cannot keep /healthz away for
 // good). Waits are counted (kvindex_http_connection_waits_total) and
-// logged at most once per connWaitLogEvery.
+// logged at most once per connWaitLogEvery. With TLS configured
+// (Config.Security) the connections it returns speak TLS; the handshake
+// runs in the connection's own goroutine, on its first read.
 func (s *Server) LimitListener(lis net.Listener) net.Listener {
 	s.conns.max = s.cfg.Limits.HTTPMaxConns
-	return &limitListener{Listener: lis, s: s, sem: make(chan struct{}, s.cfg.Limits.HTTPMaxConns), done: make(chan struct{})}
+	return tlsListener(&limitListener{Listener: lis, s: s, sem: make(chan struct{}, s.cfg.Limits.HTTPMaxConns), done: make(chan struct{})}, s.HTTPTLSConfig())
 }
 
 // connWaitLogEvery rate-limits the log line of a full connection limit.

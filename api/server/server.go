@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -84,6 +85,9 @@ type Config struct {
 	// The watch fields are the Hub's: give the same Limits to
 	// NewHubLimits.
 	Limits Limits
+	// Security configures TLS and caller authorization; the zero value
+	// serves plaintext to every caller.
+	Security Security
 	// Registry receives the server's metrics; a new one if nil.
 	Registry *prometheus.Registry
 	// Logger logs the server's noteworthy events; slog.Default if nil.
@@ -116,6 +120,11 @@ type Server struct {
 
 	tokens tokenGate
 	conns  connStats
+
+	certs    *reloader[certs]  // nil without TLS
+	auth     *reloader[policy] // nil without an auth file
+	authMode authMode
+	sec      securityMetrics
 }
 
 // NamedTokenizer is one tokenizer backend and the token_source name its
@@ -176,6 +185,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.metrics = m
+	if err := s.setupSecurity(); err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
 	for _, svc := range healthServices {
 		s.health.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
 	}
@@ -217,7 +229,11 @@ func (s *Server) NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 			MaxConnectionIdle: l.GRPCMaxConnIdle, Time: l.GRPCKeepaliveTime, Timeout: l.GRPCKeepaliveTimeout,
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.GRPCKeepaliveMinTime, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(s.metrics.unaryInterceptor),
+		grpc.ChainUnaryInterceptor(s.authUnary, s.metrics.unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.authStream),
+	}
+	if cfg := s.GRPCTLSConfig(); cfg != nil {
+		base = append(base, grpc.Creds(credentials.NewTLS(cfg)))
 	}
 	gs := grpc.NewServer(append(base, opts...)...)
 	s.Register(gs)
@@ -500,6 +516,9 @@ func (s *Server) resolveLongestPrefix(ctx context.Context, st *queryState, in pr
 	if err := s.checkModel(model, hv); err != nil {
 		return resolved{}, err
 	}
+	if err := s.checkTenant(ctx, in.prompt); err != nil {
+		return resolved{}, err
+	}
 	release, err := s.admit(in.prompt)
 	if err != nil {
 		return resolved{}, err
@@ -652,6 +671,9 @@ func (s *Server) Lookup(ctx context.Context, req *kvindexv1.LookupRequest) (*kvi
 	if err := s.checkModel(model, s.healthOf()); err != nil {
 		return nil, err
 	}
+	if err := s.checkTenant(ctx, req.GetPrompt()); err != nil {
+		return nil, err
+	}
 	release, err := s.admit(req.GetPrompt())
 	if err != nil {
 		return nil, err
@@ -751,7 +773,11 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream kvindexv1.IndexServic
 			return status.Errorf(codes.InvalidArgument, "pods[%d] is empty", i)
 		}
 	}
-	w, err := s.cfg.Hub.Subscribe(req.GetPods())
+	loras, err := s.watchTenant(stream.Context())
+	if err != nil {
+		return err
+	}
+	w, err := s.cfg.Hub.SubscribeLoRAs(req.GetPods(), loras)
 	switch {
 	case errors.Is(err, ErrTooManyWatchers):
 		s.log.Warn("watch refused", "limit", s.cfg.Hub.MaxWatchers())
@@ -764,10 +790,14 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream kvindexv1.IndexServic
 	for {
 		m, err := w.Next(ctx)
 		var behind *BehindError
+		var limit *WatchLimitError
 		switch {
 		case errors.As(err, &behind):
 			s.log.Info("watcher fell behind; closed", "lost_events", behind.Events, "fan_out_queue", behind.Hub)
 			return status.Error(codes.ResourceExhausted, behind.Error())
+		case errors.As(err, &limit):
+			s.log.Info("restricted watcher closed", "reason", limit.Error())
+			return status.Error(codes.ResourceExhausted, limit.Error())
 		case errors.Is(err, ErrHubClosed):
 			return nil // the server is shutting down
 		case err != nil:

@@ -39,7 +39,8 @@ func TestServerTarget(t *testing.T) {
 		{" localhost:6000 ", "localhost:6000", ""},
 		{"dns:///kvindex:50051", "dns:///kvindex:50051", ""},
 		{"unix:///run/kvindex.sock", "unix:///run/kvindex.sock", ""},
-		{"https://kvindex:50051", "", `--server "https://kvindex:50051": kvindex's gRPC API is plaintext, not TLS: want HOST[:PORT] (port 50051 when omitted), optionally after http:// or grpc://`},
+		{"https://kvindex:50051", "kvindex:50051", ""},
+		{"grpcs://kvindex", "kvindex:50051", ""},
 		{"ftp://kvindex", "", `--server "ftp://kvindex": unknown scheme "ftp": want HOST[:PORT]`},
 		{"http://kvindex:50051/v1/pods", "", `--server "http://kvindex:50051/v1/pods": want HOST[:PORT]`},
 		{"kvindex:http", "", `--server "kvindex:http": port "http" is not a number in 1..65535`},
@@ -47,7 +48,10 @@ func TestServerTarget(t *testing.T) {
 		{"", "", `--server "": want HOST[:PORT]`},
 		{"a:b:c", "", `--server "a:b:c": want HOST[:PORT]`},
 	} {
-		got, err := serverTarget(tc.in)
+		got, useTLS, err := serverTarget(tc.in)
+		if err == nil && useTLS != strings.HasPrefix(tc.in, "https://") && useTLS != strings.HasPrefix(tc.in, "grpcs://") {
+			t.Errorf("serverTarget(%q): TLS %v", tc.in, useTLS)
+		}
 		switch {
 		case tc.err == "" && (err != nil || got != tc.want):
 			t.Errorf("serverTarget(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
@@ -56,9 +60,9 @@ func TestServerTarget(t *testing.T) {
 		}
 	}
 	// A refused --server is a usage error, before anything is dialled.
-	_, errOut, code := runCLI(t, "pods", "--server", "https://kvindex")
-	if code != exitUsage || !strings.HasPrefix(errOut, `kvindex: --server "https://kvindex": `) {
-		t.Errorf("https: exit %d, %q", code, errOut)
+	_, errOut, code := runCLI(t, "pods", "--server", "ftp://kvindex")
+	if code != exitUsage || !strings.HasPrefix(errOut, `kvindex: --server "ftp://kvindex": `) {
+		t.Errorf("ftp: exit %d, %q", code, errOut)
 	}
 }
 

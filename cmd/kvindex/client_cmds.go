@@ -31,12 +31,14 @@ import (
 type clientFlags struct {
 	server  string
 	timeout time.Duration
+	sec     clientSecurityFlags
 	addr    string // the gRPC target --server names, set by dial
 }
 
 func (f *clientFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.server, "server", client.DefaultAddr, "address of the kvindex gRPC API: HOST[:PORT] (port "+defaultGRPCPort()+" when omitted)")
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "deadline for connecting and for the request")
+	f.sec.register(fs)
 }
 
 // defaultGRPCPort is the port of client.DefaultAddr, which --server adds
@@ -51,28 +53,28 @@ func defaultGRPCPort() string {
 var grpcSchemes = []string{"dns", "unix", "unix-abstract", "passthrough", "ipv4", "ipv6", "xds"}
 
 // serverTarget turns --server into the gRPC target to dial: HOST:PORT,
-// with the default port added to a bare host, and an http:// or grpc://
-// prefix dropped (kvindex's gRPC API is plaintext HTTP/2). gRPC's own
-// target schemes pass through unchanged.
-func serverTarget(s string) (string, error) {
-	want := "want HOST[:PORT] (port " + defaultGRPCPort() + " when omitted), optionally after http:// or grpc://"
+// with the default port added to a bare host, and an http://, grpc://,
+// https:// or grpcs:// prefix dropped; useTLS is true for the last two.
+// gRPC's own target schemes pass through unchanged.
+func serverTarget(s string) (target string, useTLS bool, err error) {
+	want := "want HOST[:PORT] (port " + defaultGRPCPort() + " when omitted), optionally after http://, grpc://, https:// or grpcs://"
 	in := s
 	s = strings.TrimSpace(s)
 	if scheme, rest, ok := strings.Cut(s, ":"); ok && slices.Contains(grpcSchemes, scheme) && (strings.HasPrefix(rest, "/") || strings.HasPrefix(scheme, "unix")) {
-		return s, nil
+		return s, false, nil
 	}
 	if scheme, rest, ok := strings.Cut(s, "://"); ok {
 		switch strings.ToLower(scheme) {
 		case "http", "grpc":
 			s = strings.TrimSuffix(rest, "/")
 		case "https", "grpcs":
-			return "", usagef("--server %q: kvindex's gRPC API is plaintext, not TLS: %s", in, want)
+			s, useTLS = strings.TrimSuffix(rest, "/"), true
 		default:
-			return "", usagef("--server %q: unknown scheme %q: %s", in, scheme, want)
+			return "", false, usagef("--server %q: unknown scheme %q: %s", in, scheme, want)
 		}
 	}
 	if s == "" || strings.ContainsAny(s, "/ ") {
-		return "", usagef("--server %q: %s", in, want)
+		return "", false, usagef("--server %q: %s", in, want)
 	}
 	host, port, err := net.SplitHostPort(s)
 	if err != nil {
@@ -80,26 +82,30 @@ func serverTarget(s string) (string, error) {
 		// or without brackets.
 		host = strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")
 		if strings.Contains(host, ":") && net.ParseIP(host) == nil || strings.ContainsAny(host, "[]") {
-			return "", usagef("--server %q: %s", in, want)
+			return "", false, usagef("--server %q: %s", in, want)
 		}
 		port = defaultGRPCPort()
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return "", usagef("--server %q: port %q is not a number in 1..65535: %s", in, port, want)
+		return "", false, usagef("--server %q: port %q is not a number in 1..65535: %s", in, port, want)
 	}
-	return net.JoinHostPort(host, port), nil
+	return net.JoinHostPort(host, port), useTLS, nil
 }
 
 // dial connects within the timeout.
 func (f *clientFlags) dial(ctx context.Context) (*client.Client, error) {
-	addr, err := serverTarget(f.server)
+	addr, useTLS, err := serverTarget(f.server)
+	if err != nil {
+		return nil, err
+	}
+	opts, err := f.sec.dialOptions(useTLS)
 	if err != nil {
 		return nil, err
 	}
 	f.addr = addr
 	dctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	c, err := client.Dial(dctx, addr)
+	c, err := client.Dial(dctx, addr, opts...)
 	if err != nil && answersHTTP1(err) {
 		return nil, f.httpPortError()
 	}

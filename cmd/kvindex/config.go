@@ -45,6 +45,7 @@ type serveFlags struct {
 	logFormat      string
 	check          bool
 	limits         limitFlags
+	security       securityFlags
 }
 
 func (f *serveFlags) register(fs *pflag.FlagSet) {
@@ -66,12 +67,13 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.tokenizer, "tokenizer", "", "local tokenizer.json (or .json.gz) for text prompts (completion form only)")
 	fs.IntVar(&f.maxQueryTokens, "max-query-tokens", server.DefaultMaxTokens, "largest prompt a query may carry, in tokens")
 	fs.DurationVar(&f.readyGrace, "ready-grace", server.DefaultReadyGrace, "report ready after this long even if some engines never connected")
-	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles under /debug/pprof/ on the HTTP address")
+	fs.BoolVar(&f.pprof, "pprof", false, "removed: Go profiles are served on the admin listener, see --admin-addr")
 	fs.StringVar(&f.stateDir, "state-dir", "", "directory where kvindex keeps its index and the engines' positions across restarts (created if missing; default: none, a restart starts empty)")
 	fs.DurationVar(&f.snapshotEvery, "snapshot-interval", defaultSnapshotInterval, "with --state-dir: how often the state is saved (also when serve stops); ingest pauses while the index is copied, queries go on")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text|json")
 	f.limits.register(fs)
+	f.security.register(fs)
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables, --config file, tokenizer file), print them and exit without listening or connecting")
 }
 

@@ -155,7 +155,7 @@ hash-seed: "42"
 block-size: 32
 memory-budget: 1.5GiB
 ready-grace: 5s
-pprof: true
+admin-addr: 127.0.0.1:6060
 log-format: json
 `)
 	o, f, err := parseServe(t, "--config", cfg, "--http-addr", ":7001", "--hash-seed", "7")
@@ -174,8 +174,8 @@ log-format: json
 		t.Errorf("memory budget %d", o.index.MemoryBudget)
 	case len(o.engines) != 2 || o.engines[1].Ranks != 2 || o.engines[0].ReplayEndpoint != "tcp://10.0.0.5:5558" || o.engines[0].Model != "qwen":
 		t.Errorf("engines %+v", o.engines)
-	case o.readyGrace != 5*time.Second || !o.pprof || f.logFormat != "json":
-		t.Errorf("grace %v pprof %v log format %q", o.readyGrace, o.pprof, f.logFormat)
+	case o.readyGrace != 5*time.Second || o.adminAddr != "127.0.0.1:6060" || f.logFormat != "json":
+		t.Errorf("grace %v admin %q log format %q", o.readyGrace, o.adminAddr, f.logFormat)
 	}
 
 	// Engines on the command line replace the file's list.

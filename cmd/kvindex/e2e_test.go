@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/blockhash"
@@ -65,6 +67,12 @@ type e2e struct {
 // following them, with extra serve flags appended.
 func startE2E(t *testing.T, pods []string, extra ...string) *e2e {
 	t.Helper()
+	return startE2EDial(t, nil, pods, extra...)
+}
+
+// startE2EDial is startE2E whose client dials with opts (TLS, tokens).
+func startE2EDial(t *testing.T, opts []grpc.DialOption, pods []string, extra ...string) *e2e {
+	t.Helper()
 	x := &e2e{t: t, engines: map[string]*zmqtransport.SimEngine{}, logs: &syncBuffer{}}
 	args := []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
 		"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16", "--ready-grace", "1m"}
@@ -105,7 +113,7 @@ func startE2E(t *testing.T, pods []string, extra ...string) *e2e {
 	})
 	dctx, dcancel := context.WithTimeout(context.Background(), e2eDeadline)
 	defer dcancel()
-	x.client, err = client.Dial(dctx, svc.grpcAddr)
+	x.client, err = client.Dial(dctx, svc.grpcAddr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

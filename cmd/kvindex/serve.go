@@ -98,10 +98,11 @@ type serveOptions struct {
 	tokenizerFile      string
 	maxQueryTokens     int
 	readyGrace         time.Duration
-	pprof              bool
 	limits             server.Limits
 	stateDir           string
 	snapshotInterval   time.Duration
+	security           server.Security
+	adminAddr          string
 }
 
 // options validates the flags.
@@ -117,7 +118,7 @@ func (f *serveFlags) options() (*serveOptions, error) {
 		maxEngines: f.maxEngines, forgetAfter: f.forgetAfter,
 		index:       indexer.Options{Hasher: h, MemoryBudget: budget},
 		tokenizeURL: f.tokenizeURL, tokenizerFile: f.tokenizer,
-		maxQueryTokens: f.maxQueryTokens, readyGrace: f.readyGrace, pprof: f.pprof,
+		maxQueryTokens: f.maxQueryTokens, readyGrace: f.readyGrace,
 		stateDir: f.stateDir, snapshotInterval: f.snapshotEvery,
 	}
 	seen := map[string]bool{}
@@ -161,6 +162,9 @@ func (f *serveFlags) options() (*serveOptions, error) {
 		return nil, usagef("--snapshot-interval %v: want at least %v", o.snapshotInterval, minSnapshotInterval)
 	}
 	if o.limits, err = f.limits.limits(o.maxQueryTokens); err != nil {
+		return nil, err
+	}
+	if o.security, o.adminAddr, err = f.security.options(f.pprof); err != nil {
 		return nil, err
 	}
 	if o.listen != "" {
@@ -216,9 +220,11 @@ type service struct {
 	api      *server.Server
 	grpc     *grpc.Server
 	http     *http.Server
-	grpcAddr string // resolved listen addresses
+	admin    *http.Server // nil without --admin-addr
+	grpcAddr string       // resolved listen addresses
 	httpAddr string
 	state    *stateDir // nil without --state-dir
+	adminLis net.Listener
 
 	done chan struct{}
 	err  error
@@ -311,7 +317,7 @@ func buildParts(o *serveOptions, log *slog.Logger, restore bool) (*parts, error)
 	srv, err := server.New(server.Config{
 		Index: ix, BlockSize: o.index.Hasher.BlockSize(), Tokenizers: toks, Hub: hub, Streams: sub,
 		DefaultModel: o.model, MaxTokens: o.maxQueryTokens, ExpectStreams: expect, ReadyGrace: grace,
-		Logger: log.With("component", "api"), Limits: o.limits,
+		Logger: log.With("component", "api"), Limits: o.limits, Security: o.security,
 	})
 	if err == nil {
 		err = srv.Registry().Register(buildInfoGauge(buildinfo.Read()))
@@ -364,6 +370,12 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		grpcLis.Close()
 		return nil, fmt.Errorf("--http-addr %s: %w", o.httpAddr, err)
 	}
+	adminLis, err := listenAdmin(o.adminAddr)
+	if err != nil {
+		grpcLis.Close()
+		httpLis.Close()
+		return nil, err
+	}
 	hcfg := o.index.Hasher.Config()
 	log.Info("kvindex starting",
 		"hash_algo", string(hcfg.Algo), "hash_seed", hcfg.Seed, "block_size", hcfg.BlockSize,
@@ -374,22 +386,26 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 	if err := sub.Start(); err != nil {
 		grpcLis.Close()
 		httpLis.Close()
+		closeAdmin(adminLis)
 		return nil, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "zmqtransport: "))
 	}
 	s := &service{
 		log: log, index: ix, hub: p.hub, sub: sub, api: srv,
 		grpc:     srv.NewGRPCServer(),
-		http:     srv.NewHTTPServer(server.HTTPOptions{Pprof: o.pprof}),
+		http:     srv.NewHTTPServer(server.HTTPOptions{}),
 		grpcAddr: grpcLis.Addr().String(),
 		httpAddr: httpLis.Addr().String(),
 		state:    p.state,
+		adminLis: adminLis,
 		done:     make(chan struct{}),
 	}
-	log.Info("serving", "grpc", s.grpcAddr, "http", s.httpAddr, "pprof", o.pprof)
+	log.Info("serving", "grpc", s.grpcAddr, "http", s.httpAddr, "admin", s.adminAddr())
 	logLimits(log, o.limits)
+	logSecurity(log, o.security, s.grpcAddr, s.httpAddr, s.adminAddr())
 
 	var wg sync.WaitGroup
-	errs := make(chan error, 2)
+	errs := make(chan error, 3)
+	s.serveAdmin(&wg, errs)
 	wg.Add(3)
 	go func() {
 		defer wg.Done()
@@ -478,7 +494,7 @@ func (s *service) shutdown() error {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
-	herr := s.http.Shutdown(ctx)
+	herr := errors.Join(s.http.Shutdown(ctx), s.shutdownAdmin(ctx))
 	select {
 	case <-stopped:
 	case <-ctx.Done():
