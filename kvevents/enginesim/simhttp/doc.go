@@ -49,9 +49,11 @@
 // "<|im_start|>ROLE\nCONTENT<|im_end|>\n" per message, then
 // "<|im_start|>assistant\n" unless add_generation_prompt is false; text
 // content parts are joined by newlines. Tools, chat_template,
-// continue_final_message, non-text content parts, n > 1, streaming and
-// batched prompts are refused with 400; other fields of a message
-// (tool_calls, name) and sampling parameters are ignored. Without a
-// tokenizer the engine takes token-id prompts only. The completion is
-// min(max_tokens, 16) words of fixed text, counted as one token each.
+// continue_final_message, non-text content parts, n > 1 and batched
+// prompts are refused with 400; other fields of a message (tool_calls,
+// name) and sampling parameters are ignored. Without a tokenizer the
+// engine takes token-id prompts only. The completion is min(max_tokens,
+// 16) words of fixed text, counted as one token each; with stream true it
+// comes as vLLM's server-sent events (the text in one chunk, the usage in
+// a last chunk when stream_options.include_usage is set, then [DONE]).
 package simhttp

@@ -24,8 +24,13 @@ type completionRequest struct {
 	MaxTokens        *int            `json:"max_tokens"`
 	N                *int            `json:"n"`
 	Stream           bool            `json:"stream"`
+	StreamOptions    *streamOptions  `json:"stream_options"`
 	CacheSalt        *string         `json:"cache_salt"`
 	AddSpecialTokens *bool           `json:"add_special_tokens"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
 }
 
 // chatRequest is the part of an OpenAI chat request the simulated engine
@@ -37,6 +42,7 @@ type chatRequest struct {
 	MaxCompletionTokens  *int            `json:"max_completion_tokens"`
 	N                    *int            `json:"n"`
 	Stream               bool            `json:"stream"`
+	StreamOptions        *streamOptions  `json:"stream_options"`
 	CacheSalt            *string         `json:"cache_salt"`
 	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
 	AddSpecialTokens     *bool           `json:"add_special_tokens"`
@@ -113,31 +119,34 @@ func (s *Server) checkModel(m string) error {
 	return nil
 }
 
-// completion is the fake completion's length and finish reason.
+// completion is the fake completion's length and finish reason, and how
+// it is sent.
 type completion struct {
 	tokens int
 	finish string
+	stream bool // as server-sent events
+	usage  bool // streamed: a last chunk carries the usage
 }
 
 // common checks the fields both inference endpoints share and returns the
 // completion to make and the prompt's hash extras.
-func (s *Server) common(model string, n *int, stream bool, maxTokens *int, salt *string) (completion, *blockhash.Extras, error) {
-	c := completion{fakeTokens, "stop"}
+func (s *Server) common(model string, n *int, stream bool, so *streamOptions, maxTokens *int, salt *string) (completion, *blockhash.Extras, error) {
+	c := completion{tokens: fakeTokens, finish: "stop", stream: stream, usage: so != nil && so.IncludeUsage}
 	if err := s.checkModel(model); err != nil {
 		return c, nil, err
 	}
 	if n != nil && *n != 1 {
 		return c, nil, bad("n = %d: the simulated engine returns one choice", *n)
 	}
-	if stream {
-		return c, nil, bad("stream: streaming is not simulated; send stream false")
+	if so != nil && !stream {
+		return c, nil, bad("stream_options can only be given with stream true")
 	}
 	if maxTokens != nil {
 		if *maxTokens < 1 {
 			return c, nil, bad("max_tokens must be at least 1, got %d", *maxTokens)
 		}
 		if *maxTokens <= fakeTokens {
-			c = completion{*maxTokens, "length"}
+			c.tokens, c.finish = *maxTokens, "length"
 		}
 	}
 	var x *blockhash.Extras
@@ -313,7 +322,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) int {
 	var c completion
 	var x *blockhash.Extras
 	if err == nil {
-		c, x, err = s.common(req.Model, req.N, req.Stream, req.MaxTokens, req.CacheSalt)
+		c, x, err = s.common(req.Model, req.N, req.Stream, req.StreamOptions, req.MaxTokens, req.CacheSalt)
 	}
 	var ids []uint64
 	if err == nil {
@@ -325,6 +334,9 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) int {
 	}
 	if err != nil {
 		return s.fail(w, &obs, err)
+	}
+	if c.stream {
+		return s.stream(w, &obs, false, c, u)
 	}
 	return s.reply(w, &obs, map[string]any{
 		"id": "cmpl-" + strconv.FormatUint(s.ids.Add(1), 10), "object": "text_completion", "created": time.Now().Unix(), "model": s.cfg.Model,
@@ -343,7 +355,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) int {
 		if req.MaxCompletionTokens != nil {
 			req.MaxTokens = req.MaxCompletionTokens
 		}
-		c, x, err = s.common(req.Model, req.N, req.Stream, req.MaxTokens, req.CacheSalt)
+		c, x, err = s.common(req.Model, req.N, req.Stream, req.StreamOptions, req.MaxTokens, req.CacheSalt)
 	}
 	var ids []uint64
 	if err == nil {
@@ -355,6 +367,9 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) int {
 	}
 	if err != nil {
 		return s.fail(w, &obs, err)
+	}
+	if c.stream {
+		return s.stream(w, &obs, true, c, u)
 	}
 	return s.reply(w, &obs, map[string]any{
 		"id": "chatcmpl-" + strconv.FormatUint(s.ids.Add(1), 10), "object": "chat.completion", "created": time.Now().Unix(), "model": s.cfg.Model,
@@ -395,6 +410,47 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) int {
 		"id": s.cfg.Model, "object": "model", "created": s.start, "owned_by": "vllm", "root": s.cfg.Model, "parent": nil,
 		"max_model_len": s.cfg.MaxModelLen,
 	}}})
+	return http.StatusOK
+}
+
+// stream sends a completion as vLLM streams it: server-sent events of
+// chunks (for chat, the role first, then the text, then the finish
+// reason), the usage in a chunk of its own when asked, then [DONE].
+func (s *Server) stream(w http.ResponseWriter, obs *Request, chat bool, c completion, u usage) int {
+	id, object := "cmpl-", "text_completion"
+	if chat {
+		id, object = "chatcmpl-", "chat.completion.chunk"
+	}
+	id += strconv.FormatUint(s.ids.Add(1), 10)
+	created := time.Now().Unix()
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	send := func(choices []map[string]any, u *usage) {
+		chunk := map[string]any{"id": id, "object": object, "created": created, "model": s.cfg.Model, "choices": choices}
+		if u != nil {
+			chunk["usage"] = u
+		}
+		data, _ := json.Marshal(chunk) // maps of plain values: cannot fail
+		fmt.Fprintf(w, "data: %s\n\n", data)
+	}
+	choice := func(k string, v any, finish any) []map[string]any {
+		return []map[string]any{{"index": 0, k: v, "logprobs": nil, "finish_reason": finish}}
+	}
+	if chat {
+		send(choice("delta", map[string]any{"role": "assistant", "content": ""}, nil), nil)
+		send(choice("delta", map[string]any{"content": fakeText(c.tokens)}, nil), nil)
+		send(choice("delta", map[string]any{}, c.finish), nil)
+	} else {
+		send(choice("text", fakeText(c.tokens), nil), nil)
+		send(choice("text", "", c.finish), nil)
+	}
+	if c.usage {
+		send([]map[string]any{}, &u)
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+	obs.Status = http.StatusOK
+	s.observe(obs)
 	return http.StatusOK
 }
 

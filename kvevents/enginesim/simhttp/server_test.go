@@ -463,7 +463,7 @@ func TestBadRequests(t *testing.T) {
 		{url, "/v1/completions", `{"prompt":[]}`, 400, "the prompt is empty"},
 		{url, "/v1/completions", `{"prompt":"hi","model":"other"}`, 404, "The model `other` does not exist"},
 		{url, "/v1/completions", `{"prompt":"hi","n":2}`, 400, "n = 2"},
-		{url, "/v1/completions", `{"prompt":"hi","stream":true}`, 400, "streaming is not simulated"},
+		{url, "/v1/completions", `{"prompt":"hi","stream_options":{"include_usage":true}}`, 400, "stream_options can only be given with stream true"},
 		{url, "/v1/completions", `{"prompt":"hi","max_tokens":0}`, 400, "max_tokens must be at least 1"},
 		{url, "/v1/completions", `{"prompt":"hi","cache_salt":""}`, 400, "cache_salt must be a non-empty string"},
 		{url, "/v1/completions", `{"prompt":[` + strings.TrimSuffix(strings.Repeat("1,", 120), ",") + `],"max_tokens":16}`, 400, "maximum context length is 128 tokens. However, you requested 136 tokens"},
@@ -521,5 +521,77 @@ func TestModels(t *testing.T) {
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || len(m.Data) != 1 || m.Data[0].ID != "served-name" || m.Data[0].MaxModelLen != 8*bs {
 		t.Errorf("/v1/models: %+v, %v", m, err)
+	}
+}
+
+// With stream true the answer comes as vLLM's server-sent events: the
+// text in chunks, the usage (cached tokens included) in a last chunk of
+// its own when stream_options.include_usage asks for it, then [DONE].
+func TestStream(t *testing.T) {
+	_, url := front(t, simhttp.Config{Ranks: newEngines(t, 1, 64), Tokenizer: qwen(t)})
+	msgs := `[{"role":"user","content":"` + strings.Repeat("Stream me the answer, chunk by chunk. ", 6) + `"}]`
+	for _, tc := range []struct {
+		name, path, body string
+		usage            bool
+	}{
+		{"chat with usage", "/v1/chat/completions", `{"messages":` + msgs + `,"stream":true,"stream_options":{"include_usage":true},"max_tokens":3}`, true},
+		{"chat", "/v1/chat/completions", `{"messages":` + msgs + `,"stream":true,"max_tokens":3}`, false},
+		{"completion with usage", "/v1/completions", `{"prompt":[` + strings.TrimSuffix(strings.Repeat("9,", 40), ",") + `],"stream":true,"stream_options":{"include_usage":true},"max_tokens":3}`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for turn := range 2 {
+				resp, err := http.Post(url+tc.path, "application/json", strings.NewReader(tc.body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				data, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+					t.Fatalf("%d %s: %s", resp.StatusCode, resp.Header.Get("Content-Type"), data)
+				}
+				events := strings.Split(strings.TrimSuffix(string(data), "\n\n"), "\n\n")
+				if events[len(events)-1] != "data: [DONE]" {
+					t.Fatalf("the stream does not end with [DONE]: %q", data)
+				}
+				var text, finish string
+				var usages []response
+				for _, ev := range events[:len(events)-1] {
+					var chunk struct {
+						Choices []struct {
+							Text         string  `json:"text"`
+							Delta        struct{ Content string }
+							FinishReason *string `json:"finish_reason"`
+						} `json:"choices"`
+						Usage *json.RawMessage `json:"usage"`
+					}
+					payload, ok := strings.CutPrefix(ev, "data: ")
+					if !ok || json.Unmarshal([]byte(payload), &chunk) != nil {
+						t.Fatalf("not a data event: %q", ev)
+					}
+					for _, c := range chunk.Choices {
+						text += c.Text + c.Delta.Content
+						if c.FinishReason != nil {
+							finish = *c.FinishReason
+						}
+					}
+					if chunk.Usage != nil {
+						var r response
+						json.Unmarshal([]byte(payload), &r)
+						usages = append(usages, r)
+					}
+				}
+				if text != "This is a" || finish != "length" {
+					t.Errorf("turn %d: text %q, finish %q", turn, text, finish)
+				}
+				switch {
+				case !tc.usage && len(usages) != 0:
+					t.Errorf("turn %d: usage sent unasked", turn)
+				case tc.usage && len(usages) != 1:
+					t.Errorf("turn %d: %d usage chunks, want 1", turn, len(usages))
+				case tc.usage && (turn == 1) != (usages[0].Usage.PromptTokensDetails.CachedTokens > 0):
+					t.Errorf("turn %d: usage %+v", turn, usages[0].Usage)
+				}
+			}
+		})
 	}
 }
