@@ -558,7 +558,7 @@ func TestStream(t *testing.T) {
 				for _, ev := range events[:len(events)-1] {
 					var chunk struct {
 						Choices []struct {
-							Text         string  `json:"text"`
+							Text         string `json:"text"`
 							Delta        struct{ Content string }
 							FinishReason *string `json:"finish_reason"`
 						} `json:"choices"`
