@@ -257,7 +257,7 @@ func (s *Server) pick(r *http.Request) (*rank, int, error) {
 	if h := r.Header.Get("X-data-parallel-rank"); h != "" {
 		i, err := strconv.Atoi(h)
 		if err != nil || i < 0 || i >= len(s.ranks) {
-			return nil, -1, fmt.Errorf("X-data-parallel-rank %q: want a rank from 0 to %d", h, len(s.ranks)-1)
+			return nil, -1, fmt.Errorf("header X-data-parallel-rank %q: want a rank from 0 to %d", h, len(s.ranks)-1)
 		}
 		return s.ranks[i], i, nil
 	}
