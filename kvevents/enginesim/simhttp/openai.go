@@ -2,6 +2,7 @@ package simhttp
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -316,50 +317,43 @@ var fakeWords = strings.Fields("This is a simulated completion from kvindex sim:
 func fakeText(n int) string { return strings.Join(fakeWords[:min(n, len(fakeWords))], " ") }
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) int {
-	obs := Request{Path: r.URL.Path, Rank: -1}
-	var req completionRequest
-	err := s.decode(w, r, &req)
-	var c completion
-	var x *blockhash.Extras
-	if err == nil {
-		c, x, err = s.common(req.Model, req.N, req.Stream, req.StreamOptions, req.MaxTokens, req.CacheSalt)
-	}
-	var ids []uint64
-	if err == nil {
-		ids, err = s.promptIDs(r, req.Prompt, req.AddSpecialTokens)
-	}
-	var u usage
-	if err == nil {
-		u, err = s.infer(r, ids, x, c, &obs)
-	}
-	if err != nil {
-		return s.fail(w, &obs, err)
-	}
-	if c.stream {
-		return s.stream(w, &obs, false, c, u)
-	}
-	return s.reply(w, &obs, map[string]any{
-		"id": "cmpl-" + strconv.FormatUint(s.ids.Add(1), 10), "object": "text_completion", "created": time.Now().Unix(), "model": s.cfg.Model,
-		"choices": []map[string]any{{"index": 0, "text": fakeText(c.tokens), "logprobs": nil, "finish_reason": c.finish, "stop_reason": nil}},
-		"usage":   u,
+	return s.generate(w, r, false, func() (*completionRequest, []uint64, error) {
+		var req completionRequest
+		if err := s.decode(w, r, &req); err != nil {
+			return nil, nil, err
+		}
+		ids, err := s.promptIDs(r, req.Prompt, req.AddSpecialTokens)
+		return &req, ids, err
 	})
 }
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) int {
-	obs := Request{Path: r.URL.Path, Rank: -1}
-	var req chatRequest
-	err := s.decode(w, r, &req)
-	var c completion
-	var x *blockhash.Extras
-	if err == nil {
+	return s.generate(w, r, true, func() (*completionRequest, []uint64, error) {
+		var req chatRequest
+		if err := s.decode(w, r, &req); err != nil {
+			return nil, nil, err
+		}
 		if req.MaxCompletionTokens != nil {
 			req.MaxTokens = req.MaxCompletionTokens
 		}
-		c, x, err = s.common(req.Model, req.N, req.Stream, req.StreamOptions, req.MaxTokens, req.CacheSalt)
-	}
-	var ids []uint64
-	if err == nil {
-		ids, err = s.chatIDs(r, &req)
+		ids, err := s.chatIDs(r, &req)
+		return &completionRequest{Model: req.Model, MaxTokens: req.MaxTokens, N: req.N, Stream: req.Stream,
+			StreamOptions: req.StreamOptions, CacheSalt: req.CacheSalt}, ids, err
+	})
+}
+
+// generate answers an inference request: parse returns its fields (of the
+// completion form; for chat, those both forms share) and its prompt's ids.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool, parse func() (*completionRequest, []uint64, error)) int {
+	obs := Request{Path: r.URL.Path, Rank: -1}
+	req, ids, err := parse()
+	var c completion
+	var x *blockhash.Extras
+	if req != nil {
+		// The request's own mistakes come before its prompt's.
+		var cerr error
+		c, x, cerr = s.common(req.Model, req.N, req.Stream, req.StreamOptions, req.MaxTokens, req.CacheSalt)
+		err = cmp.Or(cerr, err)
 	}
 	var u usage
 	if err == nil {
@@ -369,12 +363,18 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) int {
 		return s.fail(w, &obs, err)
 	}
 	if c.stream {
-		return s.stream(w, &obs, true, c, u)
+		return s.stream(w, &obs, chat, c, u)
+	}
+	choice := map[string]any{"index": 0, "text": fakeText(c.tokens), "logprobs": nil, "finish_reason": c.finish, "stop_reason": nil}
+	id, object := "cmpl-", "text_completion"
+	if chat {
+		delete(choice, "text")
+		choice["message"] = map[string]any{"role": "assistant", "content": fakeText(c.tokens)}
+		id, object = "chatcmpl-", "chat.completion"
 	}
 	return s.reply(w, &obs, map[string]any{
-		"id": "chatcmpl-" + strconv.FormatUint(s.ids.Add(1), 10), "object": "chat.completion", "created": time.Now().Unix(), "model": s.cfg.Model,
-		"choices": []map[string]any{{"index": 0, "message": map[string]any{"role": "assistant", "content": fakeText(c.tokens)}, "logprobs": nil, "finish_reason": c.finish, "stop_reason": nil}},
-		"usage":   u,
+		"id": id + strconv.FormatUint(s.ids.Add(1), 10), "object": object, "created": time.Now().Unix(), "model": s.cfg.Model,
+		"choices": []map[string]any{choice}, "usage": u,
 	})
 }
 
