@@ -24,6 +24,7 @@ import (
 	"github.com/kvindex/kvindex/demo"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/enginesim/simhttp"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/tokenizer"
 )
@@ -46,6 +47,9 @@ type simFlags struct {
 	requests   int
 	tokenizer  string
 	logPrompts string
+	httpPort   int
+	maxSeqs    int
+	prefill    time.Duration
 }
 
 // Limits of kvindex sim's settings.
@@ -55,6 +59,7 @@ const (
 	simMaxRate     = 10_000
 	simMaxSessions = 4096
 	simMaxHosts    = 254 // bind mode: 127.0.0.1 to 127.0.0.254
+	simMaxSeqs     = 1 << 16
 )
 
 func (f *simFlags) register(fs *pflag.FlagSet) {
@@ -74,6 +79,9 @@ func (f *simFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.requests, "requests", 0, "stop sending after this many requests and keep the engines up (0: until Ctrl-C)")
 	fs.StringVar(&f.tokenizer, "tokenizer", "", "tokenizer.json (or .json.gz) the prompts are written as text through (default: none, random token ids)")
 	fs.StringVar(&f.logPrompts, "log-prompts", "", "write every prompt sent to this file (emptied first), one per line: its text, or its token ids comma-separated")
+	fs.IntVar(&f.httpPort, "http-port", 0, "serve each engine over vLLM's HTTP API (OpenAI completions and chat, /tokenize, /metrics): engine i on 127.0.0.1 at this port + i (with --connect: on its host 127.0.0.<i+1> at this port); 0: none")
+	fs.IntVar(&f.maxSeqs, "max-num-seqs", simhttp.DefaultMaxRunning, "HTTP requests each engine rank runs at once (vLLM's --max-num-seqs); later ones wait")
+	fs.DurationVar(&f.prefill, "prefill-per-token", simhttp.DefaultPrefillPerToken, "prefill time of an HTTP request per prompt token not served from the cache (0: none)")
 }
 
 // simEngine is one simulated engine rank and where it publishes.
@@ -89,6 +97,7 @@ func (e *simEngine) name() string { return client.EngineName(e.pod, uint32(e.ran
 // simRun is a running kvindex sim.
 type simRun struct {
 	engines []*simEngine
+	fronts  []*simhttp.Server // per engine, with --http-port
 	// step is held while a request is made and logged: holding it pauses
 	// the workload between two requests.
 	step sync.Mutex
@@ -110,6 +119,8 @@ type simPlan struct {
 	pods    []string
 	// pub and replay endpoints per engine, then per rank.
 	pubs, replays [][]string
+	// https are the engines' HTTP addresses (host:port), with --http-port.
+	https []string
 }
 
 func newSimCmd() *cobra.Command {
@@ -138,10 +149,24 @@ by pod IP, so that kvindex finds rank r's replay socket at
 With --tokenizer the prompts are text (one line each) tokenized by that
 tokenizer.json, so "kvindex query --prompt TEXT" finds them when kvindex
 uses the same file; --log-prompts records them. Without it the prompts are
-random token ids.`,
+random token ids.
+
+With --http-port each engine also serves vLLM's HTTP API, so that a
+gateway, a picker or curl can send it requests: OpenAI /v1/completions
+(a text prompt, with --tokenizer, or token ids) and /v1/chat/completions
+(messages rendered as ChatML, with --tokenizer), whose usage reports
+prompt_tokens_details.cached_tokens from the engine's cache; /tokenize
+(for kvindex serve --tokenize-url); /metrics with vLLM's
+vllm:num_requests_running, vllm:num_requests_waiting,
+vllm:kv_cache_usage_perc, vllm:prefix_cache_queries and
+vllm:prefix_cache_hits. Those requests change the cache and publish events
+as the workload's do. A rank runs --max-num-seqs of them at once, each for
+--prefill-per-token per uncached prompt token; the rest wait. --rate 0
+sends no workload, leaving the engines to their HTTP clients.`,
 		Example: `  kvindex sim --tokenizer tokenizer/testdata/qwen2.5/tokenizer.json.gz --log-prompts prompts.txt
   kvindex sim --engines 4 --ranks 2 --rate 20 --hash-algo sha256_cbor --hash-seed 0
-  kvindex sim --connect tcp://127.0.0.1:5557 --engines 3`,
+  kvindex sim --connect tcp://127.0.0.1:5557 --engines 3
+  kvindex sim --http-port 8000 --rate 0 --tokenizer tokenizer/testdata/qwen2.5/tokenizer.json.gz`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, err := f.plan(cmd.Flags())
@@ -172,8 +197,18 @@ func (f *simFlags) plan(fs *pflag.FlagSet) (*simPlan, error) {
 		return nil, usagef("--capacity %d: want 1..%d blocks", f.capacity, simMaxBlocks)
 	case f.engines*f.ranks*f.capacity > simMaxBlocks:
 		return nil, usagef("--engines %d x --ranks %d x --capacity %d = %d blocks: at most %d in all", f.engines, f.ranks, f.capacity, f.engines*f.ranks*f.capacity, simMaxBlocks)
-	case !(f.rate > 0) || f.rate > simMaxRate:
-		return nil, usagef("--rate %v: want a number of requests per second above 0, at most %d", f.rate, simMaxRate)
+	case f.rate == 0 && f.httpPort == 0:
+		return nil, usagef("--rate 0 sends no workload, which leaves nothing to do without --http-port")
+	case f.rate == 0 && f.requests > 0:
+		return nil, usagef("--requests %d and --rate 0 contradict each other: --rate 0 sends no workload", f.requests)
+	case !(f.rate >= 0) || f.rate > simMaxRate:
+		return nil, usagef("--rate %v: want a number of requests per second, at most %d (0: no workload, with --http-port)", f.rate, simMaxRate)
+	case f.httpPort == 0 && (fs.Changed("max-num-seqs") || fs.Changed("prefill-per-token")):
+		return nil, usagef("--max-num-seqs and --prefill-per-token shape the HTTP fronts: give --http-port too")
+	case f.maxSeqs < 1 || f.maxSeqs > simMaxSeqs:
+		return nil, usagef("--max-num-seqs %d: want 1..%d", f.maxSeqs, simMaxSeqs)
+	case f.prefill < 0 || f.prefill > time.Second:
+		return nil, usagef("--prefill-per-token %v: want 0 to 1s", f.prefill)
 	case f.sessions < 1 || f.sessions > simMaxSessions:
 		return nil, usagef("--sessions %d: want 1..%d", f.sessions, simMaxSessions)
 	case f.turns < 1:
@@ -224,6 +259,9 @@ func (f *simFlags) plan(fs *pflag.FlagSet) (*simPlan, error) {
 				f.port, f.replayPort, perHost, portRange(f.port, perHost), portRange(f.replayPort, perHost), f.port+perHost)
 		}
 	}
+	if err := p.planHTTP(perHost); err != nil {
+		return nil, err
+	}
 	for i := range f.engines {
 		pod, host, base := "pod-"+strconv.Itoa(i), "127.0.0.1", i*f.ranks
 		if !p.bind {
@@ -242,8 +280,46 @@ func (f *simFlags) plan(fs *pflag.FlagSet) (*simPlan, error) {
 		}
 		p.pods = append(p.pods, pod)
 		p.pubs, p.replays = append(p.pubs, pubs), append(p.replays, replays)
+		if f.httpPort != 0 {
+			port := f.httpPort
+			if p.bind {
+				port += i
+			}
+			p.https = append(p.https, net.JoinHostPort(host, strconv.Itoa(port)))
+		}
 	}
 	return p, nil
+}
+
+// planHTTP checks --http-port: in connect mode the engines' HTTP ports
+// follow one another on 127.0.0.1, apart from the event and replay ports;
+// in bind mode each engine has its own host and they share the port.
+func (p *simPlan) planHTTP(perHost int) error {
+	f := p.f
+	if f.httpPort == 0 {
+		return nil
+	}
+	n := 1
+	if p.bind {
+		n = f.engines
+	}
+	if err := checkPortRange("--http-port", f.httpPort, n); err != nil {
+		return err
+	}
+	if !p.bind {
+		return nil
+	}
+	for _, r := range []struct {
+		flag  string
+		first int
+		used  bool
+	}{{"--port", f.port, true}, {"--replay-port", f.replayPort, p.replay}} {
+		if r.used && f.httpPort < r.first+perHost && r.first < f.httpPort+n {
+			return usagef("--http-port %d overlaps %s %d: %d engines serve HTTP on ports %s, %d engine ranks use ports %s",
+				f.httpPort, r.flag, r.first, n, portRange(f.httpPort, n), perHost, portRange(r.first, perHost))
+		}
+	}
+	return nil
 }
 
 // checkPortRange checks that n ports from first exist.
@@ -365,8 +441,13 @@ func (p *simPlan) run(ctx context.Context, w io.Writer) (err error) {
 			}
 		}()
 	}
+	// The HTTP fronts print their requests' lines beside the workload's.
+	w = &lockedWriter{w: w}
 	r := &simRun{}
 	defer func() {
+		for _, s := range r.fronts {
+			s.Close()
+		}
 		for _, e := range r.engines {
 			e.Close()
 		}
@@ -390,11 +471,19 @@ func (p *simPlan) run(ctx context.Context, w io.Writer) (err error) {
 			r.engines = append(r.engines, &simEngine{pod: p.pods[i], rank: rank, SimEngine: e})
 		}
 	}
+	if err := p.startHTTP(r, tok, w); err != nil {
+		return err
+	}
 	p.printStart(w, r)
 	if simStarted != nil {
 		simStarted(r)
 	}
 
+	if f.rate == 0 {
+		<-ctx.Done()
+		fmt.Fprintf(w, "stopped after %d requests\n", r.sent)
+		return nil
+	}
 	wl := newSimWorkload(f.seed, tok != nil, f.sessions, f.turns, len(r.engines), demo.DefaultWorkload(demo.ScenarioAgents).Vocab)
 	arrivals := rand.New(rand.NewPCG(f.seed, 0xa771))
 	timer := time.NewTimer(0)
@@ -419,6 +508,62 @@ func (p *simPlan) run(ctx context.Context, w io.Writer) (err error) {
 	<-ctx.Done()
 	fmt.Fprintf(w, "stopped after %d requests\n", r.sent)
 	return nil
+}
+
+// startHTTP starts each engine's HTTP front (--http-port), whose requests
+// print lines as the workload's do.
+func (p *simPlan) startHTTP(r *simRun, tok *tokenizer.Local, w io.Writer) error {
+	f := p.f
+	for i, addr := range p.https {
+		ranks := r.engines[i*f.ranks : (i+1)*f.ranks]
+		cfg := simhttp.Config{
+			Model: f.model, MaxRunning: f.maxSeqs, PrefillPerToken: f.prefill,
+			Observe: func(q simhttp.Request) { printHTTP(w, ranks, q) },
+		}
+		if tok != nil {
+			cfg.Tokenizer = tok
+		}
+		for _, e := range ranks {
+			cfg.Ranks = append(cfg.Ranks, e.Engine)
+		}
+		s, err := simhttp.New(cfg)
+		if err == nil {
+			err = s.Start(addr)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: HTTP: %s (another program holds the port? choose another --http-port)", p.pods[i], strings.TrimPrefix(err.Error(), "simhttp: "))
+		}
+		r.fronts = append(r.fronts, s)
+	}
+	return nil
+}
+
+// printHTTP prints an HTTP request's line: for inference, its engine, its
+// prompt's tokens and how many were cached, as the workload's lines say;
+// for a refused request, why. Tokenizations that succeed print nothing
+// (kvindex serve --tokenize-url sends one per query).
+func printHTTP(w io.Writer, ranks []*simEngine, q simhttp.Request) {
+	now := time.Now().Format("15:04:05.000")
+	switch {
+	case q.Status != 200:
+		fmt.Fprintf(w, "%s http %s -> %s: %d %s\n", now, q.Path, ranks[0].pod, q.Status, q.Err)
+	case q.Rank >= 0:
+		fmt.Fprintf(w, "%s http %s -> %s: %d tokens, %d cached (%.1f%%)\n",
+			now, q.Path, ranks[q.Rank].name(), q.PromptTokens, q.CachedTokens, math.Round(1000*float64(q.CachedTokens)/float64(q.PromptTokens))/10)
+	}
+}
+
+// lockedWriter serializes writes: the workload and the HTTP fronts print
+// concurrently.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
 }
 
 // request makes one request on its engine, logs its prompt and prints its
@@ -475,6 +620,12 @@ func (p *simPlan) printStart(w io.Writer, r *simRun) {
 		}
 		fmt.Fprintf(w, "  %s %s, replay %s\n", e.name(), how, cmpOr(e.ReplayEndpoint(), "none"))
 	}
+	if len(r.fronts) > 0 {
+		fmt.Fprintf(w, "vLLM's HTTP API (POST /v1/completions, /v1/chat/completions, /tokenize; GET /metrics, /v1/models, /health), %d requests at once per rank, prefill %v per uncached token:\n", f.maxSeqs, f.prefill)
+		for i, s := range r.fronts {
+			fmt.Fprintf(w, "  %s http://%s\n", p.pods[i], s.Addr())
+		}
+	}
 	prompts := "random token ids"
 	if f.tokenizer != "" {
 		prompts = "text through " + f.tokenizer
@@ -483,8 +634,12 @@ func (p *simPlan) printStart(w io.Writer, r *simRun) {
 	if f.requests > 0 {
 		limit = strconv.Itoa(f.requests) + " requests"
 	}
-	fmt.Fprintf(w, "workload: %d conversations at a time sharing a system prompt, %d turns each, %v requests/s, %s; prompts are %s; seed %d\n",
-		f.sessions, f.turns, f.rate, limit, prompts, f.seed)
+	if f.rate == 0 {
+		fmt.Fprintf(w, "workload: none (--rate 0); prompts over HTTP are %s\n", map[bool]string{true: "text or token ids", false: "token ids"}[f.tokenizer != ""])
+	} else {
+		fmt.Fprintf(w, "workload: %d conversations at a time sharing a system prompt, %d turns each, %v requests/s, %s; prompts are %s; seed %d\n",
+			f.sessions, f.turns, f.rate, limit, prompts, f.seed)
+	}
 	if f.logPrompts != "" {
 		q := `kvindex query --prompt "$(tail -n 1 ` + shellLine([]string{f.logPrompts}) + `)"`
 		if f.tokenizer == "" {

@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +19,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/tokenizer"
 )
 
@@ -83,8 +87,17 @@ func TestSimBadFlags(t *testing.T) {
 		{[]string{"--ranks", "0"}, "--ranks 0: want 1..1024"},
 		{[]string{"--capacity", "0"}, "--capacity 0: want 1..16777216 blocks"},
 		{[]string{"--engines", "256", "--ranks", "16", "--capacity", "8192"}, "--engines 256 x --ranks 16 x --capacity 8192 = 33554432 blocks: at most 16777216 in all"},
-		{[]string{"--rate", "0"}, "--rate 0: want a number of requests per second above 0, at most 10000"},
+		{[]string{"--rate", "0"}, "--rate 0 sends no workload, which leaves nothing to do without --http-port"},
+		{[]string{"--rate", "-1"}, "--rate -1: want a number of requests per second, at most 10000 (0: no workload, with --http-port)"},
 		{[]string{"--rate", "NaN"}, "--rate NaN: want"},
+		{[]string{"--rate", "0", "--http-port", "8000", "--requests", "5"}, "--requests 5 and --rate 0 contradict each other"},
+		{[]string{"--max-num-seqs", "4"}, "--max-num-seqs and --prefill-per-token shape the HTTP fronts: give --http-port too"},
+		{[]string{"--http-port", "8000", "--max-num-seqs", "0"}, "--max-num-seqs 0: want 1..65536"},
+		{[]string{"--http-port", "8000", "--prefill-per-token", "-1us"}, "--prefill-per-token -1µs: want 0 to 1s"},
+		{[]string{"--http-port", "65535"}, "--http-port 65535: 2 engine ranks need ports 65535-65536, beyond 1..65535"},
+		{[]string{"--http-port", "5558"}, "--http-port 5558 overlaps --port 5557: 2 engines serve HTTP on ports 5558-5559, 2 engine ranks use ports 5557-5558"},
+		{[]string{"--http-port", "5555", "--engines", "3"}, "--http-port 5555 overlaps --port 5557: 3 engines serve HTTP on ports 5555-5557, 3 engine ranks use ports 5557-5559"},
+		{[]string{"--http-port", "5561", "--engines", "3"}, "--http-port 5561 overlaps --replay-port 5560"},
 		{[]string{"--sessions", "0"}, "--sessions 0: want 1..4096"},
 		{[]string{"--turns", "0"}, "--turns 0: want at least 1"},
 		{[]string{"--requests", "-1"}, "--requests -1: want 0 (until Ctrl-C) or more"},
@@ -191,7 +204,20 @@ func startSim(t *testing.T, args ...string) *simHarness {
 	}
 	for attempt := 0; ; attempt++ {
 		base := freePorts(t, hosts, n)
-		h, err := tryStartSim(t, append(slices.Clone(args), flag, strconv.Itoa(base))...)
+		moved := append(slices.Clone(args), flag, strconv.Itoa(base))
+		if p.f.httpPort != 0 {
+			// The HTTP fronts move too, clear of the ports above.
+			hhosts, hn := []string{"127.0.0.1"}, p.f.engines
+			if !p.bind {
+				hhosts, hn = p.pods, 1
+			}
+			hport := freePorts(t, hhosts, hn)
+			for p.bind && hport < base+n && base < hport+hn {
+				hport = freePorts(t, hhosts, hn)
+			}
+			moved = append(moved, "--http-port", strconv.Itoa(hport))
+		}
+		h, err := tryStartSim(t, moved...)
 		if err == nil {
 			return h
 		}
@@ -409,32 +435,7 @@ func TestSimFollowedByServe(t *testing.T) {
 				args[i+1] = "tcp://127.0.0.1:" + strconv.Itoa(freePorts(t, []string{"127.0.0.1"}, 1))
 			}
 			sim := startSim(t, args...)
-			words := shellWords(sim.serveLine())
-			o, _, err := parseServe(t, append(words[2:], "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")...)
-			if err != nil {
-				t.Fatalf("%s: %v", sim.serveLine(), err)
-			}
-			logs := &syncBuffer{}
-			log, _ := newLogger(logs, "debug", "text")
-			ctx, cancel := context.WithCancel(context.Background())
-			svc, err := startService(ctx, o, log)
-			if err != nil {
-				cancel()
-				t.Fatal(err)
-			}
-			defer func() {
-				cancel()
-				svc.wait()
-				if t.Failed() {
-					t.Logf("kvindex logs:\n%s\nsim output:\n%s", logs.String(), sim.out.String())
-				}
-			}()
-			c, err := client.Dial(context.Background(), svc.grpcAddr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-
+			c, o := followSim(t, sim)
 			awaitCaughtUp(t, c, sim.run, 60)
 			ids, err := parseTokenList(lastLine(t, args[len(args)-1]), "the last prompt")
 			if err != nil {
@@ -465,6 +466,38 @@ func TestSimFollowedByServe(t *testing.T) {
 			}
 		})
 	}
+}
+
+// followSim runs kvindex serve in-process from the line sim printed, with
+// extra flags, and returns a client of it.
+func followSim(t *testing.T, sim *simHarness, extra ...string) (*client.Client, *serveOptions) {
+	t.Helper()
+	words := shellWords(sim.serveLine())
+	o, _, err := parseServe(t, append(append(words[2:], "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"), extra...)...)
+	if err != nil {
+		t.Fatalf("%s: %v", sim.serveLine(), err)
+	}
+	logs := &syncBuffer{}
+	log, _ := newLogger(logs, "debug", "text")
+	ctx, cancel := context.WithCancel(context.Background())
+	svc, err := startService(ctx, o, log)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	c, err := client.Dial(context.Background(), svc.grpcAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		cancel()
+		svc.wait()
+		if t.Failed() {
+			t.Logf("kvindex logs:\n%s\nsim output:\n%s", logs.String(), sim.out.String())
+		}
+	})
+	return c, o
 }
 
 // With a tokenizer the prompts are text: the log holds them one per line
@@ -503,4 +536,119 @@ func TestSimTextPrompts(t *testing.T) {
 	if n := strings.Count(sim.out.String(), " req "); n != 5 {
 		t.Errorf("%d request lines, want 5:\n%s", n, sim.out.String())
 	}
+}
+
+// kvindex sim's HTTP fronts on the whole path, with no workload: a
+// conversation sent as chat requests to pod-1's front changes its cache
+// and publishes events; kvindex serve, following the engines and
+// tokenizing chat through pod-0's /tokenize, finds the conversation on
+// pod-1 alone; and pod-1's next answer reports as cached what kvindex
+// predicted, which its /metrics counts.
+func TestSimHTTP(t *testing.T) {
+	const tk = "../../tokenizer/testdata/qwen2.5/tokenizer.json.gz"
+	sim := startSim(t, "--engines", "2", "--tokenizer", tk, "--rate", "0", "--http-port", "8000", "--prefill-per-token", "0")
+	fronts := []string{"http://" + sim.run.fronts[0].Addr().String(), "http://" + sim.run.fronts[1].Addr().String()}
+	for i, f := range fronts {
+		if !strings.Contains(sim.out.String(), "\n  pod-"+strconv.Itoa(i)+" "+f+"\n") {
+			t.Fatalf("sim does not print pod-%d's HTTP address %s:\n%s", i, f, sim.out.String())
+		}
+	}
+	c, _ := followSim(t, sim, "--tokenize-url", fronts[0])
+
+	// kvindex learns of a stream's earlier batches from the first it
+	// sees, so send each engine small requests until one has arrived.
+	warm := 0
+	deadline := time.Now().Add(e2eDeadline)
+	for !allStreams(t, c, sim.run, func(e *simEngine, p *podState) bool { return p != nil && p.batches > 0 }) {
+		if time.Now().After(deadline) {
+			t.Fatal("no engine's batches reached kvindex")
+		}
+		for _, f := range fronts {
+			warm++
+			simPost(t, f+"/v1/completions", fmt.Sprintf(`{"prompt":[%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d]}`,
+				warm, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	msgs := []*kvindexv1.ChatMessage{
+		{Role: "system", Content: "You are a coding agent working in a large Go repository. Read before you write."},
+		{Role: "user", Content: "Find where the subscriber replays lost batches and explain the backoff."},
+	}
+	body := func() string {
+		b, _ := json.Marshal(map[string]any{"model": "Qwen/Qwen2.5-7B-Instruct", "messages": msgs, "max_tokens": 8})
+		return string(b)
+	}
+	cached := 0
+	for turn := range 2 {
+		// Wait until kvindex has applied every batch of every engine.
+		for !allStreams(t, c, sim.run, func(e *simEngine, p *podState) bool { return p.lastSeq == e.Seq()-1 }) {
+			if time.Now().After(deadline) {
+				t.Fatal("kvindex did not catch up with the engines")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		r, err := c.LongestPrefixMessages(context.Background(), "", msgs, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]uint32{}
+		for _, p := range r.GetPods() {
+			got[p.GetPod()] = p.GetMatchedBlocks()
+		}
+		ids := simPost(t, fronts[1]+"/tokenize", body()).Tokens
+		if want := holdings(t, sim.run, ids); !mapsEqual(got, want) || turn == 1 && got["pod-1"] == 0 {
+			t.Errorf("turn %d: kvindex answers %v for the conversation; the engines hold %v", turn+1, got, want)
+		}
+		u := simPost(t, fronts[1]+"/v1/chat/completions", body()).Usage
+		if u.PromptTokens != len(ids) || u.PromptTokensDetails.CachedTokens != int(got["pod-1"])*16 {
+			t.Errorf("turn %d: usage %+v; kvindex predicted %d cached blocks of 16 tokens", turn+1, u, got["pod-1"])
+		}
+		cached += u.PromptTokensDetails.CachedTokens
+		msgs = append(msgs, &kvindexv1.ChatMessage{Role: "assistant", Content: "It backs off exponentially up to a cap."},
+			&kvindexv1.ChatMessage{Role: "user", Content: "Show me the constants."})
+	}
+	if !strings.Contains(sim.out.String(), " http /v1/chat/completions -> pod-1: ") {
+		t.Errorf("sim printed no line for the chat requests:\n%s", sim.out.String())
+	}
+	if cached == 0 || !strings.Contains(simGet(t, fronts[1]+"/metrics"), `vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen2.5-7B-Instruct"} `+strconv.Itoa(cached)+"\n") {
+		t.Errorf("pod-1's /metrics does not count the %d cached tokens its answers reported:\n%s", cached, simGet(t, fronts[1]+"/metrics"))
+	}
+}
+
+// simResponse is what TestSimHTTP reads of the fronts' answers.
+type simResponse struct {
+	Tokens []uint64 `json:"tokens"`
+	Usage  struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		PromptTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+}
+
+func simPost(t *testing.T, url, body string) simResponse {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	var r simResponse
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(data, &r) != nil {
+		t.Fatalf("POST %s %s: %d %s", url, body, resp.StatusCode, data)
+	}
+	return r
+}
+
+func simGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return string(data)
 }
