@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -33,6 +34,9 @@ type Scorer struct {
 	eligible []int
 	run      []int
 	ties     []int
+	order    []int
+	scores   []Score
+	ahead    []float64
 }
 
 // New returns a Scorer for cfg, or an error matching ErrConfig.
@@ -121,8 +125,10 @@ func (s *Scorer) Pick(now time.Time, req *Request, cands []Candidate) (Decision,
 		sessionPod, hasSession = s.sessions.Get(req.Session)
 	}
 
-	scores := make([]Score, len(s.eligible))
-	pressure := make([]float64, len(s.eligible))
+	s.scores = slices.Grow(s.scores[:0], len(s.eligible))[:len(s.eligible)]
+	clear(s.scores)
+	s.ahead = slices.Grow(s.ahead[:0], len(s.eligible))[:len(s.eligible)]
+	scores, pressure := s.scores, s.ahead
 	w := s.cfg.Weights
 	for j, i := range s.eligible {
 		c := &cands[i]
@@ -185,20 +191,27 @@ func (s *Scorer) Pick(now time.Time, req *Request, cands []Candidate) (Decision,
 		s.sessions.Add(req.Session, chosen.Pod)
 	}
 
-	// Best first, the chosen pod ahead of any it tied with.
-	chosenScore := scores[pick]
-	copy(scores[1:pick+1], scores[:pick])
-	scores[0] = chosenScore
-	slices.SortStableFunc(scores[1:], func(a, b Score) int {
-		switch {
-		case a.Total > b.Total:
-			return -1
-		case a.Total < b.Total:
-			return 1
+	// Best first, the chosen pod ahead of any it tied with, then candidate
+	// order. Sorting indices rather than Scores avoids moving 80-byte
+	// structs with pointers.
+	s.order = s.order[:0]
+	for j := range scores {
+		if j != pick {
+			s.order = append(s.order, j)
 		}
-		return 0
+	}
+	slices.SortFunc(s.order, func(a, b int) int {
+		if c := cmp.Compare(s.scores[b].Total, s.scores[a].Total); c != 0 {
+			return c
+		}
+		return a - b
 	})
-	return Decision{Endpoint: chosen.Endpoint, Pod: chosen.Pod, Scores: scores}, nil
+	out := make([]Score, 0, len(scores))
+	out = append(out, scores[pick])
+	for _, j := range s.order {
+		out = append(out, scores[j])
+	}
+	return Decision{Endpoint: chosen.Endpoint, Pod: chosen.Pod, Scores: out}, nil
 }
 
 // pressure is the candidate's load in requests ahead of a new one: the
