@@ -25,8 +25,10 @@ type Weights struct {
 	// Session weighs stickiness to the session's last pod. It matters
 	// where the prompt says little about the cache: the Responses API's
 	// previous_response_id resends no history, and a picker without
-	// token ids sees no prefix at all. Small by default, so a prefix
-	// match elsewhere wins over it.
+	// token ids sees no prefix at all. Small by default (a sixth of a
+	// request ahead, 1/14 of the prompt), so that it settles near-ties
+	// and never holds a conversation on a busy pod: where the index sees
+	// the prefix, the prefix term already says what staying is worth.
 	Session float64 `yaml:"session"`
 	// Hot weighs the hot-prefix guard: by default above Prefix, so that
 	// a spill beats any prefix advantage.
@@ -122,7 +124,7 @@ type Config struct {
 // DefaultConfig returns the defaults; every default is written here only.
 func DefaultConfig() Config {
 	return Config{
-		Weights:   Weights{Prefix: 0.7, Load: 0.3, Session: 0.1, Hot: 1, Priority: 0.1},
+		Weights:   Weights{Prefix: 0.7, Load: 0.3, Session: 0.05, Hot: 1, Priority: 0.1},
 		BlockSize: 16,
 		Tiers:     TierWeights{GPU: 1, CPU: 0.5, Disk: 0.25},
 		Health: HealthWeights{
