@@ -301,8 +301,8 @@ func (o *Options) runRouter(ctx context.Context, name string, p *runPlan, progre
 		}
 		r = newConsistentHash(f.names, k, o.VNodes)
 	case RouterApproximate:
-		src, err := newApproxSource(engines, capacity, o.ApproxBlocks, h.BlockSize())
-		if err != nil {
+		var src *approxSource
+		if src, err = newApproxSource(engines, capacity, o.ApproxBlocks, h.BlockSize()); err != nil {
 			return RouterResult{}, err
 		}
 		r, err = newScoring(name, pickerConfig(o.Weights, h.BlockSize(), o.Seed), src, f.names)
