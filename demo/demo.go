@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/picker"
 )
 
 // Options configures a demo run: the settings (Config; start from
@@ -300,19 +301,26 @@ func (o *Options) runRouter(ctx context.Context, name string, p *runPlan, progre
 		}
 		r = newConsistentHash(f.names, k, o.VNodes)
 	case RouterApproximate:
-		src, err := newApproxSource(engines, capacity, o.ApproxBlocks)
-		if err != nil {
+		var src *approxSource
+		if src, err = newApproxSource(engines, capacity, o.ApproxBlocks, h.BlockSize()); err != nil {
 			return RouterResult{}, err
 		}
-		r = newScoring(name, o.Weights, src, o.Seed)
+		r, err = newScoring(name, pickerConfig(o.Weights, h.BlockSize(), o.Seed), src, f.names)
 	case RouterPrecise:
-		r = newScoring(name, o.Weights, newIndexSource(f, o.Delay), o.Seed)
+		r, err = newScoring(name, pickerConfig(o.Weights, h.BlockSize(), o.Seed), newIndexSource(f, o.Delay), f.names)
 	case PreciseNoLoad:
-		r = newScoring(name, Weights{Prefix: o.Weights.Prefix}, newIndexSource(f, o.Delay), o.Seed)
+		// the cache alone: no load term, and none of the picker's other
+		// scorers either, the hot-prefix guard included
+		cfg := pickerConfig(o.Weights, h.BlockSize(), o.Seed)
+		cfg.Weights = picker.Weights{Prefix: o.Weights.Prefix}
+		r, err = newScoring(name, cfg, newIndexSource(f, o.Delay), f.names)
 	case RouterOracle:
-		r = newScoring(name, o.Weights, &oracleSource{engines: f.engines}, o.Seed)
+		r, err = newScoring(name, pickerConfig(o.Weights, h.BlockSize(), o.Seed), &oracleSource{engines: f.engines, blockSize: h.BlockSize()}, f.names)
 	default:
 		return RouterResult{}, fmt.Errorf("unknown router %q", name)
+	}
+	if err != nil {
+		return RouterResult{}, err
 	}
 	s := newSimulation(w, o.Cost, r, f.engines, o.Pods, p.fleet)
 	s.progress = func(int) { progress() }

@@ -68,14 +68,15 @@
 //
 // RouterDocs describes each router, what it does and why it lands where it
 // does; "kvindex demo --help", the HTML report and README.md all show that
-// text. approximate, precise and oracle share one policy, the highest
-//
-//	Prefix x matched_fraction - Load x depth
-//
-// (see Weights), and differ only in where matched_fraction comes from: the
-// router's own history, kvindex's index, or the engines' true state. The
-// oracle is a reference, not a ceiling: the policy is greedy, so a delayed
-// view can land on either side of it.
+// text. approximate, precise and oracle are one policy, the gateway
+// picker's scorer (package picker, its default configuration with the
+// demo's --prefix-weight and --load-weight), and differ only in where the
+// matched blocks come from: the router's own history, kvindex's index, or
+// the engines' true state. A pod's depth (queued plus in-service requests)
+// is the in-flight count the picker tracks, a conversation is its session,
+// every request is interactive, and the simulated engines publish no load
+// metrics. The oracle is a reference, not a ceiling: the policy is greedy,
+// so a view that differs can land on either side of it.
 //
 // # Settings
 //

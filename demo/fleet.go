@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvindex/kvindex/blockhash"
@@ -12,6 +13,7 @@ import (
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
+	"github.com/kvindex/kvindex/picker"
 )
 
 // model is the model name the simulated fleet serves.
@@ -199,9 +201,9 @@ func newIndexSource(f *fleet, delay time.Duration) *indexSource {
 	return s
 }
 
-func (s *indexSource) matched(d *decision, frac []float64) error {
+func (s *indexSource) matched(d *decision, pre []picker.Prefix) (int, error) {
 	if err := s.f.line.flush(d.Now - s.delay); err != nil {
-		return err
+		return 0, err
 	}
 	s.q.BlockHashes = d.Req.Keys
 	s.q.Candidates = s.q.Candidates[:0]
@@ -209,15 +211,33 @@ func (s *indexSource) matched(d *decision, frac []float64) error {
 		s.q.Candidates = append(s.q.Candidates, s.f.names[p])
 	}
 	if err := s.f.ix.LongestPrefix(&s.q, &s.res); err != nil {
-		return fmt.Errorf("index query: %w", err)
+		return 0, fmt.Errorf("index query: %w", err)
 	}
-	n := float64(max(len(d.Req.Prompt), 1))
 	for _, pm := range s.res.Pods {
 		if p, ok := s.byName[pm.Engine.Pod]; ok {
-			frac[p] = float64(pm.MatchedBlocks*s.res.BlockSize) / n
+			pre[p] = prefixOf(&pm)
 		}
 	}
-	return nil
+	return 0, nil
+}
+
+// prefixOf is the picker's view of one engine's match: its blocks by
+// tier. The demo's engines keep everything on the GPU; in a real fleet
+// an offloading engine reports CPU, and anything else counts as disk.
+func prefixOf(pm *indexer.PodMatch) picker.Prefix {
+	var p picker.Prefix
+	for _, t := range pm.Tiers {
+		switch {
+		case strings.EqualFold(t.Medium, kvevents.MediumGPU):
+			p.GPU += t.Blocks
+		case strings.EqualFold(t.Medium, "cpu"):
+			p.CPU += t.Blocks
+		}
+	}
+	p.GPU = min(p.GPU, pm.MatchedBlocks)
+	p.CPU = min(p.CPU, pm.MatchedBlocks-p.GPU)
+	p.Disk = pm.MatchedBlocks - p.GPU - p.CPU
+	return p
 }
 
 func (*indexSource) routed(*decision, int) {}

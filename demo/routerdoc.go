@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/kvindex/kvindex/picker"
 )
 
 // RouterDoc describes one router for people. The table of them is the one
@@ -56,26 +58,29 @@ var routerDocs = []RouterDoc{
 	{
 		Name: RouterPrecise,
 		Summary: fmt.Sprintf("asks kvindex: LongestPrefix over the index the engines' real KV events fill (engine ZMQ PUB -> subscriber -> delay line -> index), "+
-			"then sends the request to the pod with the highest prefix-weight x matched fraction - load-weight x depth (%v and %v by default), "+
-			"where depth counts the pod's queued and in-service requests; ties are broken at random, seeded", DefaultWeights.Prefix, DefaultWeights.Load),
+			"and lets the gateway picker's scorer (package picker, default configuration) choose the pod with the highest "+
+			"prefix-weight x matched fraction + load-weight x (1 - depth) (%v and %v by default), "+
+			"where depth counts the pod's queued and in-service requests, plus the picker's session affinity (a conversation is a session), "+
+			"hot-prefix guard and speculative entries (a pick's blocks count as held by its pod for %v, until the events arrive); "+
+			"ties are broken at random, seeded", DefaultWeights.Prefix, DefaultWeights.Load, picker.DefaultConfig().SpeculativeTTL),
 		Explanation: fmt.Sprintf("Conversations stay where their context is and new ones go to short queues. "+
-			"Its view lags the engines by --delay-ms (%s by default), which changes only a few decisions: see oracle.",
+			"Its view lags the engines by --delay-ms (%s by default), which the speculative entries cover: see oracle.",
 			msText(float64(Defaults().Delay)/float64(time.Millisecond))),
 	},
 	{
 		Name:    RouterOracle,
 		Summary: "is the precise policy fed the engines' true cache state at decision time, with no delay",
 		Explanation: "It is a reference, not a ceiling. How close precise comes measures how faithfully kvindex mirrors the engines: " +
-			"with --delay-ms 0 and a steady fleet the two make the same decisions. But the policy is greedy, not optimal: the few decisions a delayed view changes " +
-			"also reshuffle every later random tie-break, which moves the result by up to about a point either way, " +
-			"so precise may land slightly ahead of the oracle or slightly behind it.",
+			"the picker's speculative entries bridge precise's short lag, so in these runs the two make the same decisions. " +
+			"But the policy is greedy, not optimal: a view that differs in a few decisions also reshuffles every later random tie-break, " +
+			"which moves the result by up to about a point either way.",
 	},
 	{
 		Name:    PreciseNoLoad,
-		Summary: "is precise with load weight 0, run in the hot-prefix scenario: it follows the cache alone",
+		Summary: "is precise with load weight 0 and the picker's other scorers (the hot-prefix guard among them) off, run in the hot-prefix scenario: it follows the cache alone",
 		Explanation: "Every request for the hot prompt goes to the pod that cached it first, and every new conversation follows the shared system prompt to whichever pod cached that first. " +
 			"Two pods do all the work while the others idle, queues explode, and the pod holding every conversation cannot keep their contexts: " +
-			"the load term is what spreads a hot prefix over the fleet.",
+			"the load term and the hot-prefix guard are what spread a hot prefix over the fleet.",
 	},
 }
 

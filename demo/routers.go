@@ -3,13 +3,14 @@ package demo
 import (
 	"encoding/binary"
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"github.com/zeebo/xxh3"
+
+	"github.com/kvindex/kvindex/picker"
 )
 
 // Router names, in the order reports list them.
@@ -123,78 +124,93 @@ func (c *consistentHash) build(cands []int) {
 // prefixSource tells a scoring router how much of the prompt each
 // candidate pod holds in its cache.
 type prefixSource interface {
-	// matched fills frac[p], the matched fraction of the prompt in [0, 1],
-	// for every candidate p.
-	matched(d *decision, frac []float64) error
+	// matched fills pre[p], the pod's matched leading blocks, for every
+	// candidate p, and returns the prompt length in tokens the matched
+	// fraction is over (0: the whole prompt).
+	matched(d *decision, pre []picker.Prefix) (tokens int, err error)
 	// routed reports the decision taken.
 	routed(d *decision, pod int)
 }
 
-// Weights are a scoring router's weights: a pod's score is
-//
-//	Prefix*matched_fraction - Load*depth
-//
-// where matched_fraction is the share of the prompt's tokens the pod holds
-// as a cached prefix and depth, the normalized queue depth, counts its
-// queued and in-service requests per request the engine serves at once
-// (one, in this model): the requests ahead of a new one. With the default
-// weights a request ahead weighs as much as 3/7 of the prompt being
-// cached: a conversation whose pod holds 85% more of its prompt than any
-// other pod stays there unless that pod has two more requests waiting,
-// and a hot prefix cached on some pods spills to the others once its pods
-// run three requests longer.
+// Weights are the demo's flags for the picker's two main weights
+// (picker.Weights documents them and the trade-off their defaults make);
+// the picker's other scorers keep their defaults.
 type Weights struct {
 	Prefix, Load float64
 }
 
-// DefaultWeights are the scoring routers' default weights.
-var DefaultWeights = Weights{Prefix: 0.7, Load: 0.3}
+// DefaultWeights are the picker's defaults.
+var DefaultWeights = Weights{Prefix: picker.DefaultConfig().Weights.Prefix, Load: picker.DefaultConfig().Weights.Load}
 
-// scoring routes to the candidate with the highest score, from any
-// prefixSource: the kvindex path (precise), the engines' true state
-// (oracle) or the router's own history (approximate). Ties are broken at
-// random (seeded, so runs repeat), as llm-d's max-score picker does: with
-// a fixed order, the first pods to cache a hot prefix would take every
-// tie and carry the hot traffic alone.
-type scoring struct {
-	name string
-	w    Weights
-	src  prefixSource
-	rng  *rand.Rand
-	frac []float64
-	ties []int
+// pickerConfig is a scoring router's configuration: the picker's
+// defaults with the run's weights, block size and seed.
+func pickerConfig(w Weights, blockSize int, seed uint64) picker.Config {
+	c := picker.DefaultConfig()
+	c.Weights.Prefix, c.Weights.Load = w.Prefix, w.Load
+	c.BlockSize, c.Seed = blockSize, seed
+	return c
 }
 
-func newScoring(name string, w Weights, src prefixSource, seed uint64) *scoring {
-	return &scoring{name: name, w: w, src: src, rng: newRand(seed, streamTies)}
+// simEpoch is simulated time 0 on the picker's clock.
+var simEpoch = time.Unix(0, 0).UTC()
+
+// scoring is the gateway picker's scorer (package picker) fed by a
+// prefixSource: the kvindex path (precise), the engines' true state
+// (oracle) or the router's own history (approximate). Each pod's depth
+// (queued plus in-service requests) is the in-flight count a picker
+// tracks, every request is interactive and its conversation is its
+// session; the demo's engines publish no metrics.
+type scoring struct {
+	name   string
+	p      *picker.Scorer
+	src    prefixSource
+	names  []string
+	byName map[string]int
+	pre    []picker.Prefix
+	cands  []picker.Candidate
+	req    picker.Request
+}
+
+func newScoring(name string, cfg picker.Config, src prefixSource, names []string) (*scoring, error) {
+	p, err := picker.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	s := &scoring{name: name, p: p, src: src, names: names, byName: map[string]int{}}
+	for i, n := range names {
+		s.byName[n] = i
+	}
+	return s, nil
 }
 
 func (s *scoring) Name() string { return s.name }
 
 func (s *scoring) Route(d *decision) (int, error) {
-	if len(s.frac) < len(d.Depth) {
-		s.frac = make([]float64, len(d.Depth))
+	if len(s.pre) < len(d.Depth) {
+		s.pre = make([]picker.Prefix, len(d.Depth))
 	}
-	clear(s.frac)
-	if err := s.src.matched(d, s.frac); err != nil {
+	clear(s.pre)
+	tokens, err := s.src.matched(d, s.pre)
+	if err != nil {
 		return -1, err
 	}
-	bestScore := math.Inf(-1)
-	s.ties = s.ties[:0]
+	if tokens == 0 {
+		tokens = len(d.Req.Prompt)
+	}
+	s.cands = s.cands[:0]
 	for _, p := range d.Cands {
-		score := s.w.Prefix*s.frac[p] - s.w.Load*float64(d.Depth[p])
-		switch {
-		case score > bestScore:
-			bestScore = score
-			s.ties = append(s.ties[:0], p)
-		case score == bestScore:
-			s.ties = append(s.ties, p)
-		}
+		s.cands = append(s.cands, picker.Candidate{
+			Pod: s.names[p], Endpoint: s.names[p],
+			InFlight: d.Depth[p], InFlightInteractive: d.Depth[p],
+			Prefix: s.pre[p],
+		})
 	}
-	best := s.ties[0]
-	if len(s.ties) > 1 {
-		best = s.ties[s.rng.IntN(len(s.ties))]
+	s.req = picker.Request{Model: model, Keys: d.Req.Keys, Tokens: tokens, Session: strconv.Itoa(d.Req.Conv)}
+	dec, err := s.p.Pick(simEpoch.Add(d.Now), &s.req, s.cands)
+	if err != nil {
+		return -1, err
 	}
+	best := s.byName[dec.Pod]
 	s.src.routed(d, best)
 	return best, nil
 }
@@ -215,11 +231,12 @@ func (s *scoring) Route(d *decision) (int, error) {
 // first), nor that one restarted.
 type approxSource struct {
 	maxBlocks int // 0: the whole prompt
+	blockSize int
 	pods      []*simplelru.LRU[uint64, struct{}]
 }
 
-func newApproxSource(pods, capacityBlocks, maxBlocks int) (*approxSource, error) {
-	a := &approxSource{maxBlocks: maxBlocks}
+func newApproxSource(pods, capacityBlocks, maxBlocks, blockSize int) (*approxSource, error) {
+	a := &approxSource{maxBlocks: maxBlocks, blockSize: blockSize}
 	for range pods {
 		l, err := simplelru.NewLRU[uint64, struct{}](capacityBlocks, nil)
 		if err != nil {
@@ -237,10 +254,12 @@ func (a *approxSource) tracked(r *Request) []uint64 {
 	return r.Keys
 }
 
-func (a *approxSource) matched(d *decision, frac []float64) error {
+// matched scores the tracked blocks a pod matches over the tracked
+// blocks, as that scorer does.
+func (a *approxSource) matched(d *decision, pre []picker.Prefix) (int, error) {
 	keys := a.tracked(d.Req)
 	if len(keys) == 0 {
-		return nil
+		return 0, nil
 	}
 	for _, p := range d.Cands {
 		n := 0
@@ -250,9 +269,9 @@ func (a *approxSource) matched(d *decision, frac []float64) error {
 			}
 			n++
 		}
-		frac[p] = float64(n) / float64(len(keys))
+		pre[p] = picker.Prefix{GPU: n}
 	}
-	return nil
+	return len(keys) * a.blockSize, nil
 }
 
 // routed records the prompt's tracked blocks on the chosen pod, in prompt
@@ -266,15 +285,15 @@ func (a *approxSource) routed(d *decision, pod int) {
 
 // oracleSource reads the engines' true cache state at decision time.
 type oracleSource struct {
-	engines []engine
+	engines   []engine
+	blockSize int
 }
 
-func (o *oracleSource) matched(d *decision, frac []float64) error {
-	n := float64(max(len(d.Req.Prompt), 1))
+func (o *oracleSource) matched(d *decision, pre []picker.Prefix) (int, error) {
 	for _, p := range d.Cands {
-		frac[p] = float64(o.engines[p].Lookup(d.Req.Keys)) / n
+		pre[p] = picker.Prefix{GPU: o.engines[p].Lookup(d.Req.Keys) / o.blockSize}
 	}
-	return nil
+	return 0, nil
 }
 
 func (*oracleSource) routed(*decision, int) {}

@@ -2,8 +2,11 @@ package demo
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/kvindex/kvindex/picker"
 )
 
 // req returns a request whose prompt has n blocks of 16 tokens and whose
@@ -118,21 +121,37 @@ func TestConsistentHashRemapsOnlyToTheNewPod(t *testing.T) {
 	}
 }
 
-// fixedSource is a prefixSource with given fractions.
+// fixedSource is a prefixSource with given fractions, as matched blocks
+// of a 100-block prompt.
 type fixedSource struct {
 	frac   []float64
 	routes []int
 }
 
-func (f *fixedSource) matched(d *decision, frac []float64) error {
+func (f *fixedSource) matched(d *decision, pre []picker.Prefix) (int, error) {
 	for _, p := range d.Cands {
-		frac[p] = f.frac[p]
+		pre[p] = picker.Prefix{GPU: int(math.Round(f.frac[p] * 100))}
 	}
-	return nil
+	return 100 * 16, nil
 }
 
 func (f *fixedSource) routed(_ *decision, pod int) { f.routes = append(f.routes, pod) }
 
+func testScoring(t *testing.T, w Weights, src prefixSource, seed uint64, pods int) *scoring {
+	t.Helper()
+	var names []string
+	for i := range pods {
+		names = append(names, podName(i))
+	}
+	s, err := newScoring("test", pickerConfig(w, 16, seed), src, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestScoringTradesPrefixAgainstQueue checks the trade-off the default
+// weights make (picker.Weights), as the demo's routers see it.
 func TestScoringTradesPrefixAgainstQueue(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -145,12 +164,12 @@ func TestScoringTradesPrefixAgainstQueue(t *testing.T) {
 		{"two requests ahead outweigh 85% of the prompt", DefaultWeights, []float64{0.1, 0.95}, []int{0, 2}, 0},
 		{"but not 90%", DefaultWeights, []float64{0.05, 0.95}, []int{0, 2}, 1},
 		{"no cache anywhere: shortest queue", DefaultWeights, []float64{0.1, 0.1, 0.1}, []int{2, 0, 1}, 1},
-		{"load weight 0 follows the cache", Weights{Prefix: 0.7}, []float64{0.1, 0.95}, []int{0, 50}, 1},
+		{"load weight 0 follows the cache, short of the hot-prefix guard", Weights{Prefix: 0.7}, []float64{0.1, 0.95}, []int{0, 3}, 1},
 		{"longer prefix wins at equal load", DefaultWeights, []float64{0.5, 0.6}, []int{1, 1}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src := &fixedSource{frac: tc.frac}
-			s := newScoring("test", tc.w, src, 1)
+			s := testScoring(t, tc.w, src, 1, len(tc.frac))
 			p, err := s.Route(decide(req(0, 4), tc.depth...))
 			if err != nil || p != tc.want {
 				t.Fatalf("got pod %d (%v), want %d", p, err, tc.want)
@@ -163,13 +182,17 @@ func TestScoringTradesPrefixAgainstQueue(t *testing.T) {
 }
 
 // TestScoringBreaksTiesAtRandomButRepeatably checks that equal scores
-// spread over the tied pods, the same way for the same seed.
+// spread over the tied pods, the same way for the same seed. Each request
+// is a new prompt of a new conversation, so that neither the picker's
+// speculative entries nor its sessions tell the pods apart.
 func TestScoringBreaksTiesAtRandomButRepeatably(t *testing.T) {
 	picks := func(seed uint64) []int {
-		s := newScoring("test", DefaultWeights, &fixedSource{frac: []float64{0.5, 0.9, 0.9, 0.9}}, seed)
+		s := testScoring(t, DefaultWeights, &fixedSource{frac: []float64{0.5, 0.9, 0.9, 0.9}}, seed, 4)
 		var out []int
-		for range 300 {
-			p, _ := s.Route(decide(req(0, 4), 0, 0, 0, 0))
+		for i := range 300 {
+			r := req(uint64(i)<<20, 4)
+			r.Conv = i
+			p, _ := s.Route(decide(r, 0, 0, 0, 0))
 			out = append(out, p)
 		}
 		return out
@@ -197,41 +220,39 @@ func TestScoringBreaksTiesAtRandomButRepeatably(t *testing.T) {
 // once the pod's capacity is used by other prompts, and a limit on tracked
 // blocks measures the match over those blocks only.
 func TestApproxSourceLearnsOnlyFromItsRoutes(t *testing.T) {
-	a, err := newApproxSource(2, 10, 0)
+	a, err := newApproxSource(2, 10, 0, 16)
 	if err != nil {
 		t.Fatal(err)
 	}
-	frac := make([]float64, 2)
+	pre := make([]picker.Prefix, 2)
+	blocks := func() []int { return []int{pre[0].Blocks(), pre[1].Blocks()} }
 	r := req(100, 6)
 	d := decide(r, 0, 0)
-	_ = a.matched(d, frac)
-	if frac[0] != 0 || frac[1] != 0 {
-		t.Fatalf("predicted %v before any routing", frac)
+	_, _ = a.matched(d, pre)
+	if b := blocks(); b[0] != 0 || b[1] != 0 {
+		t.Fatalf("predicted %v before any routing", b)
 	}
 	a.routed(d, 1)
-	_ = a.matched(d, frac)
-	if frac[0] != 0 || frac[1] != 1 {
-		t.Fatalf("after routing to pod 1: predicted %v, want [0 1]", frac)
+	if tokens, _ := a.matched(d, pre); tokens != 6*16 || pre[0].Blocks() != 0 || pre[1].Blocks() != 6 {
+		t.Fatalf("after routing to pod 1: predicted %v of %d tokens, want [0 6] of 96", blocks(), tokens)
 	}
 	// Longer prompt of the same conversation: the known head matches.
 	longer := req(100, 12)
-	_ = a.matched(decide(longer, 0, 0), frac)
-	if frac[1] != 0.5 {
-		t.Fatalf("12-block prompt with 6 known blocks: predicted %v, want 0.5", frac[1])
+	if tokens, _ := a.matched(decide(longer, 0, 0), pre); tokens != 12*16 || pre[1].Blocks() != 6 {
+		t.Fatalf("12-block prompt with 6 known blocks: predicted %d of %d tokens, want 6 blocks of 192", pre[1].Blocks(), tokens)
 	}
 	// Five other blocks on pod 1 evict the oldest entries: the prompt's
 	// head, which breaks the whole predicted prefix.
 	a.routed(decide(req(900, 5), 0, 0), 1)
-	_ = a.matched(d, frac)
-	if frac[1] != 0 {
-		t.Fatalf("after the head was evicted: predicted %v, want 0", frac[1])
+	_, _ = a.matched(d, pre)
+	if pre[1].Blocks() != 0 {
+		t.Fatalf("after the head was evicted: predicted %d blocks, want 0", pre[1].Blocks())
 	}
 
-	limited, _ := newApproxSource(1, 100, 4)
+	limited, _ := newApproxSource(1, 100, 4, 16)
 	limited.routed(decide(req(100, 6), 0), 0)
-	f := make([]float64, 1)
-	_ = limited.matched(decide(req(100, 20), 0), f)
-	if f[0] != 1 {
-		t.Fatalf("tracking 4 blocks: a prompt sharing them scores %v, want 1", f[0])
+	p := make([]picker.Prefix, 1)
+	if tokens, _ := limited.matched(decide(req(100, 20), 0), p); tokens != 4*16 || p[0].Blocks() != 4 {
+		t.Fatalf("tracking 4 blocks: a prompt sharing them matches %d blocks of %d tokens, want all 4", p[0].Blocks(), tokens)
 	}
 }

@@ -185,7 +185,6 @@ const (
 	streamArrivals = iota + 1
 	streamShared
 	streamHot
-	streamTies           // scoring routers' tie-breaks
 	streamConv = 1 << 20 // + conversation id
 )
 
