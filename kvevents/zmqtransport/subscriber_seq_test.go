@@ -235,16 +235,7 @@ func freeEndpoint(t *testing.T) string {
 func TestSubscriberBindModeDepartedEngineDisconnected(t *testing.T) {
 	sink := newRecSink()
 	s := startSubscriber(t, SubscriberConfig{Listen: "tcp://127.0.0.1:*"}, sink)
-	var pubs []*testPublisher
-	var ids []kvevents.EngineID
-	for _, pod := range []string{"stays", "leaves"} {
-		p := newTestPublisher(t, pubOptions{connect: s.ListenEndpoint(), topic: "kv@" + pod + "@m"})
-		p.waitSubscribed(1)
-		p.publishN(3, 0)
-		e := kvevents.EngineID{Pod: pod, Model: "m"}
-		sink.waitApplied(t, e, 2)
-		pubs, ids = append(pubs, p), append(ids, e)
-	}
+	pubs, ids := publishToListener(t, s, sink, "stays", "leaves")
 	for _, e := range ids {
 		if !mustStream(t, s, e).Connected {
 			t.Fatalf("%v not connected while publishing", e)
@@ -267,16 +258,7 @@ func TestSubscriberBindModeForgetsDepartedEngines(t *testing.T) {
 	never := kvevents.EngineID{Pod: "never-came-back", Model: "m"}
 	s := startSubscriber(t, SubscriberConfig{Listen: "tcp://127.0.0.1:*", ForgetAfter: 100 * time.Millisecond,
 		Resume: []kvevents.Position{{Engine: never, Seq: 9, Print: 1}}}, sink)
-	var pubs []*testPublisher
-	var ids []kvevents.EngineID
-	for _, pod := range []string{"stays", "leaves"} {
-		p := newTestPublisher(t, pubOptions{connect: s.ListenEndpoint(), topic: "kv@" + pod + "@m"})
-		p.waitSubscribed(1)
-		p.publishN(3, 0)
-		e := kvevents.EngineID{Pod: pod, Model: "m"}
-		sink.waitApplied(t, e, 2)
-		pubs, ids = append(pubs, p), append(ids, e)
-	}
+	pubs, ids := publishToListener(t, s, sink, "stays", "leaves")
 	pubs[1].Close()
 	eventually(t, "the departed engine forgotten", func() bool { _, ok := streamOf(s, ids[1]); return !ok })
 	eventually(t, "the resumed engine that never came forgotten", func() bool { _, ok := streamOf(s, never); return !ok })
@@ -296,4 +278,21 @@ func TestSubscriberBindModeForgetsDepartedEngines(t *testing.T) {
 	p.waitSubscribed(1)
 	p.publishN(2, 0)
 	eventually(t, "the forgotten engine back", func() bool { st, ok := streamOf(s, ids[1]); return ok && st.Connected })
+}
+
+// publishToListener connects a publisher per pod to s's listen socket and
+// has each publish batches 0..2, applied before it returns.
+func publishToListener(t *testing.T, s *Subscriber, sink *recSink, pods ...string) ([]*testPublisher, []kvevents.EngineID) {
+	t.Helper()
+	var pubs []*testPublisher
+	var ids []kvevents.EngineID
+	for _, pod := range pods {
+		p := newTestPublisher(t, pubOptions{connect: s.ListenEndpoint(), topic: "kv@" + pod + "@m"})
+		p.waitSubscribed(1)
+		p.publishN(3, 0)
+		e := kvevents.EngineID{Pod: pod, Model: "m"}
+		sink.waitApplied(t, e, 2)
+		pubs, ids = append(pubs, p), append(ids, e)
+	}
+	return pubs, ids
 }
