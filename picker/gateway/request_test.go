@@ -42,10 +42,10 @@ func TestParseRequest(t *testing.T) {
 			prompt: `{"messages":{"messages":[{"role":"system","content":"s"},{"role":"user","content":"u"}]}}`,
 		},
 		{
-			name:   "chat parts, tools and session",
-			body:   `{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"tools":[{"type":"function"}],"temperature":0}`,
-			hdr:    []string{HeaderSession, "s1", HeaderPriority, "Background"},
-			prompt: `{"messages":{"messages":[{"messageJson":"{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"x\"}]}"}],"chatParamsJson":"{\"tools\":[{\"type\":\"function\"}]}"}}`,
+			name:    "chat parts, tools and session",
+			body:    `{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"tools":[{"type":"function"}],"temperature":0}`,
+			hdr:     []string{HeaderSession, "s1", HeaderPriority, "Background"},
+			prompt:  `{"messages":{"messages":[{"messageJson":"{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"x\"}]}"}],"chatParamsJson":"{\"tools\":[{\"type\":\"function\"}]}"}}`,
 			session: "s1", priority: picker.Background,
 		},
 		{

@@ -14,6 +14,8 @@ import (
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/picker"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Defaults; every default is written here only.
@@ -240,7 +242,7 @@ func (s *Service) query(ctx context.Context, r *Request, st *pickState) int {
 	s.m.indexSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
 		reason := "error"
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded {
 			reason = "timeout"
 		}
 		s.m.fallbacks.WithLabelValues(reason).Inc()
