@@ -1,0 +1,34 @@
+// Package gateway is kvindex's endpoint picker for gateways: it reads an
+// inference request as the gateway sees it, asks kvindex which pods hold
+// its prompt, scores the candidate pods with package picker, and tells
+// the gateway where to send the request. It serves two fronts on one
+// Service:
+//
+//   - an Envoy ext_proc server speaking the Gateway API Inference
+//     Extension's Endpoint Picker Protocol (ExtProc), which Envoy Gateway,
+//     Envoy AI Gateway, kgateway, Istio and NGINX Gateway Fabric call;
+//   - POST /v1/pick over HTTP (Handler), for gateways without ext_proc.
+//
+// The index is asked in the same process (Local, kvindex serve --picker)
+// or over gRPC (Remote, kvindex picker --index), within a hard deadline
+// (Config.IndexTimeout): past it, or when the index fails, the request is
+// routed by load and session alone and the fallback is counted, so that a
+// slow or dead index costs the gateway at most the deadline.
+//
+// # Requests
+//
+// The body is an OpenAI /v1/completions, /v1/chat/completions or
+// Responses API request (ParseRequest). Token ids the caller sent are
+// used as is; text and chat messages go to kvindex, which tokenizes them
+// (the engine's /tokenize or a local tokenizer). Headers: x-session-id
+// names the conversation (else the Responses API's previous_response_id
+// does); x-request-priority: background marks a turn nobody waits on.
+//
+// # Load
+//
+// Each endpoint counts the requests the picker sent it and has not seen
+// end: an ext_proc request ends with its stream (or its response body's
+// end), a /v1/pick decision, whose caller never reports back, after
+// Config.PickHold. Engine metrics (vLLM's /metrics) come from an optional
+// MetricsSource; the package does not scrape.
+package gateway

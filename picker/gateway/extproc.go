@@ -1,0 +1,227 @@
+package gateway
+
+import (
+	"errors"
+	"io"
+	"strconv"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// ExtProc is the Envoy ext_proc server of the Endpoint Picker Protocol.
+type ExtProc struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	s *Service
+}
+
+// ExtProc returns the Service's ext_proc front.
+func (s *Service) ExtProc() *ExtProc { return &ExtProc{s: s} }
+
+// Register registers the ext_proc service and the gRPC health service
+// (services "", "liveness", "readiness" and the ext_proc service name, as
+// the protocol asks), all SERVING, on gs.
+func (x *ExtProc) Register(gs *grpc.Server) {
+	extprocv3.RegisterExternalProcessorServer(gs, x)
+	hs := health.NewServer()
+	for _, name := range []string{"", "liveness", "readiness", extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
+		hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
+	healthpb.RegisterHealthServer(gs, hs)
+}
+
+// Process serves one HTTP request's stream, as the protocol's reference
+// picker sequences it: request headers are kept and not answered; body
+// frames are buffered until end of stream (at most Config.MaxBody); then
+// the picker answers the request headers with the destination (header
+// and envoy.lb dynamic metadata) and the body with the unchanged body
+// streamed back. A request without a body is routed at its headers.
+// Response frames are passed through unchanged. The pick counts as in
+// flight until the response body ends or the stream does.
+func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	s := x.s
+	var (
+		hdr    map[string]string
+		subset []string
+		body   []byte
+		done   func()
+		picked bool
+	)
+	defer func() {
+		if done != nil {
+			done()
+		}
+	}()
+	for {
+		req, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			if status.Code(err) == codes.Canceled {
+				return nil
+			}
+			return err
+		}
+		var resp []*extprocv3.ProcessingResponse
+		switch v := req.Request.(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			hdr = headerMap(v.RequestHeaders.GetHeaders())
+			subset = subsetHint(req.GetMetadataContext())
+			if v.RequestHeaders.GetEndOfStream() {
+				resp, done, picked = x.route(stream, hdr, subset, nil)
+			}
+		case *extprocv3.ProcessingRequest_RequestBody:
+			if picked {
+				return status.Error(codes.FailedPrecondition, "request body after the request was routed")
+			}
+			body = append(body, v.RequestBody.GetBody()...)
+			if len(body) > s.cfg.MaxBody {
+				s.m.bad.WithLabelValues("too_large").Inc()
+				return stream.Send(immediate(typev3.StatusCode_PayloadTooLarge, "request body over "+strconv.Itoa(s.cfg.MaxBody)+" bytes"))
+			}
+			if v.RequestBody.GetEndOfStream() {
+				resp, done, picked = x.route(stream, hdr, subset, body)
+				if resp == nil {
+					return nil // answered with an immediate response
+				}
+			}
+		case *extprocv3.ProcessingRequest_RequestTrailers:
+			resp = []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}}
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			resp = []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}}}
+		case *extprocv3.ProcessingRequest_ResponseBody:
+			// Full-duplex streaming: each frame goes back as it came.
+			eos := v.ResponseBody.GetEndOfStream()
+			resp = []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{
+				Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+					StreamedResponse: &extprocv3.StreamedBodyResponse{Body: v.ResponseBody.GetBody(), EndOfStream: eos}}}},
+			}}}}
+			if eos && done != nil {
+				done()
+			}
+		case *extprocv3.ProcessingRequest_ResponseTrailers:
+			resp = []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}}
+		default:
+			s.m.bad.WithLabelValues("protocol").Inc()
+			return status.Errorf(codes.InvalidArgument, "unexpected ext_proc message %T", req.Request)
+		}
+		for _, r := range resp {
+			if err := stream.Send(r); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// route picks for a complete request and returns the responses to send:
+// the request headers' (destination) and, with a body, the body's. When
+// the request cannot be routed it sends the immediate response itself
+// and returns nil.
+func (x *ExtProc) route(stream extprocv3.ExternalProcessor_ProcessServer, hdr map[string]string, subset []string, body []byte) ([]*extprocv3.ProcessingResponse, func(), bool) {
+	s := x.s
+	get := func(k string) string { return hdr[k] }
+	var r *Request
+	if len(body) > 0 {
+		var err error
+		if r, err = ParseRequest(body, get); err != nil {
+			s.m.bad.WithLabelValues("body").Inc()
+			_ = stream.Send(immediate(typev3.StatusCode_BadRequest, err.Error()))
+			return nil, nil, false
+		}
+	}
+	d, done, err := s.Pick(stream.Context(), r, subset)
+	if err != nil {
+		code := typev3.StatusCode_InternalServerError
+		if errors.Is(err, ErrNoEndpoint) {
+			code = typev3.StatusCode_ServiceUnavailable
+		}
+		_ = stream.Send(immediate(code, err.Error()))
+		return nil, nil, false
+	}
+	set := []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: HeaderDestination, RawValue: []byte(d.Endpoint)}}}
+	if body != nil {
+		set = append(set, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "content-length", RawValue: []byte(strconv.Itoa(len(body)))}})
+	}
+	md := &structpb.Struct{Fields: map[string]*structpb.Value{
+		MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			HeaderDestination: structpb.NewStringValue(d.Endpoint),
+		}}),
+	}}
+	out := []*extprocv3.ProcessingResponse{{
+		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{
+			ClearRouteCache: true,
+			HeaderMutation:  &extprocv3.HeaderMutation{SetHeaders: set},
+		}}},
+		DynamicMetadata: md,
+	}}
+	if body != nil {
+		out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+			Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+				StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body, EndOfStream: true}}}},
+		}}})
+	}
+	return out, done, true
+}
+
+func immediate(code typev3.StatusCode, msg string) *extprocv3.ProcessingResponse {
+	b, _ := jsonError(msg)
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
+		Status:  &typev3.HttpStatus{Code: code},
+		Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")}}}},
+		Body:    b,
+		Details: "kvindex-picker",
+	}}}
+}
+
+// headerMap returns the request headers by lower-case name (Envoy sends
+// values in RawValue; Value is read too).
+func headerMap(h *corev3.HeaderMap) map[string]string {
+	out := make(map[string]string, len(h.GetHeaders()))
+	for _, hv := range h.GetHeaders() {
+		v := string(hv.GetRawValue())
+		if v == "" {
+			v = hv.GetValue()
+		}
+		out[strings.ToLower(hv.GetKey())] = v
+	}
+	return out
+}
+
+// subsetHint returns the gateway's candidate subset: nil when the hint is
+// absent (every endpoint may serve), else the listed addresses (possibly
+// none: then none may).
+func subsetHint(md *corev3.Metadata) []string {
+	ns, ok := md.GetFilterMetadata()[SubsetNamespace]
+	if !ok {
+		return nil
+	}
+	v, ok := ns.GetFields()[SubsetKey]
+	if !ok {
+		return nil
+	}
+	out := []string{}
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_ListValue:
+		for _, e := range k.ListValue.GetValues() {
+			if s := e.GetStringValue(); s != "" {
+				out = append(out, s)
+			}
+		}
+	case *structpb.Value_StringValue:
+		for _, e := range strings.Split(k.StringValue, ",") {
+			if e = strings.TrimSpace(e); e != "" {
+				out = append(out, e)
+			}
+		}
+	}
+	return out
+}

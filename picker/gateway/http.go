@@ -1,0 +1,89 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+func jsonError(msg string) ([]byte, error) {
+	return json.Marshal(struct {
+		Error string `json:"error"`
+	}{msg})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		code, b = http.StatusInternalServerError, []byte(`{"error":"encoding the answer failed"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(code)
+	w.Write(append(b, '\n'))
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	b, _ := jsonError(msg)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(append(b, '\n'))
+}
+
+// Handler serves POST /v1/pick: the body is the OpenAI request as the
+// client sent it, headers included (x-session-id, x-request-priority,
+// and x-gateway-destination-endpoint-subset as a comma-separated list);
+// the answer is the decision as JSON (picker.Decision) and the
+// x-gateway-destination-endpoint header. 400 for a body the picker cannot
+// read, 413 past the body bound, 503 when no endpoint may serve. The
+// decision counts as in flight on its pod for Config.PickHold.
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/pick", s.servePick)
+	return mux
+}
+
+func (s *Service) servePick(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBody)))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			s.m.bad.WithLabelValues("too_large").Inc()
+			writeError(w, http.StatusRequestEntityTooLarge, "request body over "+strconv.Itoa(s.cfg.MaxBody)+" bytes")
+			return
+		}
+		writeError(w, http.StatusBadRequest, "reading the body: "+err.Error())
+		return
+	}
+	req, err := ParseRequest(body, func(k string) string { return r.Header.Get(k) })
+	if err != nil {
+		s.m.bad.WithLabelValues("body").Inc()
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	var subset []string
+	if vs, ok := r.Header[http.CanonicalHeaderKey(SubsetKey)]; ok {
+		subset = []string{}
+		for _, v := range vs {
+			for _, e := range strings.Split(v, ",") {
+				if e = strings.TrimSpace(e); e != "" {
+					subset = append(subset, e)
+				}
+			}
+		}
+	}
+	d, done, err := s.Pick(r.Context(), req, subset)
+	if err != nil {
+		code := http.StatusInternalServerError
+		if errors.Is(err, ErrNoEndpoint) {
+			code = http.StatusServiceUnavailable
+		}
+		writeError(w, code, err.Error())
+		return
+	}
+	s.hold(done)
+	w.Header().Set(HeaderDestination, d.Endpoint)
+	writeJSON(w, http.StatusOK, d)
+}

@@ -1,0 +1,40 @@
+package gateway
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	picks        *prometheus.CounterVec
+	fallbacks    *prometheus.CounterVec
+	bad          *prometheus.CounterVec
+	indexSeconds prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		picks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvindex_picker_picks_total",
+			Help: "Routing decisions by result: ok, no_endpoint (answered 503), error.",
+		}, []string{"result"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvindex_picker_index_fallbacks_total",
+			Help: "Requests routed without the index's answer (load and session only), by reason: timeout (past --index-timeout) or error.",
+		}, []string{"reason"}),
+		bad: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvindex_picker_bad_requests_total",
+			Help: "Requests refused before routing, by reason: body (not an inference request the picker reads), too_large, protocol (an ext_proc stream out of order).",
+		}, []string{"reason"}),
+		indexSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvindex_picker_index_seconds",
+			Help:    "Time to get the index's answer for a request, failures and timeouts included.",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14),
+		}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.picks, m.fallbacks, m.bad, m.indexSeconds} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}

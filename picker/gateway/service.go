@@ -1,0 +1,267 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/picker"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Defaults; every default is written here only.
+const (
+	// DefaultIndexTimeout bounds a query of the index: past it the
+	// request is routed without the prefix (load and session only). A
+	// gateway adds this to every request's latency at worst.
+	DefaultIndexTimeout = 2 * time.Millisecond
+	// DefaultMaxBody bounds a request body the picker buffers: a 128k-token
+	// conversation as text with room to spare. Larger requests are refused
+	// (413) rather than routed blind.
+	DefaultMaxBody = 8 << 20
+	// DefaultPickHold is how long a /v1/pick decision counts as in flight
+	// on its pod: the HTTP caller never says when the request ends, so
+	// the count decays after about a request's prefill.
+	DefaultPickHold = 2 * time.Second
+)
+
+// Endpoint is one pod the picker routes to: its name as the index knows
+// it and the host:port requests go to.
+type Endpoint struct {
+	Pod  string
+	Addr string
+}
+
+// ParseEndpoint reads "POD=HOST:PORT".
+func ParseEndpoint(s string) (Endpoint, error) {
+	pod, addr, ok := strings.Cut(s, "=")
+	if !ok || pod == "" || addr == "" {
+		return Endpoint{}, fmt.Errorf("endpoint %q: want POD=HOST:PORT", s)
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return Endpoint{}, fmt.Errorf("endpoint %q: %v", s, err)
+	}
+	return Endpoint{Pod: pod, Addr: addr}, nil
+}
+
+// Config configures a Service.
+type Config struct {
+	// Endpoints are the candidates; at least one, pods and addresses
+	// unique.
+	Endpoints []Endpoint
+	// Scorer configures the scoring (picker.DefaultConfig when zero).
+	Scorer picker.Config
+	// IndexTimeout bounds each index query (DefaultIndexTimeout if 0).
+	IndexTimeout time.Duration
+	// MaxBody bounds a buffered request body (DefaultMaxBody if 0).
+	MaxBody int
+	// PickHold is how long a /v1/pick counts as in flight
+	// (DefaultPickHold if 0).
+	PickHold time.Duration
+	// Metrics, if set, gives the engines' scraped load metrics.
+	Metrics MetricsSource
+	// Registry receives the picker's metrics; none if nil.
+	Registry prometheus.Registerer
+	// Logger; slog.Default if nil.
+	Logger *slog.Logger
+	// Now is the clock (time.Now if nil).
+	Now func() time.Time
+}
+
+// endpoint is an Endpoint and its in-flight counts.
+type endpoint struct {
+	Endpoint
+	inFlight, interactive atomic.Int64
+}
+
+// Service picks an endpoint for each request: it reads the request, asks
+// the index which pods hold its prompt, and scores the candidates. The
+// ext_proc server and the HTTP handler are two fronts on it. Safe for
+// concurrent use.
+type Service struct {
+	cfg    Config
+	src    Source
+	scorer *picker.Scorer
+	eps    []*endpoint
+	byAddr map[string]*endpoint
+	pods   []string
+	log    *slog.Logger
+	m      *metrics
+	pool   sync.Pool // *pickState
+}
+
+type pickState struct {
+	cands []picker.Candidate
+	pre   map[string]picker.Prefix
+	req   kvindexv1.LongestPrefixRequest
+}
+
+// New returns a Service asking src.
+func New(cfg Config, src Source) (*Service, error) {
+	if src == nil {
+		return nil, errors.New("gateway: no index source")
+	}
+	if len(cfg.Endpoints) == 0 {
+		return nil, errors.New("gateway: no endpoints (give at least one POD=HOST:PORT)")
+	}
+	if cfg.Scorer == (picker.Config{}) {
+		cfg.Scorer = picker.DefaultConfig()
+	}
+	if cfg.IndexTimeout < 0 || cfg.MaxBody < 0 || cfg.PickHold < 0 {
+		return nil, fmt.Errorf("gateway: negative index timeout %v, max body %d or pick hold %v", cfg.IndexTimeout, cfg.MaxBody, cfg.PickHold)
+	}
+	if cfg.IndexTimeout == 0 {
+		cfg.IndexTimeout = DefaultIndexTimeout
+	}
+	if cfg.MaxBody == 0 {
+		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.PickHold == 0 {
+		cfg.PickHold = DefaultPickHold
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	sc, err := picker.New(cfg.Scorer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, src: src, scorer: sc, byAddr: map[string]*endpoint{}, log: cfg.Logger}
+	seen := map[string]bool{}
+	for _, e := range cfg.Endpoints {
+		if e.Pod == "" || e.Addr == "" {
+			return nil, fmt.Errorf("gateway: endpoint %+v: pod and address are required", e)
+		}
+		if seen[e.Pod] || s.byAddr[e.Addr] != nil {
+			return nil, fmt.Errorf("gateway: endpoint %s=%s: pod or address listed twice", e.Pod, e.Addr)
+		}
+		seen[e.Pod] = true
+		ep := &endpoint{Endpoint: e}
+		s.eps = append(s.eps, ep)
+		s.byAddr[e.Addr] = ep
+		s.pods = append(s.pods, e.Pod)
+	}
+	s.pool.New = func() any { return &pickState{pre: map[string]picker.Prefix{}} }
+	if s.m, err = newMetrics(cfg.Registry); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// MaxBody is the largest request body the Service reads.
+func (s *Service) MaxBody() int { return s.cfg.MaxBody }
+
+// ErrNoEndpoint is matched by Pick's error when no candidate may serve
+// the request (none, or none in the subset hint): answer 503.
+var ErrNoEndpoint = picker.ErrNoCandidates
+
+// Pick chooses an endpoint for r among the candidates (only those in
+// subset when it is not nil: the gateway's hint, by address or pod). The
+// chosen endpoint counts the request as in flight until done is called
+// (done is idempotent). r may be nil for a request without a body.
+func (s *Service) Pick(ctx context.Context, r *Request, subset []string) (d picker.Decision, done func(), err error) {
+	st := s.pool.Get().(*pickState)
+	defer s.pool.Put(st)
+	if subset != nil && len(subset) == 0 {
+		s.m.picks.WithLabelValues("no_endpoint").Inc()
+		return d, nil, fmt.Errorf("%w: the subset hint is empty", ErrNoEndpoint)
+	}
+	preq := &picker.Request{Subset: subset}
+	if r != nil {
+		preq.Model, preq.Session, preq.Priority = r.Model, r.Session, r.Priority
+		preq.Keys = blockKeys(r.Tokens, s.cfg.Scorer.BlockSize)
+		preq.Tokens = len(r.Tokens)
+	}
+	clear(st.pre)
+	if r != nil && r.Prompt != nil {
+		if n := s.query(ctx, r, st); n > 0 {
+			preq.Tokens = n
+		}
+	}
+	now := s.cfg.Now()
+	st.cands = st.cands[:0]
+	for _, e := range s.eps {
+		c := picker.Candidate{Pod: e.Pod, Endpoint: e.Addr, InFlight: int(e.inFlight.Load()), InFlightInteractive: int(e.interactive.Load()), Prefix: st.pre[e.Pod]}
+		if s.cfg.Metrics != nil {
+			c.Metrics, _ = s.cfg.Metrics.EngineMetrics(e.Pod)
+		}
+		st.cands = append(st.cands, c)
+	}
+	d, err = s.scorer.Pick(now, preq, st.cands)
+	if err != nil {
+		if errors.Is(err, picker.ErrNoCandidates) {
+			s.m.picks.WithLabelValues("no_endpoint").Inc()
+		} else {
+			s.m.picks.WithLabelValues("error").Inc()
+		}
+		return d, nil, err
+	}
+	s.m.picks.WithLabelValues("ok").Inc()
+	ep := s.byAddr[d.Endpoint]
+	interactive := preq.Priority == picker.Interactive
+	ep.inFlight.Add(1)
+	if interactive {
+		ep.interactive.Add(1)
+	}
+	var once sync.Once
+	return d, func() {
+		once.Do(func() {
+			ep.inFlight.Add(-1)
+			if interactive {
+				ep.interactive.Add(-1)
+			}
+		})
+	}, nil
+}
+
+// query asks the index within IndexTimeout and fills st.pre; on failure
+// st.pre stays empty: the request is scored by load and session only. It
+// returns the prompt's length in tokens as the index counted it (0 when
+// unknown).
+func (s *Service) query(ctx context.Context, r *Request, st *pickState) int {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.IndexTimeout)
+	defer cancel()
+	start := time.Now()
+	st.req.Model = r.Model
+	st.req.Prompt = r.Prompt
+	st.req.CandidatePods = s.pods
+	resp, err := s.src.LongestPrefix(ctx, &st.req)
+	st.req.Prompt = nil
+	s.m.indexSeconds.Observe(time.Since(start).Seconds())
+	if err != nil {
+		reason := "error"
+		if ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded {
+			reason = "timeout"
+		}
+		s.m.fallbacks.WithLabelValues(reason).Inc()
+		s.log.Debug("picker: routing without the index", "reason", reason, "err", err)
+		return 0
+	}
+	prefixes(resp, s.cfg.Scorer.BlockSize, st.pre)
+	return int(resp.GetPromptTokens())
+}
+
+// hold counts d's request as in flight for PickHold, for callers that
+// never report the end of the request (/v1/pick).
+func (s *Service) hold(done func()) { time.AfterFunc(s.cfg.PickHold, done) }
+
+// InFlight returns the requests the picker counts in flight on the pod
+// at addr.
+func (s *Service) InFlight(addr string) int {
+	if e := s.byAddr[addr]; e != nil {
+		return int(e.inFlight.Load())
+	}
+	return 0
+}
