@@ -418,3 +418,8 @@ func (s *Scraper) Status() []PodStatus {
 	sort.Slice(out, func(i, j int) bool { return out[i].Pod < out[j].Pod })
 	return out
 }
+
+// MetricsURL returns the metrics page of a vLLM server at hostport (a
+// picker endpoint, "10.0.0.5:8000" or "[fd00::5]:8000"): vLLM serves it
+// on its API port.
+func MetricsURL(hostport string) string { return "http://" + hostport + "/metrics" }
