@@ -79,7 +79,7 @@ func Parse(r io.Reader) (Reading, error) {
 		if err != nil {
 			return Reading{}, err
 		}
-		rd.Waiting = int(v)
+		rd.Waiting = int(min(v, maxValue))
 	}
 	if f := first(fams, namesRunning); f != nil {
 		found = true
@@ -87,7 +87,7 @@ func Parse(r io.Reader) (Reading, error) {
 		if err != nil {
 			return Reading{}, err
 		}
-		rd.Running = int(v)
+		rd.Running = int(min(v, maxValue))
 	}
 	if f := first(fams, namesUsage); f != nil && len(f.Metric) > 0 {
 		found = true
