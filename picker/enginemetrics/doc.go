@@ -89,7 +89,8 @@
 // pick, sc.Fleet().Predict(model, d.Scores[0].MatchedTokens) (the chosen
 // pod's score is first); when the response's usage passes back (the JSON
 // body, or the last server-sent event when stream_options.include_usage
-// is set), sc.Fleet().Observe(model, prompt, cached). Predict only the
+// is set; ParseUsage reads both), sc.Fleet().Observe(model, prompt,
+// cached). Predict only the
 // requests whose usage the picker will see, or the two counters do not
 // compare. Discovery calls sc.SetEndpoints. kvindex pods shows
 // sc.Fleet().Summary() (JSON-ready: the overall figures first, then each

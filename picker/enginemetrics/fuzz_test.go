@@ -53,3 +53,13 @@ func BenchmarkParse(b *testing.B) {
 		}
 	}
 }
+
+// FuzzParseUsage feeds ParseUsage arbitrary bodies: it must never panic.
+func FuzzParseUsage(f *testing.F) {
+	f.Add([]byte(`{"model":"m","usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":4}}}`))
+	f.Add([]byte("data: {\"usage\":{\"input_tokens\":1,\"input_tokens_details\":{\"cached_tokens\":1}}}\n\ndata: [DONE]\n\n"))
+	f.Add([]byte("event: x\ndata: {\"response\":{\"usage\":null}}\n\n"))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		enginemetrics.ParseUsage(body) //nolint:errcheck // only panics matter
+	})
+}
