@@ -90,9 +90,8 @@
 // pod's score is first); when the response's usage passes back (the JSON
 // body, or the last server-sent event when stream_options.include_usage
 // is set; ParseUsage reads both), sc.Fleet().Observe(model, prompt,
-// cached). Predict only the
-// requests whose usage the picker will see, or the two counters do not
-// compare. Discovery calls sc.SetEndpoints. kvindex pods shows
+// cached). Predict only the requests whose usage the picker will see,
+// or the two counters do not compare. Discovery calls sc.SetEndpoints. kvindex pods shows
 // sc.Fleet().Summary() (JSON-ready: the overall figures first, then each
 // model's) and sc.Status() when the server has a Scraper.
 package enginemetrics

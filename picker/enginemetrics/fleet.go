@@ -212,6 +212,10 @@ type ModelSummary struct {
 	// and Fleet.Observed.
 	Engines  Fraction `json:"engines"`
 	Observed Fraction `json:"observed"`
+	// EnginesFraction and ObservedFraction are their values, absent
+	// while the window saw no query.
+	EnginesFraction  *float64 `json:"engines_fraction,omitempty"`
+	ObservedFraction *float64 `json:"observed_fraction,omitempty"`
 	Totals
 }
 
@@ -229,8 +233,15 @@ func (f *Fleet) Summary() Summary {
 	defer f.mu.Unlock()
 	now := f.now()
 	one := func(name string, m *modelStats) ModelSummary {
-		return ModelSummary{Model: name, Engines: m.engines.sum(now), Observed: m.observed.sum(now),
+		ms := ModelSummary{Model: name, Engines: m.engines.sum(now), Observed: m.observed.sum(now),
 			Totals: Totals{Predicted: m.predicted, ObservedCached: m.cached, ObservedPrompt: m.prompt}}
+		if v, ok := ms.Engines.Value(); ok {
+			ms.EnginesFraction = &v
+		}
+		if v, ok := ms.Observed.Value(); ok {
+			ms.ObservedFraction = &v
+		}
+		return ms
 	}
 	s := Summary{WindowSeconds: f.window.Seconds(), Models: []ModelSummary{one(Overall, &f.overall)}}
 	names := make([]string, 0, len(f.models))

@@ -95,6 +95,11 @@ func TestFleetFractionFromEngines(t *testing.T) {
 	}
 
 	wantFrac := want.Hits / want.Queries
+	sum := fleet.Summary()
+	if len(sum.Models) != 2 || sum.Models[0].EnginesFraction == nil || *sum.Models[0].EnginesFraction != wantFrac ||
+		sum.Models[1].Model != testModel || sum.Models[1].Engines != want {
+		t.Errorf("Summary = %+v, want the overall fraction %v, then %s's", sum, wantFrac, testModel)
+	}
 	m := gather(t, s.Collector())
 	for _, model := range []string{testModel, ""} {
 		if got := m["kvindex_fleet_cached_fraction"][model]; got != wantFrac {
