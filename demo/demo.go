@@ -48,8 +48,8 @@ func (o *Options) defaults() {
 
 // Report is the outcome of a run. Its JSON form is a contract:
 // scenario, pods and routers (the standard routers, in Routers order)
-// always appear; extra_routers holds variants a scenario adds (hot-prefix:
-// precise with load weight 0).
+// always appear; extra_routers holds the row a scenario adds (hot-prefix:
+// precise with load weight 0; sessions: session-affinity).
 type Report struct {
 	Scenario       string         `json:"scenario"`
 	Pods           int            `json:"pods"`

@@ -226,7 +226,11 @@ func WriteHTML(w io.Writer, rep *Report) error {
 	rows := rep.rows()
 	for _, r := range rows {
 		if d := routerDoc(r.Name); d != nil {
-			fmt.Fprintf(&b, "<li><b>%s</b> %s</li>\n", html.EscapeString(r.Name), html.EscapeString(d.text()))
+			text := d.text()
+			if rep.Scenario == ScenarioGateways && d.Gateways != "" {
+				text += fmt.Sprintf(" With %d gateway replicas: %s", GatewayReplicas, d.Gateways)
+			}
+			fmt.Fprintf(&b, "<li><b>%s</b> %s</li>\n", html.EscapeString(r.Name), html.EscapeString(text))
 		}
 	}
 	b.WriteString("</ul>\n</body></html>\n")
