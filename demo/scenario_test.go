@@ -166,3 +166,48 @@ func orderings(rep *Report) []string {
 	}
 	return bad
 }
+
+// TestGatewayReplicasMoveConversations backs the approximate router's
+// gateways explanation: with three replicas, each guessing from its own
+// third of the traffic, a conversation's turns change pods far more often
+// than behind one gateway.
+func TestGatewayReplicasMoveConversations(t *testing.T) {
+	moved := map[int]int{}
+	for _, replicas := range []int{1, GatewayReplicas} {
+		o := small(ScenarioAgents, 1)
+		o.defaults()
+		p, err := o.plan()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := newFleet(p.h, p.engines, p.capacity, false, o.Timeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.close() })
+		g := &gateways{}
+		for i := range replicas {
+			src, err := newApproxSource(p.engines, p.capacity, 0, p.h.BlockSize())
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := newScoring(RouterApproximate, pickerConfig(o.Weights, p.h.BlockSize(), o.Seed+uint64(i)), src, f.names)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g.replicas = append(g.replicas, r)
+		}
+		out, err := newSimulation(p.w, o.Cost, g, f.engines, o.Pods, nil).run()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range p.w.Requests {
+			if r.Prev >= 0 && out[r.Prev].Pod != out[i].Pod {
+				moved[replicas]++
+			}
+		}
+	}
+	if moved[GatewayReplicas] < 3*moved[1] || moved[GatewayReplicas] == 0 {
+		t.Fatalf("turns that changed pod: %d behind one gateway, %d behind %d replicas; want at least three times as many", moved[1], moved[GatewayReplicas], GatewayReplicas)
+	}
+}
