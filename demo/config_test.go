@@ -93,7 +93,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--scenario", "nope"}, `--scenario must be one of agents|churn|hot-prefix (unknown scenario "nope")`},
+		{[]string{"--scenario", "nope"}, `--scenario must be one of agents|churn|hot-prefix|gateways|sessions (unknown scenario "nope")`},
 		{[]string{"--pods", "0"}, "--pods must be in 1..256 (got 0)"},
 		{[]string{"--pods", "257"}, "--pods must be in 1..256 (got 257)"},
 		{[]string{"--sessions", "0"}, "--sessions must be in 1..10000 (got 0)"},

@@ -48,8 +48,8 @@ func (o *Options) defaults() {
 
 // Report is the outcome of a run. Its JSON form is a contract:
 // scenario, pods and routers (the standard routers, in Routers order)
-// always appear; extra_routers holds variants a scenario adds (hot-prefix:
-// precise with load weight 0).
+// always appear; extra_routers holds the row a scenario adds (hot-prefix:
+// precise with load weight 0; sessions: session-affinity).
 type Report struct {
 	Scenario       string         `json:"scenario"`
 	Pods           int            `json:"pods"`
@@ -90,6 +90,41 @@ func (r *Report) Router(name string) *RouterResult {
 
 // PreciseNoLoad names the hot-prefix scenario's extra row.
 const PreciseNoLoad = "precise(load=0)"
+
+// scenarioExtra is the extra row each scenario adds to the standard
+// routers, and extraAfter the standard row a table lists it after (none:
+// last).
+var (
+	scenarioExtra = map[string]string{ScenarioHotPrefix: PreciseNoLoad, ScenarioSessions: RouterSessionAffinity}
+	extraAfter    = map[string]string{RouterSessionAffinity: RouterConsistentHash}
+)
+
+// rows lists the report's results in table order: the standard routers,
+// each followed by the extra rows placed after it, then the other extra
+// rows.
+func (r *Report) rows() []RouterResult {
+	var out []RouterResult
+	placed := map[string]bool{}
+	for _, std := range r.Routers {
+		out = append(out, std)
+		for _, x := range r.Extra {
+			if extraAfter[x.Name] == std.Name {
+				out = append(out, x)
+				placed[x.Name] = true
+			}
+		}
+	}
+	for _, x := range r.Extra {
+		if !placed[x.Name] {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// GatewayReplicas is the number of gateway replicas of the gateways
+// scenario.
+const GatewayReplicas = 3
 
 // tokensPerGPU is what one 80 GB GPU holds of a 32B model's KV cache:
 // bf16 weights take ~64 GB, and at 64 layers x 8 KV heads x 128 dims x 2
@@ -175,6 +210,10 @@ func (o *Options) plan() (*runPlan, error) {
 			setup = append(setup, "churn: "+fe.String())
 		}
 	}
+	if o.Scenario == ScenarioGateways {
+		setup = append(setup, fmt.Sprintf("gateways: %d replicas, request i goes to replica i mod %d; each keeps its own router state, all see the pods' load, precise's replicas share one kvindex",
+			GatewayReplicas, GatewayReplicas))
+	}
 	engines := o.Pods
 	for _, fe := range fleet {
 		engines = max(engines, fe.Pod+1)
@@ -198,7 +237,7 @@ func (o *Options) validate() error {
 		return err
 	}
 	for _, r := range o.Routers {
-		if !slices.Contains(Routers, r) && r != PreciseNoLoad {
+		if !slices.Contains(Routers, r) && r != PreciseNoLoad && r != RouterSessionAffinity {
 			return fmt.Errorf("unknown router %q (want one of %v)", r, Routers)
 		}
 	}
@@ -228,8 +267,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		rep.marks = append(rep.marks, mark{request: i, label: label})
 	}
 	names := slices.Clone(o.Routers)
-	if o.Scenario == ScenarioHotPrefix && !slices.Contains(names, PreciseNoLoad) {
-		names = append(names, PreciseNoLoad)
+	if extra := scenarioExtra[o.Scenario]; extra != "" && !slices.Contains(names, extra) {
+		names = append(names, extra)
 	}
 	results := make([]RouterResult, len(names))
 	errs := make([]error, len(names))
@@ -288,39 +327,65 @@ func (o *Options) runRouter(ctx context.Context, name string, p *runPlan, progre
 		return RouterResult{}, fmt.Errorf("%s: %w", name, err)
 	}
 	defer f.close()
-	var r router
+	// One router per gateway replica (one, outside the gateways
+	// scenario). Each replica has its own state: its round-robin counter,
+	// its picker (session memory, speculative entries, tie-break stream)
+	// and, for approximate, its own guess of the caches. What they share
+	// is built once, outside build: the fleet and its load (every
+	// decision sees the pods' true depth), and precise's kvindex.
+	var shared prefixSource
 	switch name {
-	case RouterRoundRobin:
-		r = &roundRobin{}
-	case RouterLeastLoaded:
-		r = leastLoaded{}
-	case RouterConsistentHash:
-		k := o.HashPrefix
-		if k == 0 {
-			k = w.Config.SharedTokens + 256
+	case RouterPrecise, PreciseNoLoad:
+		shared = newIndexSource(f, o.Delay)
+	case RouterOracle:
+		shared = &oracleSource{engines: f.engines, blockSize: h.BlockSize()}
+	}
+	build := func(replica int) (router, error) {
+		cfg := pickerConfig(o.Weights, h.BlockSize(), o.Seed+uint64(replica))
+		switch name {
+		case RouterRoundRobin:
+			return &roundRobin{next: replica}, nil
+		case RouterLeastLoaded:
+			return leastLoaded{}, nil
+		case RouterConsistentHash:
+			k := o.HashPrefix
+			if k == 0 {
+				k = w.Config.SharedTokens + 256
+			}
+			return newConsistentHash(f.names, k, o.VNodes), nil
+		case RouterSessionAffinity:
+			return newSessionAffinity(f.names, o.VNodes), nil
+		case RouterApproximate:
+			src, err := newApproxSource(engines, capacity, o.ApproxBlocks, h.BlockSize())
+			if err != nil {
+				return nil, err
+			}
+			return newScoring(name, cfg, src, f.names)
+		case RouterPrecise, RouterOracle:
+			return newScoring(name, cfg, shared, f.names)
+		case PreciseNoLoad:
+			// the cache alone: no load term, and none of the picker's
+			// other scorers either, the hot-prefix guard included
+			cfg.Weights = picker.Weights{Prefix: o.Weights.Prefix}
+			return newScoring(name, cfg, shared, f.names)
 		}
-		r = newConsistentHash(f.names, k, o.VNodes)
-	case RouterApproximate:
-		var src *approxSource
-		if src, err = newApproxSource(engines, capacity, o.ApproxBlocks, h.BlockSize()); err != nil {
+		return nil, fmt.Errorf("unknown router %q", name)
+	}
+	replicas := 1
+	if o.Scenario == ScenarioGateways {
+		replicas = GatewayReplicas
+	}
+	g := &gateways{}
+	for i := range replicas {
+		r, err := build(i)
+		if err != nil {
 			return RouterResult{}, err
 		}
-		r, err = newScoring(name, pickerConfig(o.Weights, h.BlockSize(), o.Seed), src, f.names)
-	case RouterPrecise:
-		r, err = newScoring(name, pickerConfig(o.Weights, h.BlockSize(), o.Seed), newIndexSource(f, o.Delay), f.names)
-	case PreciseNoLoad:
-		// the cache alone: no load term, and none of the picker's other
-		// scorers either, the hot-prefix guard included
-		cfg := pickerConfig(o.Weights, h.BlockSize(), o.Seed)
-		cfg.Weights = picker.Weights{Prefix: o.Weights.Prefix}
-		r, err = newScoring(name, cfg, newIndexSource(f, o.Delay), f.names)
-	case RouterOracle:
-		r, err = newScoring(name, pickerConfig(o.Weights, h.BlockSize(), o.Seed), &oracleSource{engines: f.engines, blockSize: h.BlockSize()}, f.names)
-	default:
-		return RouterResult{}, fmt.Errorf("unknown router %q", name)
+		g.replicas = append(g.replicas, r)
 	}
-	if err != nil {
-		return RouterResult{}, err
+	var r router = g
+	if replicas == 1 {
+		r = g.replicas[0]
 	}
 	s := newSimulation(w, o.Cost, r, f.engines, o.Pods, p.fleet)
 	s.progress = func(int) { progress() }

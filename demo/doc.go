@@ -54,6 +54,20 @@
 // row "precise(load=0)": following the cache alone sends the whole hot
 // prompt to one pod.
 //
+// Gateways: the agent workload routed by GatewayReplicas (3) gateway
+// replicas; request i goes to replica i mod 3. Each replica keeps its own
+// router state: round-robin's counter, the picker's session memory,
+// speculative entries and tie-break stream, and approximate's guess of
+// the caches, learnt from its third of the traffic. They share the pods'
+// load (every decision sees each pod's true depth, as if each replica read
+// the engines' queue metrics) and, for precise, one kvindex: so only the
+// view of the caches differs.
+//
+// Sessions: the agent workload plus the extra row "session-affinity",
+// listed after consistent-hash: every request of a conversation (its
+// session; a fork is a session of its own) goes to the pod its id hashes
+// to on a ring, as gateways' ring-hash balancing on a session header does.
+//
 // # Capacity
 //
 // A KV cache holds far fewer tokens than people expect: a 32B model in

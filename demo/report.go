@@ -30,7 +30,7 @@ func WriteTable(w io.Writer, rep *Report) error {
 	b.WriteByte('\n')
 	head := []string{"router", "cached", "prefill tokens", "TTFT p50", "TTFT p90", "imbalance", "engine hit"}
 	table := [][]string{head}
-	for _, r := range append(append([]RouterResult(nil), rep.Routers...), rep.Extra...) {
+	for _, r := range rep.rows() {
 		table = append(table, []string{r.Name, pct(r.CachedFraction), commas(int(r.PrefillTokens)),
 			msText(r.TTFTP50), msText(r.TTFTP90), strconv.FormatFloat(r.Imbalance, 'f', 2, 64), pct(r.EngineHitRate)})
 	}
@@ -132,7 +132,7 @@ func colorOf(name string) string {
 // WriteSVG draws three charts: cached fraction per router, TTFT p90 per
 // router, and the cached fraction over the run per router.
 func WriteSVG(w io.Writer, rep *Report) error {
-	rows := append(append([]RouterResult(nil), rep.Routers...), rep.Extra...)
+	rows := rep.rows()
 	const width, barH, gap, left = 900, 22, 8, 150
 	panelH := len(rows)*(barH+gap) + 50
 	lineH := 300
@@ -223,10 +223,14 @@ func WriteHTML(w io.Writer, rep *Report) error {
 	fmt.Fprintf(&b, "<pre>%s</pre>\n", html.EscapeString(table.String()))
 	b.WriteString(svg.String())
 	b.WriteString("<h2>Why each router lands where it does</h2>\n<ul>\n")
-	rows := append(append([]RouterResult(nil), rep.Routers...), rep.Extra...)
+	rows := rep.rows()
 	for _, r := range rows {
 		if d := routerDoc(r.Name); d != nil {
-			fmt.Fprintf(&b, "<li><b>%s</b> %s</li>\n", html.EscapeString(r.Name), html.EscapeString(d.text()))
+			text := d.text()
+			if rep.Scenario == ScenarioGateways && d.Gateways != "" {
+				text += fmt.Sprintf(" With %d gateway replicas: %s", GatewayReplicas, d.Gateways)
+			}
+			fmt.Fprintf(&b, "<li><b>%s</b> %s</li>\n", html.EscapeString(r.Name), html.EscapeString(text))
 		}
 	}
 	b.WriteString("</ul>\n</body></html>\n")

@@ -6,6 +6,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"flag"
+	"html"
 	"io"
 	"os"
 	"path/filepath"
@@ -150,5 +151,44 @@ func TestFormatHelpers(t *testing.T) {
 	}
 	if !strings.Contains(summary(sampleReport()), "precise served") {
 		t.Error("no summary line")
+	}
+}
+
+// TestRowsPlaceExtrasAfterTheirAnchor checks the table order: an extra
+// row with an anchor follows it, the others come last.
+func TestRowsPlaceExtrasAfterTheirAnchor(t *testing.T) {
+	rep := sampleReport()
+	rep.Extra = append(rep.Extra, RouterResult{Name: RouterSessionAffinity})
+	var got []string
+	for _, r := range rep.rows() {
+		got = append(got, r.Name)
+	}
+	want := []string{RouterRoundRobin, RouterLeastLoaded, RouterConsistentHash, RouterSessionAffinity,
+		RouterApproximate, RouterPrecise, RouterOracle, PreciseNoLoad}
+	if !slices.Equal(got, want) {
+		t.Fatalf("rows %v, want %v", got, want)
+	}
+}
+
+// TestHTMLExplainsGatewayReplicas checks that the HTML report of the
+// gateways scenario, and only that one, adds what replicas change.
+func TestHTMLExplainsGatewayReplicas(t *testing.T) {
+	for _, tc := range []struct {
+		scenario string
+		want     bool
+	}{
+		{ScenarioGateways, true},
+		{ScenarioAgents, false},
+	} {
+		rep := sampleReport()
+		rep.Scenario = tc.scenario
+		var b bytes.Buffer
+		if err := WriteHTML(&b, rep); err != nil {
+			t.Fatal(err)
+		}
+		note := html.EscapeString("With 3 gateway replicas: " + routerDoc(RouterApproximate).Gateways)
+		if got := strings.Contains(b.String(), note); got != tc.want {
+			t.Errorf("%s: gateway note present %v, want %v", tc.scenario, got, tc.want)
+		}
 	}
 }

@@ -21,22 +21,29 @@ type RouterDoc struct {
 	Summary string
 	// Explanation says, in whole sentences, why it lands where it does.
 	Explanation string
+	// Gateways says, in whole sentences, what changes when several
+	// gateway replicas each route a share of the traffic (the gateways
+	// scenario); empty for rows that scenario does not run.
+	Gateways string
 }
 
 // routerDocs lists the standard routers in report order, then the
-// hot-prefix scenario's extra row. Defaults are quoted from Defaults().
+// scenarios' extra rows (hot-prefix, sessions). Defaults are quoted from Defaults().
 var routerDocs = []RouterDoc{
 	{
 		Name:    RouterRoundRobin,
 		Summary: "cycles over the pods, blind to caches",
 		Explanation: "It ignores where a conversation's context is cached, so each turn lands on a pod that has long since evicted the previous one. " +
 			"It keeps little beyond the shared system prompt, and every miss re-prefills the whole conversation, which its queues and latency show.",
+		Gateways: "Each replica cycles on its own counter: together they still spread requests evenly and blindly, so it lands where one gateway does.",
 	},
 	{
 		Name:    RouterLeastLoaded,
 		Summary: "picks the pod with the fewest queued and in-service requests (the lowest index on ties), blind to caches",
 		Explanation: "A conversation's next turn often arrives just as its own pod goes idle, so it lands back on its context by accident. " +
 			"Everything else it places blindly, so each pod caches whatever mix arrives and evicts contexts before they are reused: even back home, about half the prompt is gone.",
+		Gateways: "It keeps no state, and here every replica sees every pod's true queue (as if each read the engines' own queue metrics), " +
+			"so three replicas decide exactly as one does. Replicas that counted only their own in-flight requests would each see a third of the load.",
 	},
 	{
 		Name: RouterConsistentHash,
@@ -45,6 +52,8 @@ var routerDocs = []RouterDoc{
 		Explanation: "It pins each conversation, and the sub-agents that fork it, to one pod, so every turn goes back to its context. " +
 			"But placement ignores load and capacity: pods that draw several busy conversations cannot hold all their contexts, evict them in turn and build long queues, " +
 			"and a pod joining moves conversations away from their caches.",
+		Gateways: "It keeps no state: every replica builds the same ring and sends a prompt start to the same pod, so three replicas decide exactly as one does, " +
+			"good and bad alike.",
 	},
 	{
 		Name: RouterApproximate,
@@ -54,6 +63,11 @@ var routerDocs = []RouterDoc{
 		Explanation: "Knowing the engines' true capacity, it guesses well enough to land near precise in a steady fleet. " +
 			"Its guesses still drift (it ages a prompt's head first where engines evict a finished request's tail first, and it never learns that an engine restarted), " +
 			"so it sometimes moves a conversation away from a cache that was still there.",
+		Gateways: "Each replica guesses from the third of the requests it routed itself. " +
+			"A conversation's next turn usually reaches a replica that last saw it turns ago, and that replica's guess points to the pod it sent it to then: " +
+			"turns bounce between the pods the three replicas remember, each pod re-prefills what the others added since, " +
+			"and the stale copies overflow a fleet that holds only 1.5 copies of the working set. " +
+			"Evictions caused by the other replicas' traffic are invisible to each guess, which makes the guesses worse still.",
 	},
 	{
 		Name: RouterPrecise,
@@ -66,6 +80,9 @@ var routerDocs = []RouterDoc{
 		Explanation: fmt.Sprintf("Conversations stay where their context is and new ones go to short queues. "+
 			"Its view lags the engines by --delay-ms (%s by default), which the speculative entries cover: see oracle.",
 			msText(float64(Defaults().Delay)/float64(time.Millisecond))),
+		Gateways: "Every replica asks the same kvindex, which the engines' events fill whichever replica routed the request, " +
+			"so a turn goes where the previous one was cached and precise lands where one gateway does. " +
+			"Only the picker's session memory and speculative entries are per replica; the events reach the shared index long before a conversation's next turn.",
 	},
 	{
 		Name:    RouterOracle,
@@ -74,6 +91,8 @@ var routerDocs = []RouterDoc{
 			"the picker's speculative entries bridge precise's short lag, so in these runs the two make the same decisions. " +
 			"But the policy is greedy, not optimal: a view that differs in a few decisions also reshuffles every later random tie-break, " +
 			"which moves the result by up to about a point either way.",
+		Gateways: "The engines' true state is the same for every replica, so it lands where precise does; " +
+			"the replicas' separate tie-break streams move it by about a point either way.",
 	},
 	{
 		Name:    PreciseNoLoad,
@@ -82,10 +101,24 @@ var routerDocs = []RouterDoc{
 			"Two pods do all the work while the others idle, queues explode, and the pod holding every conversation cannot keep their contexts: " +
 			"the load term and the hot-prefix guard are what spread a hot prefix over the fleet.",
 	},
+	{
+		Name: RouterSessionAffinity,
+		Summary: fmt.Sprintf("pins each session (a conversation; a sub-agent is a session of its own) to the pod its session id hashes to "+
+			"on a ring of %d virtual nodes per pod, as a gateway's ring-hash load balancing keyed on a session header does "+
+			"(Envoy's ring_hash, Istio's consistentHash httpHeaderName, NGINX's hash ... consistent); "+
+			"the first placement is the hash too, with no load term, run in the sessions scenario", Defaults().VNodes),
+		Explanation: "Every turn goes back to its conversation's pod: sticky routing's best case. " +
+			"But a sub-agent is a new session, hashed away from its parent: it re-prefills the whole forked context on another pod and keeps a second copy there, " +
+			"where consistent-hash sends it with its parent (the same prompt start) to share one copy. " +
+			"In a fleet that holds only 1.5 copies of the working set those copies cost evictions, and like consistent-hash it places sessions blind to load and capacity: " +
+			"a pod that draws more busy sessions than it can hold evicts their contexts in turn and queues. " +
+			"It usually lands a little below consistent-hash, with less imbalance (forks do not pile onto their parent's pod), and far below precise, " +
+			"whose session term is one small weight beside the cached prefix and the load.",
+	},
 }
 
 // RouterDocs returns the description of every router: the standard ones
-// in report order, then the hot-prefix scenario's extra row.
+// in report order, then the scenarios' extra rows.
 func RouterDocs() []RouterDoc { return slices.Clone(routerDocs) }
 
 // routerDoc returns the named router's description, or nil.
@@ -130,6 +163,19 @@ func RoutersMarkdown() string {
 	var b strings.Builder
 	for _, d := range routerDocs {
 		b.WriteString(wrap("**"+d.Name+"** "+d.text(), 100, "- ", "  "))
+	}
+	return b.String()
+}
+
+// GatewaysMarkdown lists, as a Markdown bullet list wrapped at 100
+// columns like README.md, what changes for each router when several
+// gateway replicas share the traffic.
+func GatewaysMarkdown() string {
+	var b strings.Builder
+	for _, d := range routerDocs {
+		if d.Gateways != "" {
+			b.WriteString(wrap("**"+d.Name+"**: "+d.Gateways, 100, "- ", "  "))
+		}
 	}
 	return b.String()
 }

@@ -11,41 +11,49 @@ import (
 	"unicode/utf8"
 )
 
-// The router list in README.md sits between these markers; the hint
+// README.md's generated lists sit between begin and end markers; the hint
 // tells whoever edits README.md where the text comes from.
 const (
-	readmePath         = "../README.md"
-	readmeRoutersBegin = "<!-- demo-routers:begin -->\n"
-	readmeRoutersEnd   = "<!-- demo-routers:end -->\n"
-	readmeRoutersHint  = "<!-- Generated from demo/routerdoc.go: edit the text there, then run\n" +
+	readmePath        = "../README.md"
+	readmeRoutersHint = "<!-- Generated from demo/routerdoc.go: edit the text there, then run\n" +
 		"     go test ./demo -run TestREADMERouters -update -->\n"
 )
 
 // TestREADMERouters checks that README.md lists the routers exactly as
-// RoutersMarkdown renders routerDocs. After editing routerDocs, rewrite
-// README.md's block with
+// RoutersMarkdown renders routerDocs, and what changes with several
+// gateway replicas as GatewaysMarkdown does. After editing routerDocs,
+// rewrite README.md's blocks with
 //
 //	go test ./demo -run TestREADMERouters -update
 func TestREADMERouters(t *testing.T) {
-	readme, err := os.ReadFile(readmePath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	i := bytes.Index(readme, []byte(readmeRoutersBegin))
-	j := bytes.Index(readme, []byte(readmeRoutersEnd))
-	if i < 0 || j < i {
-		t.Fatalf("README.md lacks the markers %q and %q around the router list", readmeRoutersBegin, readmeRoutersEnd)
-	}
-	i += len(readmeRoutersBegin)
-	want := readmeRoutersHint + RoutersMarkdown()
-	if got := string(readme[i:j]); got != want {
-		if !*update {
-			t.Fatalf("README.md's router list differs from routerDocs (go test ./demo -run TestREADMERouters -update rewrites it)\n"+
-				"README.md:\n%s\nrouterDocs:\n%s", got, want)
-		}
-		out := slices.Concat(readme[:i], []byte(want), readme[j:])
-		if err := os.WriteFile(readmePath, out, 0o644); err != nil {
+	for _, tc := range []struct {
+		block string
+		text  func() string
+	}{
+		{"demo-routers", RoutersMarkdown},
+		{"demo-gateways", GatewaysMarkdown},
+	} {
+		readme, err := os.ReadFile(readmePath)
+		if err != nil {
 			t.Fatal(err)
+		}
+		begin, end := "<!-- "+tc.block+":begin -->\n", "<!-- "+tc.block+":end -->\n"
+		i := bytes.Index(readme, []byte(begin))
+		j := bytes.Index(readme, []byte(end))
+		if i < 0 || j < i {
+			t.Fatalf("README.md lacks the markers %q and %q around the generated list", begin, end)
+		}
+		i += len(begin)
+		want := readmeRoutersHint + tc.text()
+		if got := string(readme[i:j]); got != want {
+			if !*update {
+				t.Fatalf("README.md's %s list differs from routerDocs (go test ./demo -run TestREADMERouters -update rewrites it)\n"+
+					"README.md:\n%s\nrouterDocs:\n%s", tc.block, got, want)
+			}
+			out := slices.Concat(readme[:i], []byte(want), readme[j:])
+			if err := os.WriteFile(readmePath, out, 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }
@@ -65,8 +73,15 @@ func TestRouterDocs(t *testing.T) {
 		if Why(d.Name) != d.Explanation {
 			t.Errorf("Why(%q) is not its explanation", d.Name)
 		}
+		// The gateways scenario runs the standard routers only.
+		switch std := slices.Contains(Routers, d.Name); {
+		case std && !strings.HasSuffix(d.Gateways, "."):
+			t.Errorf("%s: gateways text %q: want whole sentences", d.Name, d.Gateways)
+		case !std && d.Gateways != "":
+			t.Errorf("%s: gateways text for a row the gateways scenario does not run", d.Name)
+		}
 	}
-	if want := append(slices.Clone(Routers), PreciseNoLoad); !reflect.DeepEqual(names, want) {
+	if want := append(slices.Clone(Routers), PreciseNoLoad, RouterSessionAffinity); !reflect.DeepEqual(names, want) {
 		t.Fatalf("described %v, want %v", names, want)
 	}
 	if Why("nope") != "" {
@@ -77,7 +92,7 @@ func TestRouterDocs(t *testing.T) {
 			t.Errorf("help line of %d columns: %q", n, line)
 		}
 	}
-	for _, line := range strings.Split(strings.TrimSuffix(RoutersMarkdown(), "\n"), "\n") {
+	for _, line := range strings.Split(strings.TrimSuffix(RoutersMarkdown()+GatewaysMarkdown(), "\n"), "\n") {
 		if n := utf8.RuneCountInString(line); n > 100 {
 			t.Errorf("markdown line of %d columns: %q", n, line)
 		}

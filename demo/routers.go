@@ -21,6 +21,8 @@ const (
 	RouterApproximate    = "approximate"
 	RouterPrecise        = "precise"
 	RouterOracle         = "oracle"
+	// RouterSessionAffinity is the sessions scenario's extra row.
+	RouterSessionAffinity = "session-affinity"
 )
 
 // Routers lists the standard routers, in report order.
@@ -78,15 +80,20 @@ func newConsistentHash(names []string, prefixTokens, vnodes int) *consistentHash
 func (*consistentHash) Name() string { return RouterConsistentHash }
 
 func (c *consistentHash) Route(d *decision) (int, error) {
-	if !slices.Equal(c.members, d.Cands) {
-		c.build(d.Cands)
-	}
 	n := min(len(d.Req.Prompt), c.prefixTokens)
 	c.buf = c.buf[:0]
 	for _, t := range d.Req.Prompt[:n] {
 		c.buf = binary.LittleEndian.AppendUint64(c.buf, t)
 	}
-	key := xxh3.Hash(c.buf)
+	return c.lookup(d.Cands, xxh3.Hash(c.buf)), nil
+}
+
+// lookup returns the pod owning key on the ring of cands: the first
+// virtual node at or after it, wrapping around.
+func (c *consistentHash) lookup(cands []int, key uint64) int {
+	if !slices.Equal(c.members, cands) {
+		c.build(cands)
+	}
 	i, _ := slices.BinarySearchFunc(c.ring, key, func(n ringNode, k uint64) int {
 		switch {
 		case n.hash < k:
@@ -99,7 +106,44 @@ func (c *consistentHash) Route(d *decision) (int, error) {
 	if i == len(c.ring) {
 		i = 0
 	}
-	return c.ring[i].pod, nil
+	return c.ring[i].pod
+}
+
+// sessionAffinity pins each session (a conversation: the demo's session
+// id) to the pod its id hashes to on the same kind of ring, as a gateway's
+// ring-hash load balancer keyed on a session header does (Envoy's
+// ring_hash with a header hash policy, Istio's consistentHash
+// httpHeaderName, NGINX's "hash $http_x_session_id consistent"). The first
+// placement is the hash too: it never looks at load, caches or capacity.
+type sessionAffinity struct {
+	ring *consistentHash
+	buf  []byte
+}
+
+func newSessionAffinity(names []string, vnodes int) *sessionAffinity {
+	return &sessionAffinity{ring: newConsistentHash(names, 0, vnodes)}
+}
+
+func (*sessionAffinity) Name() string { return RouterSessionAffinity }
+
+func (s *sessionAffinity) Route(d *decision) (int, error) {
+	s.buf = strconv.AppendInt(append(s.buf[:0], "session-"...), int64(d.Req.Conv), 10)
+	return s.ring.lookup(d.Cands, xxh3.Hash(s.buf)), nil
+}
+
+// gateways is one router per gateway replica: request i goes to replica
+// i mod len(replicas) (round-robin over the arrival plan, as a Service in
+// front of the replicas spreads them), and each replica decides with its
+// own state. What the replicas share is the caller's choice: the pods'
+// load (every decision's Depth) always, and for precise one kvindex.
+type gateways struct {
+	replicas []router
+}
+
+func (g *gateways) Name() string { return g.replicas[0].Name() }
+
+func (g *gateways) Route(d *decision) (int, error) {
+	return g.replicas[d.Req.ID%len(g.replicas)].Route(d)
 }
 
 func (c *consistentHash) build(cands []int) {

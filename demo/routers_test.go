@@ -256,3 +256,57 @@ func TestApproxSourceLearnsOnlyFromItsRoutes(t *testing.T) {
 		t.Fatalf("tracking 4 blocks: a prompt sharing them matches %d blocks of %d tokens, want all 4", p[0].Blocks(), tokens)
 	}
 }
+
+// TestSessionAffinityIsStickyAndBlind checks that a session always lands
+// on the pod its id hashes to, whatever its prompt, the queues or the
+// caches, and that the sessions spread over the pods.
+func TestSessionAffinityIsStickyAndBlind(t *testing.T) {
+	names := []string{"pod-0", "pod-1", "pod-2", "pod-3"}
+	sa := newSessionAffinity(names, 100)
+	home := map[int]int{}
+	used := map[int]bool{}
+	for turn := range 3 {
+		for conv := range 64 {
+			r := req(uint64(1000*turn+conv), 1+turn) // the prompt changes every turn
+			r.Conv = conv
+			d := decide(r, 0, 0, 0, 0)
+			d.Depth[(conv+turn)%4] = 100 // a different pod is swamped each turn
+			p, err := sa.Route(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h, ok := home[conv]; ok && h != p {
+				t.Fatalf("session %d moved from pod %d to %d on turn %d", conv, h, p, turn)
+			}
+			home[conv] = p
+			used[p] = true
+		}
+	}
+	if len(used) != len(names) {
+		t.Fatalf("64 sessions landed on %d of %d pods", len(used), len(names))
+	}
+}
+
+// TestGatewaysDealRequestsToReplicas checks that request i goes to
+// replica i mod n, so each replica's state sees only its share.
+func TestGatewaysDealRequestsToReplicas(t *testing.T) {
+	var srcs []*fixedSource
+	g := &gateways{}
+	for i := range 3 {
+		src := &fixedSource{frac: []float64{0, 0}}
+		srcs = append(srcs, src)
+		g.replicas = append(g.replicas, testScoring(t, DefaultWeights, src, uint64(i+1), 2))
+	}
+	for id := range 7 {
+		r := req(0, 1)
+		r.ID = id
+		if _, err := g.Route(decide(r, 0, 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, want := range []int{3, 2, 2} {
+		if got := len(srcs[i].routes); got != want {
+			t.Errorf("replica %d decided %d of 7 requests, want %d", i, got, want)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -23,6 +24,24 @@ func TestScenarioOrderings(t *testing.T) {
 				t.Errorf("%s:\n  %s\n%s", sc, strings.Join(bad, "\n  "), b.String())
 			}
 		})
+	}
+}
+
+// TestGatewaysAndSessionsAcrossSeeds checks the new scenarios' orderings on more
+// seeds than TestScenarioOrderings: what they show is a gap between
+// routers, which one lucky workload must not be what carries it.
+func TestGatewaysAndSessionsAcrossSeeds(t *testing.T) {
+	for _, sc := range []string{ScenarioGateways, ScenarioSessions} {
+		for _, seed := range []uint64{2, 3} {
+			t.Run(fmt.Sprintf("%s/seed%d", sc, seed), func(t *testing.T) {
+				rep := runSmall(t, sc, seed)
+				if bad := orderings(rep); len(bad) > 0 {
+					var b strings.Builder
+					_ = WriteTable(&b, rep)
+					t.Errorf("%s seed %d:\n  %s\n%s", sc, seed, strings.Join(bad, "\n  "), b.String())
+				}
+			})
+		}
 	}
 }
 
@@ -122,6 +141,23 @@ func orderings(rep *Report) []string {
 			"precise cached %.3f not above consistent-hash's %.3f", pr.CachedFraction, ch.CachedFraction)
 		check(pr.CachedFraction > ap.CachedFraction,
 			"precise cached %.3f not above approximate's %.3f", pr.CachedFraction, ap.CachedFraction)
+	case ScenarioGateways:
+		// Each approximate replica guesses from a third of the traffic;
+		// precise's replicas read one index the engines fill.
+		check(pr.CachedFraction >= ap.CachedFraction+0.1,
+			"precise cached %.3f not 0.1 above approximate's %.3f", pr.CachedFraction, ap.CachedFraction)
+		check(pr.CachedFraction >= 0.9*or.CachedFraction,
+			"precise cached %.3f < 90%% of oracle's %.3f", pr.CachedFraction, or.CachedFraction)
+		check(pr.TTFTP90 < ap.TTFTP90, "precise TTFT p90 %.0fms not below approximate's %.0fms", pr.TTFTP90, ap.TTFTP90)
+	case ScenarioSessions:
+		// Sticky sessions are about as good as sticky prefixes, and both
+		// lose to routing that sees load and the caches.
+		sa := get(RouterSessionAffinity)
+		check(math.Abs(sa.CachedFraction-ch.CachedFraction) <= 0.15,
+			"session-affinity cached %.3f not within 0.15 of consistent-hash's %.3f", sa.CachedFraction, ch.CachedFraction)
+		check(sa.CachedFraction <= pr.CachedFraction-0.05,
+			"session-affinity cached %.3f not 0.05 below precise's %.3f", sa.CachedFraction, pr.CachedFraction)
+		check(sa.TTFTP90 > pr.TTFTP90, "session-affinity TTFT p90 %.0fms not above precise's %.0fms", sa.TTFTP90, pr.TTFTP90)
 	case ScenarioHotPrefix:
 		check(pr.Imbalance <= 1.3, "precise imbalance %.2f > 1.3", pr.Imbalance)
 		nl := get(PreciseNoLoad)
@@ -129,4 +165,49 @@ func orderings(rep *Report) []string {
 		check(nl.TTFTP90 > pr.TTFTP90, "precise(load=0) TTFT p90 %.0fms not above precise's %.0fms", nl.TTFTP90, pr.TTFTP90)
 	}
 	return bad
+}
+
+// TestGatewayReplicasMoveConversations backs the approximate router's
+// gateways explanation: with three replicas, each guessing from its own
+// third of the traffic, a conversation's turns change pods far more often
+// than behind one gateway.
+func TestGatewayReplicasMoveConversations(t *testing.T) {
+	moved := map[int]int{}
+	for _, replicas := range []int{1, GatewayReplicas} {
+		o := small(ScenarioAgents, 1)
+		o.defaults()
+		p, err := o.plan()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := newFleet(p.h, p.engines, p.capacity, false, o.Timeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.close() })
+		g := &gateways{}
+		for i := range replicas {
+			src, err := newApproxSource(p.engines, p.capacity, 0, p.h.BlockSize())
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := newScoring(RouterApproximate, pickerConfig(o.Weights, p.h.BlockSize(), o.Seed+uint64(i)), src, f.names)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g.replicas = append(g.replicas, r)
+		}
+		out, err := newSimulation(p.w, o.Cost, g, f.engines, o.Pods, nil).run()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range p.w.Requests {
+			if r.Prev >= 0 && out[r.Prev].Pod != out[i].Pod {
+				moved[replicas]++
+			}
+		}
+	}
+	if moved[GatewayReplicas] < 3*moved[1] || moved[GatewayReplicas] == 0 {
+		t.Fatalf("turns that changed pod: %d behind one gateway, %d behind %d replicas; want at least three times as many", moved[1], moved[GatewayReplicas], GatewayReplicas)
+	}
 }

@@ -15,10 +15,16 @@ const (
 	ScenarioAgents    = "agents"
 	ScenarioChurn     = "churn"
 	ScenarioHotPrefix = "hot-prefix"
+	// ScenarioGateways replays the agent workload through several gateway
+	// replicas, each routing a share of the requests with its own state.
+	ScenarioGateways = "gateways"
+	// ScenarioSessions replays the agent workload with session-affinity
+	// routing as an extra row.
+	ScenarioSessions = "sessions"
 )
 
 // Scenarios lists the scenarios Run accepts.
-var Scenarios = []string{ScenarioAgents, ScenarioChurn, ScenarioHotPrefix}
+var Scenarios = []string{ScenarioAgents, ScenarioChurn, ScenarioHotPrefix, ScenarioGateways, ScenarioSessions}
 
 // WorkloadConfig shapes the generated traffic. Token counts are in tokens,
 // rates in requests per simulated second.

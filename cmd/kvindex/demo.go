@@ -109,7 +109,11 @@ Scenarios: agents; churn (the same, plus one engine restarting with an empty
 cache at 40%% of the run and a new engine joining at 60%%); hot-prefix (70%% of
 the requests are one 8,192-token prompt with a short unique suffix, the rest
 agent turns; it also runs precise with load weight 0, reported as the extra
-row "precise(load=0)").
+row "precise(load=0)"); gateways (agents routed by 3 gateway replicas, request
+i to replica i mod 3: each keeps its own router state, so approximate guesses
+from a third of the traffic, while all see the pods' load and precise's
+replicas share one kvindex); sessions (agents, plus the extra row
+"session-affinity" after consistent-hash).
 
 Capacity is realistic: a 32B model on one 80 GB GPU holds ~40k tokens of KV
 cache. By default the fleet holds --capacity-factor (%v) copies of the active
@@ -132,8 +136,8 @@ wall-clock ZMQ latency is absorbed and results depend only on the flags.
 
 --json prints {"scenario","pods","routers":[{"name","fleet_cached_fraction",
 "prefill_tokens","ttft_p50_ms","ttft_p90_ms","imbalance","engine_hit_rate"}],
-...}: the six routers in the order above; scenario variants go to
-"extra_routers". --out DIR writes demo.svg (charts) and demo.html (a
+...}: the six standard routers in the order above; a scenario's extra row goes
+to "extra_routers". --out DIR writes demo.svg (charts) and demo.html (a
 self-contained report). A progress bar goes to stderr when it is a terminal
 (not with --json).`, demo.RoutersHelp(), demo.Defaults().CapacityFactor)
 }

@@ -122,3 +122,27 @@ func TestDemoHelpStatesTheModel(t *testing.T) {
 		t.Errorf("help lacks demo.RoutersHelp():\n%s", out)
 	}
 }
+
+// TestDemoNewScenarios runs the gateways and sessions scenarios through
+// the CLI: each prints what makes it different.
+func TestDemoNewScenarios(t *testing.T) {
+	for _, tc := range []struct {
+		scenario string
+		want     []string
+	}{
+		{"gateways", []string{"scenario gateways", "gateways: 3 replicas", "approximate", "precise"}},
+		{"sessions", []string{"scenario sessions", "consistent-hash", "session-affinity"}},
+	} {
+		t.Run(tc.scenario, func(t *testing.T) {
+			out, errOut, code := runCLI(t, append([]string{"demo", "--scenario", tc.scenario}, tiny...)...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(out, want) {
+					t.Errorf("output lacks %q:\n%s", want, out)
+				}
+			}
+		})
+	}
+}
