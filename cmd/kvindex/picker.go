@@ -70,7 +70,9 @@ nobody waits on.
 
 The index is asked within --index-timeout; when it does not answer in time,
 or fails, the request is routed by load and session alone, and
-kvindex_picker_index_fallbacks_total counts it.
+kvindex_picker_index_fallbacks_total counts it. The connection to the index
+is opened and warmed before the first request, and again after each
+reconnect, so that a connection's setup never lands on a request.
 
 Every flag can also be set in a YAML --config file, keyed by flag name;
 flags on the command line override the file.`,
@@ -101,6 +103,9 @@ flags on the command line override the file.`,
 			if err != nil {
 				return err
 			}
+			// Logged and counted by Warm; the picker serves regardless,
+			// routing by load until the index answers.
+			_ = svc.Warm(ctx, 0)
 			return runPicker(ctx, svc, reg, f.extprocAddr, f.httpAddr, log)
 		},
 	}
