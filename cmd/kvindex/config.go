@@ -45,6 +45,8 @@ type serveFlags struct {
 	logFormat      string
 	check          bool
 	limits         limitFlags
+	picker         bool
+	pick           pickFlags
 	security       securityFlags
 }
 
@@ -74,6 +76,8 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.logFormat, "log-format", "text", "text|json")
 	f.limits.register(fs)
 	f.security.register(fs)
+	fs.BoolVar(&f.picker, "picker", false, "also serve the endpoint picker (as kvindex picker does) over the index in this process: ext_proc on --extproc-addr, POST /v1/pick on --http-addr")
+	f.pick.register(fs)
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables, --config file, tokenizer file), print them and exit without listening or connecting")
 }
 

@@ -22,26 +22,20 @@ import (
 	"github.com/kvindex/kvindex/picker/gateway"
 )
 
-// pickerFlags are the flags of kvindex picker.
+// pickerFlags are the flags of kvindex picker: where the index is, the
+// picker's own flags (shared with kvindex serve --picker) and its HTTP
+// address.
 type pickerFlags struct {
-	index        string
-	endpoints    []string
-	extprocAddr  string
-	httpAddr     string
-	indexTimeout time.Duration
-	maxBody      int
-	pickHold     time.Duration
-	sec          clientSecurityFlags
+	index    string
+	pick     pickFlags
+	httpAddr string
+	sec      clientSecurityFlags
 }
 
 func (f *pickerFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.index, "index", client.DefaultAddr, "address of the kvindex gRPC API to ask: HOST[:PORT]")
-	fs.StringArrayVar(&f.endpoints, "endpoint", nil, "a pod requests may go to, POD=HOST:PORT: its name as kvindex knows it and its inference address (repeatable)")
-	fs.StringVar(&f.extprocAddr, "extproc-addr", ":9002", "address of the Envoy ext_proc gRPC server (Endpoint Picker Protocol, with gRPC health)")
+	f.pick.register(fs)
 	fs.StringVar(&f.httpAddr, "http-addr", ":9003", "address of the HTTP server: POST /v1/pick and /metrics; empty: none")
-	fs.DurationVar(&f.indexTimeout, "index-timeout", gateway.DefaultIndexTimeout, "deadline of each index query; past it the request is routed by load and session only")
-	fs.IntVar(&f.maxBody, "max-body", gateway.DefaultMaxBody, "largest request body read, in bytes (larger: 413)")
-	fs.DurationVar(&f.pickHold, "pick-hold", gateway.DefaultPickHold, "how long a /v1/pick decision counts as in flight on its pod (its caller never reports the end)")
 	f.sec.register(fs)
 }
 
@@ -70,7 +64,9 @@ nobody waits on.
 
 The index is asked within --index-timeout; when it does not answer in time,
 or fails, the request is routed by load and session alone, and
-kvindex_picker_index_fallbacks_total counts it.
+kvindex_picker_index_fallbacks_total counts it. The connection to the index
+is opened and warmed before the first request, and again after each
+reconnect, so that a connection's setup never lands on a request.
 
 Every flag can also be set in a YAML --config file, keyed by flag name;
 flags on the command line override the file.`,
@@ -82,7 +78,7 @@ flags on the command line override the file.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			eps, err := parseEndpoints(f.endpoints)
+			cfg, err := f.pick.config()
 			if err != nil {
 				return err
 			}
@@ -94,14 +90,15 @@ flags on the command line override the file.`,
 			defer c.Close()
 			log := slog.Default()
 			reg := prometheus.NewRegistry()
-			svc, err := gateway.New(gateway.Config{
-				Endpoints: eps, IndexTimeout: f.indexTimeout, MaxBody: f.maxBody, PickHold: f.pickHold,
-				Registry: reg, Logger: log,
-			}, gateway.Remote{Client: c})
+			cfg.Registry, cfg.Logger = reg, log
+			svc, err := gateway.New(cfg, gateway.Remote{Client: c})
 			if err != nil {
 				return err
 			}
-			return runPicker(ctx, svc, reg, f.extprocAddr, f.httpAddr, log)
+			// Logged and counted by Warm; the picker serves regardless,
+			// routing by load until the index answers.
+			_ = svc.Warm(ctx, 0)
+			return runPicker(ctx, svc, reg, f.pick.extprocAddr, f.httpAddr, log)
 		},
 	}
 	f.register(cmd.Flags())

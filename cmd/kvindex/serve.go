@@ -103,6 +103,7 @@ type serveOptions struct {
 	snapshotInterval   time.Duration
 	security           server.Security
 	adminAddr          string
+	picker             *pickerOptions // nil without --picker
 }
 
 // options validates the flags.
@@ -170,6 +171,9 @@ func (f *serveFlags) options() (*serveOptions, error) {
 	if o.listen != "" {
 		o.listen = endpoint(o.listen)
 	}
+	if o.picker, err = f.pickerOptions(); err != nil {
+		return nil, err
+	}
 	return o, nil
 }
 
@@ -225,6 +229,7 @@ type service struct {
 	httpAddr string
 	state    *stateDir // nil without --state-dir
 	adminLis net.Listener
+	picker   *servePicker // nil without --picker
 
 	done chan struct{}
 	err  error
@@ -376,6 +381,13 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		httpLis.Close()
 		return nil, err
 	}
+	pk, err := listenPicker(o.picker, srv, log)
+	if err != nil {
+		grpcLis.Close()
+		httpLis.Close()
+		closeAdmin(adminLis)
+		return nil, err
+	}
 	hcfg := o.index.Hasher.Config()
 	log.Info("kvindex starting",
 		"hash_algo", string(hcfg.Algo), "hash_seed", hcfg.Seed, "block_size", hcfg.BlockSize,
@@ -387,6 +399,7 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		grpcLis.Close()
 		httpLis.Close()
 		closeAdmin(adminLis)
+		pk.close()
 		return nil, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "zmqtransport: "))
 	}
 	s := &service{
@@ -397,15 +410,18 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		httpAddr: httpLis.Addr().String(),
 		state:    p.state,
 		adminLis: adminLis,
+		picker:   pk,
 		done:     make(chan struct{}),
 	}
+	s.http.Handler = pk.handler(s.http.Handler)
 	log.Info("serving", "grpc", s.grpcAddr, "http", s.httpAddr, "admin", s.adminAddr())
 	logLimits(log, o.limits)
 	logSecurity(log, o.security, s.grpcAddr, s.httpAddr, s.adminAddr())
 
 	var wg sync.WaitGroup
-	errs := make(chan error, 3)
+	errs := make(chan error, 4)
 	s.serveAdmin(&wg, errs)
+	pk.serve(&wg, errs)
 	wg.Add(3)
 	go func() {
 		defer wg.Done()
@@ -495,6 +511,7 @@ func (s *service) shutdown() error {
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
 	herr := errors.Join(s.http.Shutdown(ctx), s.shutdownAdmin(ctx))
+	s.picker.stop(ctx)
 	select {
 	case <-stopped:
 	case <-ctx.Done():

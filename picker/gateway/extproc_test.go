@@ -145,7 +145,7 @@ func serveGRPCServer(t *testing.T, register func(grpc.ServiceRegistrar)) (string
 	return lis.Addr().String(), gs
 }
 
-func mustVec(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+func mustVec(t testing.TB, reg *prometheus.Registry, name, label string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {

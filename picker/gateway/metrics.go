@@ -6,6 +6,7 @@ type metrics struct {
 	picks        *prometheus.CounterVec
 	fallbacks    *prometheus.CounterVec
 	bad          *prometheus.CounterVec
+	warmups      *prometheus.CounterVec
 	indexSeconds prometheus.Histogram
 }
 
@@ -23,6 +24,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvindex_picker_bad_requests_total",
 			Help: "Requests refused before routing, by reason: body (not an inference request the picker reads), too_large, protocol (an ext_proc stream out of order).",
 		}, []string{"reason"}),
+		warmups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvindex_picker_index_warmups_total",
+			Help: "Warm-ups of the remote index's connection (at start and after each reconnect), by result: ok, error.",
+		}, []string{"result"}),
 		indexSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvindex_picker_index_seconds",
 			Help:    "Time to get the index's answer for a request, failures and timeouts included.",
@@ -30,7 +35,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.picks, m.fallbacks, m.bad, m.indexSeconds} {
+		for _, c := range []prometheus.Collector{m.picks, m.fallbacks, m.bad, m.warmups, m.indexSeconds} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -28,6 +28,10 @@ const (
 	// conversation as text with room to spare. Larger requests are refused
 	// (413) rather than routed blind.
 	DefaultMaxBody = 8 << 20
+	// DefaultWarmTimeout bounds warming the index's connection at start
+	// and after each reconnect (Service.Warm): connection setup, not a
+	// query, so far above IndexTimeout.
+	DefaultWarmTimeout = 10 * time.Second
 	// DefaultPickHold is how long a /v1/pick decision counts as in flight
 	// on its pod: the HTTP caller never says when the request ends, so
 	// the count decays after about a request's prefill.
@@ -251,6 +255,41 @@ func (s *Service) query(ctx context.Context, r *Request, st *pickState) int {
 	}
 	prefixes(resp, s.cfg.Scorer.BlockSize, st.pre)
 	return int(resp.GetPromptTokens())
+}
+
+// Warm warms a remote index's connection (Remote.Warm) within timeout
+// (DefaultWarmTimeout if 0), so that the first requests are answered by
+// the index rather than routed without it, and keeps it warm until ctx
+// ends: re-warmed after each reconnect, reconnected when it goes idle.
+// A failure is logged and counted and returned, but the picker can
+// still route (by load and session) and the watch goes on. A source in
+// the same process needs no warming: Warm returns nil at once.
+func (s *Service) Warm(ctx context.Context, timeout time.Duration) error {
+	r, ok := s.src.(Remote)
+	if !ok {
+		return nil
+	}
+	if timeout <= 0 {
+		timeout = DefaultWarmTimeout
+	}
+	warm := func(what string) error {
+		wctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		start := time.Now()
+		err := r.Warm(wctx)
+		took := time.Since(start).Round(time.Microsecond)
+		if err != nil {
+			s.m.warmups.WithLabelValues("error").Inc()
+			s.log.Warn("picker: warming the index connection failed; requests are routed without the index until it answers", "on", what, "took", took, "err", err)
+			return fmt.Errorf("warming the index connection: %w", err)
+		}
+		s.m.warmups.WithLabelValues("ok").Inc()
+		s.log.Info("picker: index connection warm", "on", what, "took", took)
+		return nil
+	}
+	err := warm("start")
+	go r.watch(ctx, func() { _ = warm("reconnect") })
+	return err
 }
 
 // hold counts d's request as in flight for PickHold, for callers that

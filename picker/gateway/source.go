@@ -7,6 +7,10 @@ import (
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/picker"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
 )
 
 // Source answers kvindex's LongestPrefix: *server.Server in the same
@@ -21,6 +25,45 @@ type Remote struct{ Client *client.Client }
 // LongestPrefix implements Source.
 func (r Remote) LongestPrefix(ctx context.Context, req *kvindexv1.LongestPrefixRequest) (*kvindexv1.LongestPrefixResponse, error) {
 	return r.Client.LongestPrefix(ctx, req.GetModel(), req.GetPrompt(), &client.QueryOptions{Candidates: req.GetCandidatePods()})
+}
+
+// Warm connects to the index, if the connection is not up, and makes one
+// cheap call (ListPods) through it, within ctx: a query's deadline is a
+// couple of milliseconds, too short for a connection's setup (TCP, TLS,
+// HTTP/2 settings) or the first call's lazy initialisation on both
+// sides, so a query on a cold connection would fall back.
+//
+// The call waits for the connection to be ready, and is tried again when
+// it fails as unavailable (a connection lost under it), until ctx ends.
+func (r Remote) Warm(ctx context.Context) error {
+	r.Client.Conn().Connect()
+	for {
+		_, err := r.Client.Index.ListPods(ctx, &kvindexv1.ListPodsRequest{}, grpc.WaitForReady(true))
+		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// watch calls warm each time the connection comes up again after it was
+// lost, and reconnects a connection gone idle (gRPC drops an idle
+// connection, and the next query would pay its setup), until ctx ends.
+func (r Remote) watch(ctx context.Context, warm func()) {
+	conn := r.Client.Conn()
+	state := conn.GetState()
+	for {
+		if state == connectivity.Idle {
+			conn.Connect()
+		}
+		if !conn.WaitForStateChange(ctx, state) {
+			return
+		}
+		next := conn.GetState()
+		if next == connectivity.Ready && state != connectivity.Ready {
+			warm()
+		}
+		state = next
+	}
 }
 
 // MetricsSource gives an engine's scraped load metrics (vLLM's

@@ -1,0 +1,267 @@
+package gateway_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/kvevents"
+	"github.com/kvindex/kvindex/picker/gateway"
+	"github.com/kvindex/kvindex/tokenizer"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// Shape of BenchmarkPicker: 16,384-token prompts of a long chat, 8
+// pods, each prompt held in full by one pod and to half its depth by
+// another; bodies arrive in Envoy-sized frames.
+const (
+	benchTokens = 16384
+	benchPods   = 8
+	benchFrame  = 16 << 10
+)
+
+// benchPrompts tokenizes a long conversation's text with the Qwen2.5
+// tokenizer into n distinct prompts of benchTokens ids each: realistic
+// ids (and so JSON bytes) rather than counting numbers.
+func benchPrompts(b *testing.B, n int) [][]uint64 {
+	tok, err := tokenizer.LoadFile("../../tokenizer/testdata/qwen2.5/tokenizer.json.gz")
+	if err != nil {
+		b.Fatal(err)
+	}
+	para := "The user asked how the cluster should route long conversations, and the assistant " +
+		"explained that every turn repeats the earlier ones, so the pod that served the last turn " +
+		"already holds most of the prompt's KV cache in GPU memory. "
+	var out [][]uint64
+	for p := range n {
+		var sb strings.Builder
+		fmt.Fprintf(&sb, "<|im_start|>system\nConversation %d.<|im_end|>\n", p)
+		ids := []uint64{}
+		for i := 0; len(ids) < benchTokens; i++ {
+			role := "user"
+			if i%2 == 1 {
+				role = "assistant"
+			}
+			fmt.Fprintf(&sb, "<|im_start|>%s\nTurn %d. %s%s<|im_end|>\n", role, i, para, para)
+			if i%16 == 15 {
+				ids = tok.Encode(sb.String(), false)
+			}
+		}
+		out = append(out, ids[:benchTokens])
+	}
+	return out
+}
+
+// benchIndex is a kvindex server whose index holds each prompt on two
+// pods (one in full, one to half its depth).
+func benchIndex(b *testing.B, prompts [][]uint64) (*server.Server, []gateway.Endpoint) {
+	h, err := blockhash.New(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "0", BlockSize: bs})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ix, err := indexer.New(indexer.Options{Hasher: h})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var eps []gateway.Endpoint
+	for i := range benchPods {
+		eps = append(eps, gateway.Endpoint{Pod: fmt.Sprintf("pod-%d", i), Addr: fmt.Sprintf("10.0.0.%d:8000", i+1)})
+	}
+	seq := make([]uint64, benchPods)
+	var streams heardStreams
+	for _, e := range eps {
+		streams = append(streams, kvevents.StreamStats{Engine: kvevents.EngineID{Model: testModel, Pod: e.Pod}, Connected: true})
+	}
+	for p, ids := range prompts {
+		hs, err := h.Chain(nil, nil, 0, ids, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		keys := make([]uint64, len(hs))
+		for i := range hs {
+			keys[i] = hs[i].Key
+		}
+		for k, depth := range []int{len(keys), len(keys) / 2} {
+			e := (p + k*3) % benchPods
+			ix.Apply(kvevents.EngineID{Model: testModel, Pod: eps[e].Pod}, seq[e], []kvevents.Event{{
+				Kind: kvevents.BlockStored, Hashes: keys[:depth], TokenIDs: ids[:depth*bs], BlockSize: bs,
+			}})
+			seq[e]++
+		}
+	}
+	srv, err := server.New(server.Config{Index: ix, BlockSize: bs, DefaultModel: testModel, Streams: streams, ReadyGrace: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(srv.Shutdown)
+	return srv, eps
+}
+
+// heardStreams reports every engine's event stream connected and
+// healthy: the index vouches for their entries in full.
+type heardStreams []kvevents.StreamStats
+
+func (h heardStreams) Streams() []kvevents.StreamStats { return h }
+
+// BenchmarkPicker measures the latency the picker adds to a request, as
+// Envoy sees it over loopback ext_proc: from the request headers sent to
+// the body's last frame answered (the destination comes with it), for a
+// chat conversation of 16,384 tokens sent as token ids in 16 KB frames.
+// The picker asks the index in the same process (local) or a kvindex
+// over loopback gRPC (remote). The deadline is far above the path's
+// latency, so the figures are the index's answer, never the fallback
+// (the benchmark fails if any request fell back). One request at a time;
+// run with -benchtime=3000x for stable percentiles.
+func BenchmarkPicker(b *testing.B) {
+	prompts := benchPrompts(b, 8)
+	srv, eps := benchIndex(b, prompts)
+	bodies := make([][]byte, len(prompts))
+	for i, ids := range prompts {
+		bodies[i] = []byte(idsBody(ids))
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	gs := srv.NewGRPCServer()
+	go gs.Serve(lis)
+	b.Cleanup(gs.Stop)
+	c, err := client.Dial(context.Background(), lis.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+
+	for _, v := range []struct {
+		name string
+		src  gateway.Source
+	}{
+		{"local", gateway.Local{Server: srv}},
+		{"remote", gateway.Remote{Client: c}},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			reg := prometheus.NewRegistry()
+			svc, err := gateway.New(gateway.Config{Endpoints: eps, Scorer: noSpeculation(), IndexTimeout: time.Second, Registry: reg}, v.src)
+			if err != nil {
+				b.Fatal(err)
+			}
+			pl, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			pgs := grpc.NewServer(grpc.MaxRecvMsgSize(svc.MaxBody() + 1<<20))
+			svc.ExtProc().Register(pgs)
+			go pgs.Serve(pl)
+			defer pgs.Stop()
+			conn, err := grpc.NewClient(pl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Close()
+			xc := extprocv3.NewExternalProcessorClient(conn)
+			// Warm the connections, pools and the index's memo once per
+			// prompt, and check each is answered by its full holder.
+			for i := range bodies {
+				if dest := pickOnce(b, xc, bodies[i]); dest != eps[i%benchPods].Addr {
+					b.Fatalf("prompt %d went to %s, held in full by %s", i, dest, eps[i%benchPods].Addr)
+				}
+			}
+			lat := make([]time.Duration, 0, b.N)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				t0 := time.Now()
+				pickOnce(b, xc, bodies[i%len(bodies)])
+				lat = append(lat, time.Since(t0))
+			}
+			b.StopTimer()
+			if n := mustVec(b, reg, "kvindex_picker_index_fallbacks_total", "timeout") +
+				mustVec(b, reg, "kvindex_picker_index_fallbacks_total", "error"); n != 0 {
+				b.Fatalf("%v requests fell back: the figures would not be the index's path", n)
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-us")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-us")
+		})
+	}
+}
+
+// pickOnce plays Envoy for one request up to the picker's decision: the
+// headers, the body in frames, and the answers until the body's end; it
+// returns the destination.
+func pickOnce(b *testing.B, xc extprocv3.ExternalProcessorClient, body []byte) string {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := xc.Process(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	hm := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+		{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
+		{Key: "content-type", RawValue: []byte("application/json")},
+	}}
+	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: hm}}}); err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < len(body); i += benchFrame {
+		end := min(i+benchFrame, len(body))
+		if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+			RequestBody: &extprocv3.HttpBody{Body: body[i:end], EndOfStream: end == len(body)}}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	dest := ""
+	for {
+		resp, err := st.Recv()
+		if err != nil {
+			b.Fatal(err)
+		}
+		switch r := resp.Response.(type) {
+		case *extprocv3.ProcessingResponse_RequestHeaders:
+			for _, h := range r.RequestHeaders.GetResponse().GetHeaderMutation().GetSetHeaders() {
+				if h.GetHeader().GetKey() == gateway.HeaderDestination {
+					dest = string(h.GetHeader().GetRawValue())
+				}
+			}
+		case *extprocv3.ProcessingResponse_RequestBody:
+			if r.RequestBody.GetResponse().GetBodyMutation().GetStreamedResponse().GetEndOfStream() {
+				if dest == "" {
+					b.Fatal("no destination")
+				}
+				return dest
+			}
+		default:
+			b.Fatalf("unexpected answer %T", r)
+		}
+	}
+}
+
+// BenchmarkPickerParse is the part of BenchmarkPicker's requests spent
+// reading the body: ParseRequest of the same 16,384-id bodies.
+func BenchmarkPickerParse(b *testing.B) {
+	prompts := benchPrompts(b, 8)
+	bodies := make([][]byte, len(prompts))
+	for i, ids := range prompts {
+		bodies[i] = []byte(idsBody(ids))
+	}
+	none := func(string) string { return "" }
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		if _, err := gateway.ParseRequest(bodies[i%len(bodies)], none); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,170 @@
+package gateway_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/kvindex/kvindex/picker/gateway"
+)
+
+// pickBound is the body bound of the size tests: small enough that a
+// prompt of a few hundred ids passes it.
+const pickBound = 4096
+
+// decision is /v1/pick's answer as a gateway reads it: the documented
+// field names, decoded without the picker's own types.
+type decision struct {
+	Endpoint string `json:"endpoint"`
+	Pod      string `json:"pod"`
+	Scores   []struct {
+		Pod    string   `json:"pod"`
+		Prefix *float64 `json:"prefix"`
+		Load   *float64 `json:"load"`
+		Total  *float64 `json:"total"`
+	} `json:"scores"`
+	Error string `json:"error"`
+}
+
+func postPick(t *testing.T, url, body string, hdr map[string]string) (int, http.Header, decision) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/pick", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d decision
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatalf("answer %d is not JSON: %v: %q", resp.StatusCode, err, raw)
+	}
+	return resp.StatusCode, resp.Header, d
+}
+
+// POST /v1/pick over loopback HTTP: the decision's JSON and header for a
+// prompt the index places, and each refusal with its status.
+func TestHTTPPick(t *testing.T) {
+	f := newFleet(t, "pod-a", "pod-b", "pod-c")
+	svc, _ := newService(t, f, remote(t, f.indexAddr), func(c *gateway.Config) { c.MaxBody = pickBound })
+	hs := httptest.NewServer(svc.Handler())
+	t.Cleanup(hs.Close)
+
+	// Place a prompt on the pod /v1/pick chooses, as a gateway would.
+	held := seq(300, 8*bs)
+	code, hdr, d := postPick(t, hs.URL, idsBody(held), nil)
+	if code != http.StatusOK {
+		t.Fatalf("first pick: %d %s", code, d.Error)
+	}
+	resp, err := http.Post("http://"+hdr.Get(gateway.HeaderDestination)+"/v1/completions", "application/json", strings.NewReader(idsBody(held)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	holder := d.Pod
+	await(t, "the index to hear the prompt", func() bool { return f.held(t, holder, held) == 8 })
+
+	for _, tt := range []struct {
+		name    string
+		body    string
+		hdr     map[string]string
+		want    int
+		wantPod string // for 200
+	}{
+		{"held prompt goes to its holder", idsBody(held), nil, http.StatusOK, holder},
+		{"chat request", `{"model":"qwen","messages":[{"role":"user","content":"hi"}]}`, nil, http.StatusOK, ""},
+		{"subset of one", idsBody(held), map[string]string{gateway.SubsetKey: f.endpoints[2].Addr}, http.StatusOK, f.endpoints[2].Pod},
+		{"not JSON", `{"prompt`, nil, http.StatusBadRequest, ""},
+		{"no prompt", `{"model":"qwen"}`, nil, http.StatusBadRequest, ""},
+		{"over the body bound", idsBody(seq(1, pickBound)), nil, http.StatusRequestEntityTooLarge, ""},
+		{"subset of unknown endpoints", idsBody(held), map[string]string{gateway.SubsetKey: "10.9.9.9:1, 10.9.9.8:1"}, http.StatusServiceUnavailable, ""},
+		{"empty subset", idsBody(held), map[string]string{gateway.SubsetKey: " "}, http.StatusServiceUnavailable, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			code, hdr, d := postPick(t, hs.URL, tt.body, tt.hdr)
+			if code != tt.want {
+				t.Fatalf("status %d (%s), want %d", code, d.Error, tt.want)
+			}
+			if code != http.StatusOK {
+				if d.Error == "" || hdr.Get(gateway.HeaderDestination) != "" {
+					t.Errorf("refusal: error %q, destination header %q", d.Error, hdr.Get(gateway.HeaderDestination))
+				}
+				return
+			}
+			if got := hdr.Get(gateway.HeaderDestination); got != d.Endpoint || f.podOf[got] != d.Pod {
+				t.Errorf("header %q, decision %s=%s: they disagree", got, d.Pod, d.Endpoint)
+			}
+			if tt.wantPod != "" && d.Pod != tt.wantPod {
+				t.Errorf("picked %s, want %s", d.Pod, tt.wantPod)
+			}
+			if len(d.Scores) == 0 {
+				t.Fatal("no scores")
+			}
+			for _, s := range d.Scores {
+				if s.Pod == "" || s.Prefix == nil || s.Load == nil || s.Total == nil {
+					t.Errorf("score without pod, prefix, load or total: %+v", s)
+				}
+				if tt.name == "held prompt goes to its holder" && s.Pod == holder && *s.Prefix <= 0 {
+					t.Errorf("the holder's prefix score is %v", *s.Prefix)
+				}
+			}
+		})
+	}
+}
+
+// The ext_proc front refuses a body past the bound with an immediate
+// 413, however it is framed, and routes one at the bound.
+func TestExtProcBodyBound(t *testing.T) {
+	f := newFleet(t, "pod-a")
+	svc, reg := newService(t, f, gateway.Local{Server: f.srv}, func(c *gateway.Config) { c.MaxBody = pickBound })
+	xc, _ := startPicker(t, svc)
+	// atBound is a valid body of exactly pickBound bytes.
+	atBound := idsBody(seq(1, 10))
+	atBound = atBound[:len(atBound)-1] + `,"user":"` + strings.Repeat("x", pickBound-len(atBound)-10) + `"}`
+	if len(atBound) != pickBound {
+		t.Fatalf("body of %d bytes, want %d", len(atBound), pickBound)
+	}
+	over := idsBody(seq(1, pickBound))
+	tooLarge := 0
+	for _, tt := range []struct {
+		name  string
+		body  string
+		frame int
+		want  int // 0: routed
+	}{
+		{"at the bound", atBound, 1000, 0},
+		{"over, one frame", over, len(over), http.StatusRequestEntityTooLarge},
+		{"over, small frames", over, 512, http.StatusRequestEntityTooLarge},
+		{"one byte over", atBound[:len(atBound)-2] + `x"}`, 4096, http.StatusRequestEntityTooLarge},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := send(t, xc, "/v1/completions", nil, nil, tt.body, tt.frame)
+			if e.status != tt.want {
+				t.Fatalf("status %d (%s), want %d", e.status, e.body, tt.want)
+			}
+			if tt.want == 0 {
+				if e.dest == "" {
+					t.Fatal("not routed")
+				}
+				e.finish(t, nil)
+				return
+			}
+			tooLarge++
+			if n := mustVec(t, reg, "kvindex_picker_bad_requests_total", "too_large"); n != float64(tooLarge) {
+				t.Errorf("too_large refusals counted %v, want %d", n, tooLarge)
+			}
+		})
+	}
+}
