@@ -295,6 +295,14 @@ type authedStream struct {
 
 func (a *authedStream) Context() context.Context { return a.ctx }
 
+// Guard makes h need scope, as kvindex's own endpoints do (nothing with
+// authorization off); endpoint names it in metrics and logs. It lets a
+// handler served beside the API (the in-process picker's /v1/pick) take
+// the same callers.
+func (s *Server) Guard(scope Scope, endpoint string, h http.Handler) http.Handler {
+	return s.guard(scope, endpoint, h)
+}
+
 // guard makes h need scope; endpoint names it in metrics and logs.
 func (s *Server) guard(scope Scope, endpoint string, h http.Handler) http.Handler {
 	if s.authMode == authOff {

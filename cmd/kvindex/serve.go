@@ -413,7 +413,7 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		picker:   pk,
 		done:     make(chan struct{}),
 	}
-	s.http.Handler = pk.handler(s.http.Handler)
+	s.http.Handler = pk.handler(s.http.Handler, srv)
 	log.Info("serving", "grpc", s.grpcAddr, "http", s.httpAddr, "admin", s.adminAddr())
 	logLimits(log, o.limits)
 	logSecurity(log, o.security, s.grpcAddr, s.httpAddr, s.adminAddr())

@@ -84,13 +84,14 @@ func listenPicker(o *pickerOptions, srv *server.Server, log *slog.Logger) (*serv
 	return &servePicker{svc: svc, grpc: gs, lis: lis, addr: lis.Addr().String()}, nil
 }
 
-// handler serves POST /v1/pick beside serve's own API.
-func (p *servePicker) handler(api http.Handler) http.Handler {
+// handler serves POST /v1/pick beside serve's own API, to the callers
+// with the query scope (it reveals what a query does).
+func (p *servePicker) handler(api http.Handler, srv *server.Server) http.Handler {
 	if p == nil {
 		return api
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/v1/pick", p.svc.Handler())
+	mux.Handle("/v1/pick", srv.Guard(server.ScopeQuery, "Pick", p.svc.Handler()))
 	mux.Handle("/", api)
 	return mux
 }

@@ -2,10 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -13,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/picker/gateway"
 )
 
@@ -102,6 +107,61 @@ func TestServePickerFlags(t *testing.T) {
 			}
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("error %v, want one naming %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// With --auth-tokens, serve --picker's /v1/pick takes the callers its
+// queries take: the query scope.
+func TestServePickerAuth(t *testing.T) {
+	p := newPKI(t)
+	auth := filepath.Join(p.dir, "auth.yaml")
+	err := os.WriteFile(auth, []byte(`tokens:
+  - name: gateway
+    sha256: `+tokenSHA("query-secret")+`
+    scopes: [query]
+  - name: tailer
+    sha256: `+tokenSHA("watch-secret")+`
+    scopes: [watch]
+`), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := startE2EDial(t,
+		[]grpc.DialOption{dialTLS(t, client.TLSConfig{CAFile: p.ca.CertFile}), client.WithToken("query-secret")},
+		[]string{"pod-a"},
+		"--tls-cert", p.server.CertFile, "--tls-key", p.server.KeyFile, "--auth-tokens", auth,
+		"--picker", "--extproc-addr", "127.0.0.1:0", "--endpoint", "pod-a=10.0.0.1:8000")
+	pem, err := os.ReadFile(p.ca.CertFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	for _, tc := range []struct {
+		name, token string
+		want        int
+	}{
+		{"no token", "", http.StatusUnauthorized},
+		{"watch token", "watch-secret", http.StatusForbidden},
+		{"query token", "query-secret", http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodPost, "https://"+x.svc.httpAddr+"/v1/pick",
+				strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":[1,2,3]}`, e2eModel)))
+			if tc.token != "" {
+				req.Header.Set("Authorization", "Bearer "+tc.token)
+			}
+			resp, err := hc.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Errorf("/v1/pick: %d %s, want %d", resp.StatusCode, raw, tc.want)
 			}
 		})
 	}
