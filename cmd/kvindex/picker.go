@@ -91,6 +91,11 @@ flags on the command line override the file.`,
 			log := slog.Default()
 			reg := prometheus.NewRegistry()
 			cfg.Registry, cfg.Logger = reg, log
+			scrape, err := withEngineMetrics(f.pick.scrapeInterval, &cfg, reg, log)
+			if err != nil {
+				return err
+			}
+			go scrape(ctx)
 			svc, err := gateway.New(cfg, gateway.Remote{Client: c})
 			if err != nil {
 				return err

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/picker/enginemetrics"
 	"github.com/kvindex/kvindex/picker/gateway"
 )
 
@@ -25,6 +26,8 @@ type pickFlags struct {
 	indexTimeout time.Duration
 	maxBody      int
 	pickHold     time.Duration
+	// scrapeInterval: how often the endpoints' /metrics are read.
+	scrapeInterval time.Duration
 }
 
 func (f *pickFlags) register(fs *pflag.FlagSet) {
@@ -32,6 +35,7 @@ func (f *pickFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.extprocAddr, "extproc-addr", ":9002", "address of the Envoy ext_proc gRPC server (Endpoint Picker Protocol, with gRPC health)")
 	fs.DurationVar(&f.indexTimeout, "index-timeout", gateway.DefaultIndexTimeout, "deadline of each index query; past it the request is routed by load and session only")
 	fs.IntVar(&f.maxBody, "max-body", gateway.DefaultMaxBody, "largest request body read, in bytes (larger: 413)")
+	fs.DurationVar(&f.scrapeInterval, "scrape-interval", enginemetrics.DefaultInterval, "how often each --endpoint's http://HOST:PORT/metrics (vLLM's queue, KV usage and prefix-cache counters) is read for the load score and kvindex_fleet_cached_fraction; 0: never")
 	fs.DurationVar(&f.pickHold, "pick-hold", gateway.DefaultPickHold, "how long a /v1/pick decision counts as in flight on its pod (its caller never reports the end)")
 }
 
@@ -49,17 +53,20 @@ func (f *pickFlags) config() (gateway.Config, error) {
 
 // pickerOptions are kvindex serve --picker's validated settings.
 type pickerOptions struct {
-	cfg         gateway.Config
-	extprocAddr string
+	cfg            gateway.Config
+	extprocAddr    string
+	scrapeInterval time.Duration
 }
 
 // servePicker is the endpoint picker inside kvindex serve: it asks the
 // index in the same process, so no query crosses a network.
 type servePicker struct {
-	svc  *gateway.Service
-	grpc *grpc.Server
-	lis  net.Listener
-	addr string // resolved ext_proc address
+	svc    *gateway.Service
+	grpc   *grpc.Server
+	lis    net.Listener
+	addr   string                // resolved ext_proc address
+	scrape func(context.Context) // reads the engines' /metrics until its context ends
+	cancel context.CancelFunc    // ends scrape
 }
 
 // listenPicker builds the picker over srv and listens on its ext_proc
@@ -70,6 +77,10 @@ func listenPicker(o *pickerOptions, srv *server.Server, log *slog.Logger) (*serv
 	}
 	cfg := o.cfg
 	cfg.Registry, cfg.Logger = srv.Registry(), log.With("component", "picker")
+	scrape, err := withEngineMetrics(o.scrapeInterval, &cfg, srv.Registry(), cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
 	svc, err := gateway.New(cfg, gateway.Local{Server: srv})
 	if err != nil {
 		return nil, err
@@ -81,7 +92,7 @@ func listenPicker(o *pickerOptions, srv *server.Server, log *slog.Logger) (*serv
 	gs := grpc.NewServer(grpc.MaxRecvMsgSize(svc.MaxBody() + 1<<20))
 	svc.ExtProc().Register(gs)
 	log.Info("picker serving", "extproc", lis.Addr().String(), "endpoints", len(cfg.Endpoints))
-	return &servePicker{svc: svc, grpc: gs, lis: lis, addr: lis.Addr().String()}, nil
+	return &servePicker{svc: svc, grpc: gs, lis: lis, addr: lis.Addr().String(), scrape: scrape, cancel: func() {}}, nil
 }
 
 // handler serves POST /v1/pick beside serve's own API, to the callers
@@ -106,6 +117,9 @@ func (p *servePicker) serve(wg *sync.WaitGroup, errs chan<- error) {
 			errs <- fmt.Errorf("picker ext_proc server: %w", err)
 		}
 	})
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	wg.Go(func() { p.scrape(ctx) })
 }
 
 // stop lets the open ext_proc streams finish, within ctx.
@@ -113,6 +127,7 @@ func (p *servePicker) stop(ctx context.Context) {
 	if p == nil {
 		return
 	}
+	p.cancel()
 	stopped := make(chan struct{})
 	go func() {
 		p.grpc.GracefulStop()
@@ -146,5 +161,5 @@ func (f *serveFlags) pickerOptions() (*pickerOptions, error) {
 	if err != nil {
 		return nil, usagef("--picker: %v", err)
 	}
-	return &pickerOptions{cfg: cfg, extprocAddr: f.pick.extprocAddr}, nil
+	return &pickerOptions{cfg: cfg, extprocAddr: f.pick.extprocAddr, scrapeInterval: f.pick.scrapeInterval}, nil
 }

@@ -52,12 +52,11 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 		hdr    map[string]string
 		subset []string
 		body   []byte
-		done   func()
-		picked bool
+		fl     *flight // once routed
 	)
 	defer func() {
-		if done != nil {
-			done()
+		if fl != nil {
+			fl.done()
 		}
 	}()
 	for {
@@ -77,10 +76,10 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 			hdr = headerMap(v.RequestHeaders.GetHeaders())
 			subset = subsetHint(req.GetMetadataContext())
 			if v.RequestHeaders.GetEndOfStream() {
-				resp, done, picked = x.route(stream, hdr, subset, nil)
+				resp, fl = x.route(stream, hdr, subset, nil)
 			}
 		case *extprocv3.ProcessingRequest_RequestBody:
-			if picked {
+			if fl != nil {
 				return status.Error(codes.FailedPrecondition, "request body after the request was routed")
 			}
 			body = append(body, v.RequestBody.GetBody()...)
@@ -89,7 +88,7 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 				return stream.Send(immediate(typev3.StatusCode_PayloadTooLarge, "request body over "+strconv.Itoa(s.cfg.MaxBody)+" bytes"))
 			}
 			if v.RequestBody.GetEndOfStream() {
-				resp, done, picked = x.route(stream, hdr, subset, body)
+				resp, fl = x.route(stream, hdr, subset, body)
 				if resp == nil {
 					return nil // answered with an immediate response
 				}
@@ -105,8 +104,8 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 				Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
 					StreamedResponse: &extprocv3.StreamedBodyResponse{Body: v.ResponseBody.GetBody(), EndOfStream: eos}}}},
 			}}}}
-			if eos && done != nil {
-				done()
+			if fl != nil {
+				fl.response(v.ResponseBody.GetBody(), eos, &s.cfg)
 			}
 		case *extprocv3.ProcessingRequest_ResponseTrailers:
 			resp = []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}}
@@ -126,7 +125,7 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 // the request headers' (destination) and, with a body, the body's. When
 // the request cannot be routed it sends the immediate response itself
 // and returns nil.
-func (x *ExtProc) route(stream extprocv3.ExternalProcessor_ProcessServer, hdr map[string]string, subset []string, body []byte) ([]*extprocv3.ProcessingResponse, func(), bool) {
+func (x *ExtProc) route(stream extprocv3.ExternalProcessor_ProcessServer, hdr map[string]string, subset []string, body []byte) ([]*extprocv3.ProcessingResponse, *flight) {
 	s := x.s
 	get := func(k string) string { return hdr[k] }
 	var r *Request
@@ -135,7 +134,7 @@ func (x *ExtProc) route(stream extprocv3.ExternalProcessor_ProcessServer, hdr ma
 		if r, err = ParseRequest(body, get); err != nil {
 			s.m.bad.WithLabelValues("body").Inc()
 			_ = stream.Send(immediate(typev3.StatusCode_BadRequest, err.Error()))
-			return nil, nil, false
+			return nil, nil
 		}
 	}
 	d, done, err := s.Pick(stream.Context(), r, subset)
@@ -145,7 +144,17 @@ func (x *ExtProc) route(stream extprocv3.ExternalProcessor_ProcessServer, hdr ma
 			code = typev3.StatusCode_ServiceUnavailable
 		}
 		_ = stream.Send(immediate(code, err.Error()))
-		return nil, nil, false
+		return nil, nil
+	}
+	fl := &flight{done: done}
+	if o := s.cfg.Outcomes; o != nil && r != nil {
+		for _, sc := range d.Scores {
+			if sc.Pod == d.Pod {
+				o.Predicted(r.Model, sc.MatchedTokens)
+				fl.model, fl.observe = r.Model, true
+				break
+			}
+		}
 	}
 	set := []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: HeaderDestination, RawValue: []byte(d.Endpoint)}}}
 	if body != nil {
@@ -169,7 +178,34 @@ func (x *ExtProc) route(stream extprocv3.ExternalProcessor_ProcessServer, hdr ma
 				StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body, EndOfStream: true}}}},
 		}}})
 	}
-	return out, done, true
+	return out, fl
+}
+
+// flight is one routed request until its response has passed.
+type flight struct {
+	done    func() // ends the pick's in-flight count; idempotent
+	model   string
+	observe bool   // the response goes to Config.Outcomes
+	resp    []byte // the response body so far, while observed
+}
+
+// response takes one response body frame; the last one ends the flight.
+func (fl *flight) response(frame []byte, eos bool, cfg *Config) {
+	if fl.observe {
+		if len(fl.resp)+len(frame) > cfg.MaxBody {
+			fl.observe, fl.resp = false, nil // too large to keep: not reported
+		} else {
+			fl.resp = append(fl.resp, frame...)
+		}
+	}
+	if !eos {
+		return
+	}
+	fl.done()
+	if fl.observe {
+		cfg.Outcomes.Responded(fl.model, fl.resp)
+		fl.observe, fl.resp = false, nil
+	}
 }
 
 func immediate(code typev3.StatusCode, msg string) *extprocv3.ProcessingResponse {

@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +24,7 @@ import (
 	"github.com/kvindex/kvindex/kvevents/enginesim/simhttp"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/picker"
+	"github.com/kvindex/kvindex/picker/enginemetrics"
 	"github.com/kvindex/kvindex/picker/gateway"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -517,5 +520,59 @@ func TestExtProcHealth(t *testing.T) {
 		if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 			t.Errorf("health %q: %v %v", name, r, err)
 		}
+	}
+}
+
+// outcomeLog records what a Service reports to Config.Outcomes.
+type outcomeLog struct {
+	mu        sync.Mutex
+	predicted []int
+	responses [][]byte
+}
+
+func (o *outcomeLog) Predicted(model string, matched int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if model == testModel {
+		o.predicted = append(o.predicted, matched)
+	}
+}
+
+func (o *outcomeLog) Responded(model string, body []byte) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if model == testModel {
+		o.responses = append(o.responses, slices.Clone(body))
+	}
+}
+
+// Each ext_proc pick reports the cached tokens it predicts, and the
+// response that came back through the stream: for turn 2 of a
+// conversation, the prefix the index promised is what the engine served
+// from cache.
+func TestExtProcOutcomes(t *testing.T) {
+	f := newFleet(t, "pod-a", "pod-b")
+	rec := &outcomeLog{}
+	svc, _ := newService(t, f, gateway.Local{Server: f.srv}, func(c *gateway.Config) { c.Outcomes = rec })
+	c, _ := startPicker(t, svc)
+	turn1 := seq(7000, 8*bs)
+	e := send(t, c, "/v1/completions", nil, nil, idsBody(turn1), 100)
+	e.forward(t, "/v1/completions")
+	await(t, "the index to hear turn 1", func() bool { return f.held(t, f.podOf[e.dest], turn1) == 8 })
+	turn2 := append(append([]uint64{}, turn1...), seq(80000, 4*bs)...)
+	e = send(t, c, "/v1/completions", nil, nil, idsBody(turn2), 100)
+	e.forward(t, "/v1/completions")
+
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.predicted) != 2 || len(rec.responses) != 2 {
+		t.Fatalf("%d predictions and %d responses reported, want 2 each", len(rec.predicted), len(rec.responses))
+	}
+	u, err := enginemetrics.ParseUsage(rec.responses[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.predicted[0] != 0 || rec.predicted[1] != 8*bs || u.CachedTokens != 8*bs {
+		t.Errorf("predicted %v cached tokens, turn 2's engine served %d from cache; want 0, then %d both", rec.predicted, u.CachedTokens, 8*bs)
 	}
 }

@@ -73,6 +73,9 @@ type Config struct {
 	PickHold time.Duration
 	// Metrics, if set, gives the engines' scraped load metrics.
 	Metrics MetricsSource
+	// Outcomes, if set, hears what each ext_proc pick predicted and the
+	// response that came back (see Outcomes).
+	Outcomes Outcomes
 	// Registry receives the picker's metrics; none if nil.
 	Registry prometheus.Registerer
 	// Logger; slog.Default if nil.

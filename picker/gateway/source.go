@@ -66,6 +66,18 @@ func (r Remote) watch(ctx context.Context, warm func()) {
 	}
 }
 
+// Outcomes hears, for each request routed over ext_proc, the cached
+// tokens the pick predicted (the chosen pod's matched prefix) and, once
+// the response has passed through, its body (at most Config.MaxBody;
+// larger ones are not reported), whose usage says what the engine served
+// from cache. Comparing the two shows routing that goes wrong while every
+// engine's own hit rate looks fine. /v1/pick decisions are not reported:
+// their responses never pass the picker.
+type Outcomes interface {
+	Predicted(model string, matchedTokens int)
+	Responded(model string, body []byte)
+}
+
 // MetricsSource gives an engine's scraped load metrics (vLLM's
 // /metrics), by pod name; ok is false when there are none.
 type MetricsSource interface {
