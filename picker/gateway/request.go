@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/internal/jsonids"
 	"github.com/kvindex/kvindex/picker"
 )
 
@@ -51,10 +52,11 @@ type Request struct {
 
 // chatParams are the chat request fields that change how the engine
 // renders the conversation (kvindexv1.ChatMessages.chat_params_json).
-var chatParams = []string{"tools", "chat_template", "chat_template_kwargs", "add_generation_prompt",
+var chatParams = [...]string{"tools", "chat_template", "chat_template_kwargs", "add_generation_prompt",
 	"continue_final_message", "add_special_tokens", "mm_processor_kwargs", "media_io_kwargs", "documents", "reasoning_effort"}
 
-// body is the union of the fields the three APIs use.
+// body is the union of the fields the three APIs use. Raw values alias
+// the request body: they are read before ParseRequest returns.
 type body struct {
 	Model              string          `json:"model"`
 	Prompt             json.RawMessage `json:"prompt"`   // /v1/completions
@@ -62,6 +64,13 @@ type body struct {
 	Input              json.RawMessage `json:"input"`    // Responses API
 	Instructions       string          `json:"instructions"`
 	PreviousResponseID string          `json:"previous_response_id"`
+
+	// params are the chatParams' values, by chatParams' index.
+	params [len(chatParams)]json.RawMessage
+	// ids are the prompt's token ids when scanBody read the prompt as an
+	// array of ids (idsRead).
+	ids     []uint64
+	idsRead bool
 }
 
 // ParseRequest reads an OpenAI request body: /v1/completions (prompt as
@@ -75,10 +84,29 @@ type body struct {
 // its message items (function calls and reasoning items are left out:
 // kvindex cannot render them), so its prefix is approximate; its
 // previous_response_id, when no session header is set, is the session.
+// Token ids must be JSON integers that fit in 64 bits: a null id is
+// refused, not read as 0.
+//
+// The body is read in one pass (scanBody) when it is a plain JSON
+// object; anything that pass is unsure of goes to encoding/json
+// (decodeBody), which reads the same fields the same way.
 func ParseRequest(data []byte, header func(string) string) (*Request, error) {
-	var b body
-	if err := json.Unmarshal(data, &b); err != nil {
-		return nil, fmt.Errorf("%w: body is not a JSON object: %v", ErrBadRequest, err)
+	return parseRequest(data, header, true)
+}
+
+// parseRequest is ParseRequest, with scanBody's pass or (scan false, as
+// the fuzz test's reference) encoding/json alone.
+func parseRequest(data []byte, header func(string) string, scan bool) (*Request, error) {
+	var b *body
+	ok := false
+	if scan {
+		b, ok = scanBody(data)
+	}
+	if !ok {
+		var err error
+		if b, err = decodeBody(data); err != nil {
+			return nil, err
+		}
 	}
 	r := &Request{Model: b.Model, Session: header(HeaderSession), Priority: parsePriority(header(HeaderPriority))}
 	if r.Session == "" {
@@ -87,9 +115,13 @@ func ParseRequest(data []byte, header func(string) string) (*Request, error) {
 	var err error
 	switch {
 	case present(b.Messages):
-		r.Prompt, err = chatPrompt(data, b.Messages)
+		r.Prompt, err = chatPrompt(b)
 	case present(b.Prompt):
-		r.Prompt, r.Tokens, err = completionPrompt(b.Prompt)
+		if b.idsRead {
+			r.Prompt, r.Tokens, err = idsPrompt(b.ids)
+		} else {
+			r.Prompt, r.Tokens, err = completionPrompt(b.Prompt)
+		}
 	case present(b.Input):
 		r.Prompt, err = responsesPrompt(b.Instructions, b.Input)
 	default:
@@ -99,6 +131,206 @@ func ParseRequest(data []byte, header func(string) string) (*Request, error) {
 		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
 	return r, nil
+}
+
+// decodeBody reads the body with encoding/json: the reference scanBody
+// agrees with, and the reader of what scanBody leaves to it (escaped or
+// case-folded keys, repeated fields, deep nesting, bad JSON).
+func decodeBody(data []byte) (*body, error) {
+	b := new(body)
+	if err := json.Unmarshal(data, b); err != nil {
+		return nil, fmt.Errorf("%w: body is not a JSON object: %v", ErrBadRequest, err)
+	}
+	if !present(b.Messages) {
+		return b, nil
+	}
+	// The chat rendering fields are matched by exact name, as the engine
+	// matches them.
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		return nil, fmt.Errorf("%w: body is not a JSON object: %v", ErrBadRequest, err)
+	}
+	for k, name := range chatParams {
+		b.params[k] = top[name]
+	}
+	return b, nil
+}
+
+// The top-level fields scanBody reads, by their JSON names.
+var bodyFields = []string{"model", "prompt", "messages", "input", "instructions", "previous_response_id"}
+
+// maxScanDepth bounds the nesting scanBody skips; deeper bodies go to
+// encoding/json, whose own limit (10,000) they may reach.
+const maxScanDepth = 512
+
+// scanBody reads the body in one pass: each top-level value is
+// delimited, validated (json.Valid) and kept as a slice of data; the
+// prompt, when it is an array of ids, is decoded by jsonids.Parse as it
+// is delimited, which validates it too. A 16k-id prompt is so read once
+// instead of the three times of encoding/json (validation, delimiting a
+// RawMessage, decoding it) and with one allocation for the ids.
+// BenchmarkPickerParse measures the difference (README, Performance).
+//
+// It returns false, for decodeBody to read the body, on anything it
+// does not read exactly as encoding/json would: a key with an escape or
+// a non-ASCII byte, a key that matches a field only case-insensitively
+// (encoding/json matches those), a repeated field, nesting deeper than
+// maxScanDepth, a string field that does not decode, or invalid JSON.
+func scanBody(data []byte) (*body, bool) {
+	b := new(body)
+	var seen [6]bool
+	i := jsonids.SkipSpace(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		return nil, false
+	}
+	i = jsonids.SkipSpace(data, i+1)
+	if i < len(data) && data[i] == '}' {
+		return b, jsonids.SkipSpace(data, i+1) == len(data)
+	}
+	for {
+		if i >= len(data) || data[i] != '"' {
+			return nil, false
+		}
+		j := i + 1
+		for j < len(data) && data[j] != '"' {
+			if c := data[j]; c == '\\' || c < 0x20 || c >= 0x80 {
+				return nil, false
+			}
+			j++
+		}
+		if j >= len(data) {
+			return nil, false
+		}
+		key := string(data[i+1 : j])
+		i = jsonids.SkipSpace(data, j+1)
+		if i >= len(data) || data[i] != ':' {
+			return nil, false
+		}
+		i = jsonids.SkipSpace(data, i+1)
+		field := -1
+		for k, name := range bodyFields {
+			if key == name {
+				field = k
+			} else if strings.EqualFold(key, name) {
+				return nil, false
+			}
+		}
+		if field >= 0 {
+			if seen[field] {
+				return nil, false
+			}
+			seen[field] = true
+		}
+		if field == 1 && i < len(data) && data[i] == '[' {
+			// Sized by the commas left in the body: one allocation, at most
+			// a little too large when other fields follow the prompt.
+			ids := make([]uint64, 0, bytes.Count(data[i:], []byte{','})+1)
+			if ids, end, err := jsonids.Parse(ids, data, i, "prompt"); err == nil {
+				b.Prompt, b.ids, b.idsRead = data[i:end], ids, true
+				i = end
+				goto next
+			}
+		}
+		{
+			end, ok := skipValue(data, i)
+			if !ok {
+				return nil, false
+			}
+			v := data[i:end]
+			i = end
+			if s := b.stringField(field); s != nil {
+				if json.Unmarshal(v, s) != nil {
+					return nil, false
+				}
+				goto next
+			}
+			if !json.Valid(v) {
+				return nil, false
+			}
+			switch field {
+			case 1:
+				b.Prompt = v
+			case 2:
+				b.Messages = v
+			case 3:
+				b.Input = v
+			case -1:
+				for k, name := range chatParams {
+					if key == name {
+						b.params[k] = v
+					}
+				}
+			}
+		}
+	next:
+		i = jsonids.SkipSpace(data, i)
+		if i >= len(data) {
+			return nil, false
+		}
+		switch data[i] {
+		case ',':
+			i = jsonids.SkipSpace(data, i+1)
+		case '}':
+			return b, jsonids.SkipSpace(data, i+1) == len(data)
+		default:
+			return nil, false
+		}
+	}
+}
+
+// stringField is the string of bodyFields[k], nil for the others.
+func (b *body) stringField(k int) *string {
+	switch k {
+	case 0:
+		return &b.Model
+	case 4:
+		return &b.Instructions
+	case 5:
+		return &b.PreviousResponseID
+	}
+	return nil
+}
+
+// skipValue returns the index just after the JSON value at data[i:],
+// found by its brackets and strings alone: the caller validates it.
+func skipValue(data []byte, i int) (int, bool) {
+	depth := 0
+	for j := i; j < len(data); j++ {
+		switch data[j] {
+		case '"':
+			for j++; j < len(data) && data[j] != '"'; j++ {
+				if data[j] == '\\' {
+					j++
+				}
+			}
+			if j >= len(data) {
+				return 0, false
+			}
+		case '{', '[':
+			if depth++; depth > maxScanDepth {
+				return 0, false
+			}
+			continue
+		case '}', ']':
+			if depth--; depth < 0 {
+				return j, j > i
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return j, j > i
+			}
+			continue
+		default:
+			continue
+		}
+		if depth == 0 {
+			return j + 1, true
+		}
+	}
+	if depth == 0 && len(data) > i {
+		return len(data), true
+	}
+	return 0, false
 }
 
 func present(raw json.RawMessage) bool {
@@ -120,12 +352,8 @@ func completionPrompt(raw json.RawMessage) (*kvindexv1.Prompt, []uint64, error) 
 	if json.Unmarshal(raw, &text) == nil {
 		return client.TextPrompt(text), nil, nil
 	}
-	var ids []uint64
-	if json.Unmarshal(raw, &ids) == nil {
-		if len(ids) == 0 {
-			return nil, nil, errors.New("prompt is an empty array")
-		}
-		return client.TokensPrompt(ids), ids, nil
+	if ids, end, err := jsonids.Parse(nil, raw, 0, "prompt"); err == nil && jsonids.SkipSpace(raw, end) == len(raw) {
+		return idsPrompt(ids)
 	}
 	var batch []json.RawMessage
 	if err := json.Unmarshal(raw, &batch); err != nil || len(batch) == 0 {
@@ -137,12 +365,19 @@ func completionPrompt(raw json.RawMessage) (*kvindexv1.Prompt, []uint64, error) 
 	return nil, nil, errors.New("prompt must be a string, an array of token ids, or a non-empty batch of them")
 }
 
+func idsPrompt(ids []uint64) (*kvindexv1.Prompt, []uint64, error) {
+	if len(ids) == 0 {
+		return nil, nil, errors.New("prompt is an empty array")
+	}
+	return client.TokensPrompt(ids), ids, nil
+}
+
 // chatPrompt reads a chat conversation and the fields that change its
 // rendering. Plain messages (a role and a text content) travel as role
 // and content; any other message travels whole, as the engine renders it.
-func chatPrompt(data []byte, raw json.RawMessage) (*kvindexv1.Prompt, error) {
+func chatPrompt(b *body) (*kvindexv1.Prompt, error) {
 	var msgs []json.RawMessage
-	if err := json.Unmarshal(raw, &msgs); err != nil {
+	if err := json.Unmarshal(b.Messages, &msgs); err != nil {
 		return nil, errors.New("messages must be an array of message objects")
 	}
 	if len(msgs) == 0 {
@@ -156,11 +391,7 @@ func chatPrompt(data []byte, raw json.RawMessage) (*kvindexv1.Prompt, error) {
 		}
 		out = append(out, cm)
 	}
-	params, err := chatParamsJSON(data)
-	if err != nil {
-		return nil, err
-	}
-	return client.ChatPrompt(params, out...), nil
+	return client.ChatPrompt(chatParamsJSON(b), out...), nil
 }
 
 func chatMessage(raw json.RawMessage) (*kvindexv1.ChatMessage, error) {
@@ -180,30 +411,25 @@ func chatMessage(raw json.RawMessage) (*kvindexv1.ChatMessage, error) {
 
 // chatParamsJSON collects the rendering fields of a chat request into one
 // JSON object, values verbatim (the template renders them key by key).
-func chatParamsJSON(data []byte) (string, error) {
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(data, &top); err != nil {
-		return "", err
-	}
-	var b strings.Builder
-	for _, k := range chatParams {
-		v, ok := top[k]
-		if !ok || !present(v) {
+func chatParamsJSON(b *body) string {
+	var sb strings.Builder
+	for k, v := range b.params {
+		if !present(v) {
 			continue
 		}
-		if b.Len() == 0 {
-			b.WriteByte('{')
+		if sb.Len() == 0 {
+			sb.WriteByte('{')
 		} else {
-			b.WriteByte(',')
+			sb.WriteByte(',')
 		}
-		fmt.Fprintf(&b, "%q:", k)
-		b.Write(v)
+		fmt.Fprintf(&sb, "%q:", chatParams[k])
+		sb.Write(v)
 	}
-	if b.Len() == 0 {
-		return "", nil
+	if sb.Len() == 0 {
+		return ""
 	}
-	b.WriteByte('}')
-	return b.String(), nil
+	sb.WriteByte('}')
+	return sb.String()
 }
 
 // responsesPrompt turns a Responses API input into chat messages: a

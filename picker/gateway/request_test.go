@@ -1,7 +1,10 @@
 package gateway
 
 import (
+	"encoding/json"
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvindex/kvindex/api/kvindexv1"
@@ -69,6 +72,9 @@ func TestParseRequest(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if _, ok := scanBody([]byte(tt.body)); !ok {
+				t.Error("the body was left to encoding/json, not read in one pass")
+			}
 			want := new(kvindexv1.Prompt)
 			if err := protojson.Unmarshal([]byte(tt.prompt), want); err != nil {
 				t.Fatal(err)
@@ -96,6 +102,19 @@ func TestParseRequestBad(t *testing.T) {
 	}
 }
 
+// scanBody leaves to encoding/json what it would not read the same way.
+func TestScanBodyDefers(t *testing.T) {
+	for _, body := range []string{
+		`{"Prompt":[1]}`, `{"pr\u006fmpt":[1]}`, `{"prompt":[1],"prompt":[2]}`, `{"model":5,"prompt":[1]}`,
+		`{"prompt":[1],"x":` + strings.Repeat("[", maxScanDepth+1) + strings.Repeat("]", maxScanDepth+1) + `}`,
+		`{"prompt":[1]} x`, `{"prompt":[1],}`, `{"prompt":[1],"x":tru}`, `null`, `{"prompt":[1]`,
+	} {
+		if _, ok := scanBody([]byte(body)); ok {
+			t.Errorf("%.60s: read in one pass", body)
+		}
+	}
+}
+
 func TestBlockKeys(t *testing.T) {
 	a := blockKeys([]uint64{1, 2, 3, 4, 5}, 2)
 	b := blockKeys([]uint64{1, 2, 3, 9}, 2)
@@ -106,4 +125,58 @@ func TestBlockKeys(t *testing.T) {
 	if blockKeys([]uint64{1}, 2) != nil {
 		t.Error("a partial block has a key")
 	}
+}
+
+// FuzzParseRequest checks that the one-pass read of the body (scanBody)
+// agrees with encoding/json's (decodeBody) on arbitrary bodies: the same
+// request, or both refuse; and that ids read are the ids encoding/json
+// decodes from the (first) prompt.
+func FuzzParseRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","prompt":[1,2,3]}`, `{"prompt":[[7,8],[9]]}`, `{"prompt":"x","model":"m"}`, `{"prompt":[1,2,3],"prompt":null}`,
+		`{"Prompt":[1]}`, `{"pr\u006fmpt":[1]}`, `{"prompt":[01]}`, `{"prompt":[null]}`, `{"prompt":[1,]}`, `{"prompt":[1]} x`,
+		`{"model":5,"prompt":[1]}`, `{"model":"\u00e9","prompt":[1],"temperature":0.5,"stop":["a\"]"]}`,
+		`{"messages":[{"role":"user","content":"u"}],"tools":[{"type":"function"}],"TOOLS":1,"tools":[]}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"chat_template_kwargs":{"a":{"b":[1]}}}`,
+		`{"input":[{"type":"message","role":"user","content":"a"}],"instructions":"i","previous_response_id":"r"}`,
+		`{"prompt":[1],"x":[[[{}]]],"y":{"z":"}"}}`, `{}`, `null`, `[]`, ` { "prompt" : [ 1 , 2 ] } `,
+	} {
+		f.Add(s)
+	}
+	none := headers()
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := parseRequest([]byte(s), none, true)
+		want, refErr := parseRequest([]byte(s), none, false)
+		if (err == nil) != (refErr == nil) {
+			t.Fatalf("%q: one-pass error %v, encoding/json error %v", s, err, refErr)
+		}
+		if err != nil {
+			if !errors.Is(err, ErrBadRequest) {
+				t.Fatalf("%q: %v is not ErrBadRequest", s, err)
+			}
+			return
+		}
+		if g, w := protojson.Format(got.Prompt), protojson.Format(want.Prompt); g != w || got.Model != want.Model ||
+			got.Session != want.Session || !slices.Equal(got.Tokens, want.Tokens) {
+			t.Fatalf("%q:\n one-pass %q %q %v %s\nencoding/json %q %q %v %s", s,
+				got.Model, got.Session, got.Tokens, g, want.Model, want.Session, want.Tokens, w)
+		}
+		if got.Tokens != nil {
+			var b struct{ Prompt json.RawMessage }
+			if err := json.Unmarshal([]byte(s), &b); err != nil {
+				t.Fatal(err)
+			}
+			var ids []uint64
+			if json.Unmarshal(b.Prompt, &ids) != nil {
+				var batch [][]uint64
+				if err := json.Unmarshal(b.Prompt, &batch); err != nil {
+					t.Fatalf("%q: read ids %v; encoding/json reads none: %v", s, got.Tokens, err)
+				}
+				ids = batch[0]
+			}
+			if !slices.Equal(ids, got.Tokens) {
+				t.Fatalf("%q: read ids %v; encoding/json %v", s, got.Tokens, ids)
+			}
+		}
+	})
 }
