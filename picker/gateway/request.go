@@ -166,9 +166,10 @@ const maxScanDepth = 512
 // scanBody reads the body in one pass: each top-level value is
 // delimited, validated (json.Valid) and kept as a slice of data; the
 // prompt, when it is an array of ids, is decoded by jsonids.Parse as it
-// is delimited, which validates it too. A 16k-id prompt is so read once
-// instead of the three times of encoding/json (validation, delimiting a
-// RawMessage, decoding it) and with one allocation for the ids.
+// is delimited, which validates it too. A 16k-id prompt is so read once,
+// with one allocation for the ids, where encoding/json scanned it five
+// times (the body's validation, delimiting the RawMessage, a failed
+// string decode, and the []uint64 decode's validation and decoding).
 // BenchmarkPickerParse measures the difference (README, Performance).
 //
 // It returns false, for decodeBody to read the body, on anything it
