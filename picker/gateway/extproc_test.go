@@ -241,6 +241,11 @@ func send(t *testing.T, c extprocv3.ExternalProcessorClient, path string, hdr ma
 		end := min(i+frame, len(body))
 		if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
 			RequestBody: &extprocv3.HttpBody{Body: []byte(body[i:end]), EndOfStream: end == len(body)}}}); err != nil {
+			// io.EOF: the picker answered (a refusal mid-body) and ended
+			// the stream; its answer is read below.
+			if err == io.EOF {
+				break
+			}
 			t.Fatal(err)
 		}
 	}
