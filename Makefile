@@ -25,8 +25,9 @@ BENCH   ?= .
 # System packages the build and tests need (Debian names): gcc, the C
 # compiler cgo needs, and libzmq for the ZMQ transport (cgo); Python's zmq and
 # msgpack for the interop test, cbor2 and xxhash (with msgpack) for the
-# golden-file generators.
-DEB_PKGS := gcc libzmq3-dev pkg-config python3-zmq python3-msgpack python3-cbor2 python3-xxhash
+# golden-file generators; nginx with its njs module for deploy/nginx's
+# end-to-end test (which runs its own nginx, unprivileged, on free ports).
+DEB_PKGS := gcc libzmq3-dev pkg-config python3-zmq python3-msgpack python3-cbor2 python3-xxhash nginx libnginx-mod-http-js
 
 # The packages that must build without cgo (no libzmq, no C compiler): the
 # core, the Go client and the server (only kvevents/zmqtransport needs libzmq).
@@ -50,6 +51,10 @@ deps:
 		echo "installing:$$missing"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 		$$SUDO apt-get install -y $$missing >/dev/null || { $$SUDO apt-get update >/dev/null && $$SUDO apt-get install -y $$missing >/dev/null; }; \
+		case " $$missing " in *" nginx "*) \
+			echo "stopping and disabling the nginx system service the package started (the tests run their own)"; \
+			{ $$SUDO systemctl disable --now nginx || $$SUDO service nginx stop; } >/dev/null 2>&1 || true;; \
+		esac; \
 	fi
 
 build: deps
