@@ -22,12 +22,14 @@ export PATH := $(GO_DIR):$(PATH)
 endif
 PKGS    := ./...
 BENCH   ?= .
-# System packages the build and tests need (Debian names): gcc, the C
-# compiler cgo needs, and libzmq for the ZMQ transport (cgo); Python's zmq and
-# msgpack for the interop test, cbor2 and xxhash (with msgpack) for the
-# golden-file generators; nginx with its njs module for deploy/nginx's
-# end-to-end test (which runs its own nginx, unprivileged, on free ports).
-DEB_PKGS := gcc libzmq3-dev pkg-config python3-zmq python3-msgpack python3-cbor2 python3-xxhash nginx libnginx-mod-http-js
+# System packages (Debian names). The build needs gcc, the C compiler cgo
+# needs, and libzmq for the ZMQ transport (cgo). The tests also need Python's
+# zmq and msgpack for the interop test, cbor2 and xxhash (with msgpack) for
+# the golden-file generators, and nginx with its njs module for
+# deploy/nginx's end-to-end test (which runs its own nginx, unprivileged, on
+# free ports).
+DEB_BUILD_PKGS := gcc libzmq3-dev pkg-config
+DEB_TEST_PKGS  := $(DEB_BUILD_PKGS) python3-zmq python3-msgpack python3-cbor2 python3-xxhash nginx libnginx-mod-http-js
 
 # The packages that must build without cgo (no libzmq, no C compiler): the
 # core, the Go client and the server (only kvevents/zmqtransport needs libzmq).
@@ -39,12 +41,15 @@ STATICCHECK_VERSION := v0.8.2
 TOOLS := $(CURDIR)/bin/tools
 STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 
-.PHONY: all build demo test check bench deps proto clean faults fuzz
+.PHONY: all build demo test check bench deps test-deps proto clean faults fuzz
 
 all: build
 
-deps:
-	@missing=""; for p in $(DEB_PKGS); do \
+# deps installs what the build needs, test-deps what the tests need too.
+deps: DEB_NEEDED = $(DEB_BUILD_PKGS)
+test-deps: DEB_NEEDED = $(DEB_TEST_PKGS)
+deps test-deps:
+	@missing=""; for p in $(DEB_NEEDED); do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -74,7 +79,7 @@ check: $(STATICCHECK)
 	$(STATICCHECK) $(PKGS)
 	CGO_ENABLED=0 $(GO) build $(CGO_FREE)
 
-test: deps check golden-check
+test: test-deps check golden-check
 	$(GO) test -race -count=1 $(PKGS)
 	$(GO) test -count=1 $(NORACE_PKGS)
 	$(GO) test -count=1 -tags kvevents_msgpacklib ./kvevents
@@ -86,13 +91,13 @@ test: deps check golden-check
 # FUZZTIME=5m).
 export FUZZTIME FUZZ
 FUZZ_RUN = GO='$(GO)' .ci/fuzz
-fuzz: deps
+fuzz: test-deps
 	$(FUZZ_RUN)
 
 # The fault-injection suite, run from a compiled test binary so that its
 # output is the fault table (and the failures, if any) without go test's
 # per-test lines; go test -v ./internal/faultlab shows kvindex's logs too.
-faults: deps
+faults: test-deps
 	$(GO) test -c -o bin/faultlab.test ./internal/faultlab
 	cd internal/faultlab && ../../bin/faultlab.test -test.count=1 -test.run '^TestFaults$$' -faults.table
 
