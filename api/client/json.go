@@ -107,9 +107,22 @@ func LookupJSONOf(r *kvindexv1.LookupResponse) LookupJSON {
 	return out
 }
 
-// PodsJSON is a ListPods answer.
+// PodsJSON is a ListPods answer. Fleet is absent when the server does
+// not scrape the engines (no picker).
 type PodsJSON struct {
-	Pods []PodInfoJSON `json:"pods"`
+	Pods  []PodInfoJSON    `json:"pods"`
+	Fleet []FleetCacheJSON `json:"fleet,omitempty"`
+}
+
+// FleetCacheJSON is the engines' cached-prefix fraction over the last
+// window for one model, or for the whole fleet (Model ""); see
+// kvindex.v1.FleetCache. Fraction is null while the window saw no query.
+type FleetCacheJSON struct {
+	Model         string   `json:"model"`
+	Fraction      *float64 `json:"fraction"`
+	HitTokens     float64  `json:"hit_tokens"`
+	QueryTokens   float64  `json:"query_tokens"`
+	WindowSeconds float64  `json:"window_seconds"`
 }
 
 // PodInfoJSON is one engine and its ingest state. LastEventAgeSeconds is
@@ -155,6 +168,14 @@ func PodsJSONOf(r *kvindexv1.ListPodsResponse, now time.Time) PodsJSON {
 			pj.LastEventAgeSeconds = &age
 		}
 		out.Pods[i] = pj
+	}
+	for _, f := range r.GetFleet() {
+		fj := FleetCacheJSON{Model: f.GetModel(), HitTokens: f.GetHitTokens(), QueryTokens: f.GetQueryTokens(), WindowSeconds: f.GetWindowSeconds()}
+		if f.Fraction != nil {
+			v := f.GetFraction()
+			fj.Fraction = &v
+		}
+		out.Fleet = append(out.Fleet, fj)
 	}
 	return out
 }

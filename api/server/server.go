@@ -69,6 +69,9 @@ type Config struct {
 	// Streams reports ingest state for ListPods, health and metrics; nil
 	// means no ingest.
 	Streams StreamSource
+	// Fleet gives ListPods the fleet's cached-prefix fraction; nil: none
+	// (no picker scraping the engines).
+	Fleet FleetSource
 	// DefaultModel is the model of requests that name none.
 	DefaultModel string
 	// MaxTokens bounds a query's token ids (and block hashes, as blocks
@@ -752,7 +755,10 @@ func (s *Server) ListPods(_ context.Context, req *kvindexv1.ListPodsRequest) (*k
 		p.HashCheck = hashCheck(e.HashCheck)
 		p.Message = e.Message
 	}
-	out := &kvindexv1.ListPodsResponse{Pods: make([]*kvindexv1.PodInfo, 0, len(byEngine))}
+	out := &kvindexv1.ListPodsResponse{
+		Pods:  make([]*kvindexv1.PodInfo, 0, len(byEngine)),
+		Fleet: fleetCache(s.cfg.Fleet, req.GetModel()),
+	}
 	for _, p := range byEngine {
 		out.Pods = append(out.Pods, p)
 	}
