@@ -505,7 +505,7 @@ age of its last event.`,
 			}
 			w := cmd.OutOrStdout()
 			if len(out.Pods) == 0 {
-				_, err := fmt.Fprintln(w, "no engines")
+				_, err := fmt.Fprint(w, "no engines\n", fleetLine(out.Fleet))
 				return err
 			}
 			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -527,7 +527,8 @@ age of its last event.`,
 					fmt.Fprintf(w, "%s: %s\n", client.EngineName(p.Pod, p.DPRank), p.Message)
 				}
 			}
-			return nil
+			_, err = io.WriteString(w, fleetLine(out.Fleet))
+			return err
 		},
 	}
 	cf.register(cmd.Flags())
@@ -535,6 +536,43 @@ age of its last event.`,
 	pods.register(cmd.Flags(), "only this pod's engines; repeatable (default: every pod)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// fleetLine prints the engines' windowed cached fraction, overall then
+// per model, as one line; "" when the server has none (no picker
+// scraping the engines).
+func fleetLine(fleet []client.FleetCacheJSON) string {
+	if len(fleet) == 0 {
+		return ""
+	}
+	pct := func(f client.FleetCacheJSON) string {
+		if f.Fraction == nil {
+			return "no queries"
+		}
+		return strconv.FormatFloat(*f.Fraction*100, 'f', 1, 64) + "%"
+	}
+	var b strings.Builder
+	window := time.Duration(fleet[0].WindowSeconds * float64(time.Second))
+	fmt.Fprintf(&b, "fleet cached fraction (last %s):", window)
+	var models []string
+	overall := false
+	for _, f := range fleet {
+		if f.Model == "" {
+			overall = true
+			fmt.Fprintf(&b, " %s", pct(f))
+		} else {
+			models = append(models, f.Model+": "+pct(f))
+		}
+	}
+	switch {
+	case len(models) == 0:
+	case overall:
+		fmt.Fprintf(&b, " (%s)", strings.Join(models, ", "))
+	default: // pods --model: that model's only
+		fmt.Fprintf(&b, " %s", strings.Join(models, ", "))
+	}
+	b.WriteByte('\n')
+	return b.String()
 }
 
 func yesNo(b bool) string {
