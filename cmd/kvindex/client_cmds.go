@@ -478,7 +478,10 @@ health" in the documentation), the last sequence number applied, the gaps,
 replays and resets seen, the blocks it holds in the index, the hash check
 (verified: kvindex recomputes the engine's hashes; mismatch: it cannot, see
 "hash mismatch" in the documentation; unknown: nothing checked yet) and the
-age of its last event.`,
+age of its last event. When kvindex runs the picker and scrapes the engines
+(serve --picker), a last line gives the fleet cached fraction: the share of
+prompt tokens the engines served from their prefix caches over the last
+window, overall and per model.`,
 		Example: `  kvindex pods
   kvindex pods --server kvindex:50051 --model Qwen/Qwen2.5-7B --json
   kvindex pods --pod pod-a --pod pod-b`,

@@ -91,7 +91,8 @@
 // body, or the last server-sent event when stream_options.include_usage
 // is set; ParseUsage reads both), sc.Fleet().Observe(model, prompt,
 // cached). Predict only the requests whose usage the picker will see,
-// or the two counters do not compare. Discovery calls sc.SetEndpoints. kvindex pods shows
-// sc.Fleet().Summary() (JSON-ready: the overall figures first, then each
-// model's) and sc.Status() when the server has a Scraper.
+// or the two counters do not compare. Discovery calls sc.SetEndpoints.
+// kvindex serve --picker answers ListPods with the engines' figures of
+// sc.Fleet().Summary() (the overall figures first, then each model's),
+// which kvindex pods prints; sc.Status() gives each pod's scrape state.
 package enginemetrics
