@@ -43,7 +43,9 @@
 // that went down is a restart, and the new process's counts are all new,
 // as Prometheus' rate() reads them; a restart whose new counts already
 // exceed the old ones at the next scrape looks like a slower engine and
-// is undercounted, the same limit rate() has.
+// is undercounted, the same limit rate() has. Status gives each pod's own
+// increments over the same window (PodStatus.Cache), its hit rate next to
+// the fleet's.
 //
 // Kept apart, as "observed through the picker": the usage of the
 // responses that passed through the picker (Fleet.Observe with
