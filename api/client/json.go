@@ -110,8 +110,20 @@ func LookupJSONOf(r *kvindexv1.LookupResponse) LookupJSON {
 // PodsJSON is a ListPods answer. Fleet is absent when the server does
 // not scrape the engines (no picker).
 type PodsJSON struct {
-	Pods  []PodInfoJSON    `json:"pods"`
-	Fleet []FleetCacheJSON `json:"fleet,omitempty"`
+	Pods     []PodInfoJSON    `json:"pods"`
+	Fleet    []FleetCacheJSON `json:"fleet,omitempty"`
+	PodCache []PodCacheJSON   `json:"pod_cache,omitempty"`
+}
+
+// PodCacheJSON is one engine's own cached-prefix fraction over the
+// window; see kvindex.v1.PodCache. Fraction is null while the window saw
+// no query.
+type PodCacheJSON struct {
+	Pod           string   `json:"pod"`
+	Fraction      *float64 `json:"fraction"`
+	HitTokens     float64  `json:"hit_tokens"`
+	QueryTokens   float64  `json:"query_tokens"`
+	WindowSeconds float64  `json:"window_seconds"`
 }
 
 // FleetCacheJSON is the engines' cached-prefix fraction over the last
@@ -176,6 +188,14 @@ func PodsJSONOf(r *kvindexv1.ListPodsResponse, now time.Time) PodsJSON {
 			fj.Fraction = &v
 		}
 		out.Fleet = append(out.Fleet, fj)
+	}
+	for _, p := range r.GetPodCache() {
+		pj := PodCacheJSON{Pod: p.GetPod(), HitTokens: p.GetHitTokens(), QueryTokens: p.GetQueryTokens(), WindowSeconds: p.GetWindowSeconds()}
+		if p.Fraction != nil {
+			v := p.GetFraction()
+			pj.Fraction = &v
+		}
+		out.PodCache = append(out.PodCache, pj)
 	}
 	return out
 }

@@ -11,41 +11,65 @@ import (
 // picker/enginemetrics) computes it; the server knows it only through
 // this interface, so that it does not depend on the picker.
 type FleetSource interface {
-	// FleetCache returns the window's figures: the whole fleet first
-	// (Model ""), then each model. Nil when there are none yet.
-	FleetCache() []FleetCache
+	// FleetCache returns the window's figures; zero when there are none
+	// yet.
+	FleetCache() FleetCache
 }
 
-// FleetCache is one model's (Model "": every model's) prefix-cache
-// lookups over the last Window, in prompt tokens, as the engines count
-// them.
+// FleetCache is the engines' prefix-cache lookups over the last Window,
+// in prompt tokens, as the engines count them.
 type FleetCache struct {
-	Model         string
-	Hits, Queries float64
-	Window        time.Duration
+	Window time.Duration
+	// Models: the whole fleet first (Name ""), then each model.
+	Models []CacheCount
+	// Pods: each scraped pod's own, every model together.
+	Pods []CacheCount
 }
 
-// fleetCache converts the source's figures for ListPods, keeping only
-// model's when one is asked for.
-func fleetCache(src FleetSource, model string) []*kvindexv1.FleetCache {
-	if src == nil {
+// CacheCount is one model's or pod's prompt tokens looked up in the
+// prefix cache (Queries) and found there (Hits).
+type CacheCount struct {
+	Name          string
+	Hits, Queries float64
+}
+
+// fraction is Hits/Queries, nil without queries: no traffic is not a
+// fraction of 0. A scrape landing between the updates of an engine's two
+// counters could make hits exceed queries; the fraction stops at 1.
+func (c CacheCount) fraction() *float64 {
+	if c.Queries <= 0 {
 		return nil
 	}
-	var out []*kvindexv1.FleetCache
-	for _, f := range src.FleetCache() {
-		if model != "" && f.Model != model {
+	v := min(1, max(c.Hits, 0)/c.Queries)
+	return &v
+}
+
+// fleetCache fills ListPods' fleet figures from src. With a model asked
+// for, only that model's figures and the pods of the answer are kept.
+func fleetCache(out *kvindexv1.ListPodsResponse, src FleetSource, model string) {
+	if src == nil {
+		return
+	}
+	fc := src.FleetCache()
+	window := fc.Window.Seconds()
+	for _, c := range fc.Models {
+		if model != "" && c.Name != model {
 			continue
 		}
-		fc := &kvindexv1.FleetCache{
-			Model: f.Model, HitTokens: f.Hits, QueryTokens: f.Queries, WindowSeconds: f.Window.Seconds(),
-		}
-		if f.Queries > 0 {
-			// No traffic is not a fraction of 0; a scrape landing between
-			// the two counters' updates could make hits exceed queries.
-			v := min(1, max(f.Hits, 0)/f.Queries)
-			fc.Fraction = &v
-		}
-		out = append(out, fc)
+		out.Fleet = append(out.Fleet, &kvindexv1.FleetCache{
+			Model: c.Name, Fraction: c.fraction(), HitTokens: c.Hits, QueryTokens: c.Queries, WindowSeconds: window,
+		})
 	}
-	return out
+	listed := make(map[string]bool, len(out.Pods))
+	for _, p := range out.Pods {
+		listed[p.GetPod()] = true
+	}
+	for _, c := range fc.Pods {
+		if model != "" && !listed[c.Name] {
+			continue
+		}
+		out.PodCache = append(out.PodCache, &kvindexv1.PodCache{
+			Pod: c.Name, Fraction: c.fraction(), HitTokens: c.Hits, QueryTokens: c.Queries, WindowSeconds: window,
+		})
+	}
 }

@@ -755,16 +755,14 @@ func (s *Server) ListPods(_ context.Context, req *kvindexv1.ListPodsRequest) (*k
 		p.HashCheck = hashCheck(e.HashCheck)
 		p.Message = e.Message
 	}
-	out := &kvindexv1.ListPodsResponse{
-		Pods:  make([]*kvindexv1.PodInfo, 0, len(byEngine)),
-		Fleet: fleetCache(s.cfg.Fleet, req.GetModel()),
-	}
+	out := &kvindexv1.ListPodsResponse{Pods: make([]*kvindexv1.PodInfo, 0, len(byEngine))}
 	for _, p := range byEngine {
 		out.Pods = append(out.Pods, p)
 	}
 	slices.SortFunc(out.Pods, func(a, b *kvindexv1.PodInfo) int {
 		return cmp.Or(cmp.Compare(a.Pod, b.Pod), cmp.Compare(a.DpRank, b.DpRank), cmp.Compare(a.Model, b.Model))
 	})
+	fleetCache(out, s.cfg.Fleet, req.GetModel())
 	return out, nil
 }
 

@@ -481,7 +481,7 @@ replays and resets seen, the blocks it holds in the index, the hash check
 age of its last event. When kvindex runs the picker and scrapes the engines
 (serve --picker), a last line gives the fleet cached fraction: the share of
 prompt tokens the engines served from their prefix caches over the last
-window, overall and per model.`,
+window, overall and per model, then each engine's own.`,
 		Example: `  kvindex pods
   kvindex pods --server kvindex:50051 --model Qwen/Qwen2.5-7B --json
   kvindex pods --pod pod-a --pod pod-b`,
@@ -503,12 +503,13 @@ window, overall and per model.`,
 			}
 			out := client.PodsJSONOf(r, time.Now())
 			out.Pods = slices.DeleteFunc(out.Pods, func(p client.PodInfoJSON) bool { return !pods.has(p.Pod) })
+			out.PodCache = slices.DeleteFunc(out.PodCache, func(p client.PodCacheJSON) bool { return !pods.has(p.Pod) })
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
 			}
 			w := cmd.OutOrStdout()
 			if len(out.Pods) == 0 {
-				_, err := fmt.Fprint(w, "no engines\n", fleetLine(out.Fleet))
+				_, err := fmt.Fprint(w, "no engines\n", fleetLines(out))
 				return err
 			}
 			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -530,7 +531,7 @@ window, overall and per model.`,
 					fmt.Fprintf(w, "%s: %s\n", client.EngineName(p.Pod, p.DPRank), p.Message)
 				}
 			}
-			_, err = io.WriteString(w, fleetLine(out.Fleet))
+			_, err = io.WriteString(w, fleetLines(out))
 			return err
 		},
 	}
@@ -541,18 +542,19 @@ window, overall and per model.`,
 	return cmd
 }
 
-// fleetLine prints the engines' windowed cached fraction, overall then
-// per model, as one line; "" when the server has none (no picker
-// scraping the engines).
-func fleetLine(fleet []client.FleetCacheJSON) string {
+// fleetLines prints the engines' windowed cached fraction: a line for
+// the fleet, overall then per model, and a line with each pod's own; ""
+// when the server has none (no picker scraping the engines).
+func fleetLines(out client.PodsJSON) string {
+	fleet := out.Fleet
 	if len(fleet) == 0 {
 		return ""
 	}
-	pct := func(f client.FleetCacheJSON) string {
-		if f.Fraction == nil {
+	pct := func(f *float64) string {
+		if f == nil {
 			return "no queries"
 		}
-		return strconv.FormatFloat(*f.Fraction*100, 'f', 1, 64) + "%"
+		return strconv.FormatFloat(*f*100, 'f', 1, 64) + "%"
 	}
 	var b strings.Builder
 	window := time.Duration(fleet[0].WindowSeconds * float64(time.Second))
@@ -562,9 +564,9 @@ func fleetLine(fleet []client.FleetCacheJSON) string {
 	for _, f := range fleet {
 		if f.Model == "" {
 			overall = true
-			fmt.Fprintf(&b, " %s", pct(f))
+			fmt.Fprintf(&b, " %s", pct(f.Fraction))
 		} else {
-			models = append(models, f.Model+": "+pct(f))
+			models = append(models, f.Model+": "+pct(f.Fraction))
 		}
 	}
 	switch {
@@ -575,6 +577,13 @@ func fleetLine(fleet []client.FleetCacheJSON) string {
 		fmt.Fprintf(&b, " %s", strings.Join(models, ", "))
 	}
 	b.WriteByte('\n')
+	if len(out.PodCache) > 0 {
+		ps := make([]string, len(out.PodCache))
+		for i, p := range out.PodCache {
+			ps[i] = p.Pod + ": " + pct(p.Fraction)
+		}
+		fmt.Fprintf(&b, "engine cached fraction (same window): %s\n", strings.Join(ps, ", "))
+	}
 	return b.String()
 }
 

@@ -70,16 +70,18 @@ type fleetRelay struct {
 	sc atomic.Pointer[enginemetrics.Scraper]
 }
 
-func (r *fleetRelay) FleetCache() []server.FleetCache {
+func (r *fleetRelay) FleetCache() server.FleetCache {
 	sc := r.sc.Load()
 	if sc == nil {
-		return nil
+		return server.FleetCache{}
 	}
 	sum := sc.Fleet().Summary()
-	window := time.Duration(sum.WindowSeconds * float64(time.Second))
-	out := make([]server.FleetCache, len(sum.Models))
-	for i, m := range sum.Models {
-		out[i] = server.FleetCache{Model: m.Model, Hits: m.Engines.Hits, Queries: m.Engines.Queries, Window: window}
+	out := server.FleetCache{Window: time.Duration(sum.WindowSeconds * float64(time.Second))}
+	for _, m := range sum.Models {
+		out.Models = append(out.Models, server.CacheCount{Name: m.Model, Hits: m.Engines.Hits, Queries: m.Engines.Queries})
+	}
+	for _, p := range sc.Status() {
+		out.Pods = append(out.Pods, server.CacheCount{Name: p.Pod, Hits: p.Cache.Hits, Queries: p.Cache.Queries})
 	}
 	return out
 }

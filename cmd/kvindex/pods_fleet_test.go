@@ -66,13 +66,17 @@ func TestPodsFleetCachedFraction(t *testing.T) {
 	chat(fronts[0], "Summarise the picker's scoring: prefix affinity, load, sessions and the hot-prefix guard.")
 
 	var hits, queries float64
-	for _, f := range fronts {
+	var own []client.PodCacheJSON
+	for i, f := range fronts {
 		r, err := enginemetrics.Parse(strings.NewReader(simGet(t, f+"/metrics")))
 		if err != nil {
 			t.Fatal(err)
 		}
-		hits += r.Prefix[model].Hits
-		queries += r.Prefix[model].Queries
+		c := r.Prefix[model]
+		hits += c.Hits
+		queries += c.Queries
+		frac := c.Hits / c.Queries
+		own = append(own, client.PodCacheJSON{Pod: fmt.Sprintf("pod-%d", i), Fraction: &frac, HitTokens: c.Hits, QueryTokens: c.Queries, WindowSeconds: 60})
 	}
 	if hits == 0 || hits >= queries {
 		t.Fatalf("the engines count %v hits of %v queries; the test needs some of both", hits, queries)
@@ -101,9 +105,14 @@ func TestPodsFleetCachedFraction(t *testing.T) {
 	if g, w := jsonString(t, got.Fleet), jsonString(t, want); g != w {
 		t.Errorf("kvindex pods --json fleet:\n got %s\nwant %s", g, w)
 	}
+	if g, w := jsonString(t, got.PodCache), jsonString(t, own); g != w {
+		t.Errorf("kvindex pods --json pod_cache:\n got %s\nwant the engines' own %s", g, w)
+	}
 	pct := fmt.Sprintf("%.1f%%", frac*100)
-	if out, line := pods(), "fleet cached fraction (last 1m0s): "+pct+" ("+model+": "+pct+")\n"; !strings.Contains(out, line) {
-		t.Errorf("kvindex pods lacks %q:\n%s", line, out)
+	lines := "fleet cached fraction (last 1m0s): " + pct + " (" + model + ": " + pct + ")\n" +
+		fmt.Sprintf("engine cached fraction (same window): pod-0: %.1f%%, pod-1: %.1f%%\n", *own[0].Fraction*100, *own[1].Fraction*100)
+	if out := pods(); !strings.Contains(out, lines) {
+		t.Errorf("kvindex pods lacks %q:\n%s", lines, out)
 	}
 	if out, line := pods("--model", model), "fleet cached fraction (last 1m0s): "+model+": "+pct+"\n"; !strings.Contains(out, line) {
 		t.Errorf("kvindex pods --model lacks %q:\n%s", line, out)
@@ -124,21 +133,25 @@ func TestFleetLine(t *testing.T) {
 	tests := []struct {
 		name  string
 		fleet []client.FleetCacheJSON
+		pods  []client.PodCacheJSON
 		want  string
 	}{
-		{"no picker", nil, ""},
-		{"no query yet", []client.FleetCacheJSON{{WindowSeconds: 60}}, "fleet cached fraction (last 1m0s): no queries\n"},
+		{"no picker", nil, nil, ""},
+		{"no query yet", []client.FleetCacheJSON{{WindowSeconds: 60}}, nil, "fleet cached fraction (last 1m0s): no queries\n"},
 		{"models", []client.FleetCacheJSON{
 			{Fraction: f(0.9134), WindowSeconds: 60},
 			{Model: "a", Fraction: f(1), WindowSeconds: 60},
 			{Model: "b", WindowSeconds: 60},
-		}, "fleet cached fraction (last 1m0s): 91.3% (a: 100.0%, b: no queries)\n"},
-		{"one model asked for", []client.FleetCacheJSON{{Model: "a", Fraction: f(0), WindowSeconds: 30}},
+		}, nil, "fleet cached fraction (last 1m0s): 91.3% (a: 100.0%, b: no queries)\n"},
+		{"one model asked for", []client.FleetCacheJSON{{Model: "a", Fraction: f(0), WindowSeconds: 30}}, nil,
 			"fleet cached fraction (last 30s): a: 0.0%\n"},
+		{"pods", []client.FleetCacheJSON{{Fraction: f(0.5), WindowSeconds: 60}},
+			[]client.PodCacheJSON{{Pod: "pod-a", Fraction: f(0.25)}, {Pod: "pod-b"}},
+			"fleet cached fraction (last 1m0s): 50.0%\nengine cached fraction (same window): pod-a: 25.0%, pod-b: no queries\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := fleetLine(tt.fleet); got != tt.want {
+			if got := fleetLines(client.PodsJSON{Fleet: tt.fleet, PodCache: tt.pods}); got != tt.want {
 				t.Errorf("fleetLine:\n got %q\nwant %q", got, tt.want)
 			}
 		})
