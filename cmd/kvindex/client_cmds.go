@@ -479,7 +479,7 @@ replays and resets seen, the blocks it holds in the index, the hash check
 (verified: kvindex recomputes the engine's hashes; mismatch: it cannot, see
 "hash mismatch" in the documentation; unknown: nothing checked yet) and the
 age of its last event. When kvindex runs the picker and scrapes the engines
-(serve --picker), a last line gives the fleet cached fraction: the share of
+(serve --picker), the last lines give the fleet cached fraction: the share of
 prompt tokens the engines served from their prefix caches over the last
 window, overall and per model, then each engine's own.`,
 		Example: `  kvindex pods
