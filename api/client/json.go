@@ -107,9 +107,34 @@ func LookupJSONOf(r *kvindexv1.LookupResponse) LookupJSON {
 	return out
 }
 
-// PodsJSON is a ListPods answer.
+// PodsJSON is a ListPods answer. Fleet is absent when the server does
+// not scrape the engines (no picker).
 type PodsJSON struct {
-	Pods []PodInfoJSON `json:"pods"`
+	Pods     []PodInfoJSON    `json:"pods"`
+	Fleet    []FleetCacheJSON `json:"fleet,omitempty"`
+	PodCache []PodCacheJSON   `json:"pod_cache,omitempty"`
+}
+
+// PodCacheJSON is one engine's own cached-prefix fraction over the
+// window; see kvindex.v1.PodCache. Fraction is null while the window saw
+// no query.
+type PodCacheJSON struct {
+	Pod           string   `json:"pod"`
+	Fraction      *float64 `json:"fraction"`
+	HitTokens     float64  `json:"hit_tokens"`
+	QueryTokens   float64  `json:"query_tokens"`
+	WindowSeconds float64  `json:"window_seconds"`
+}
+
+// FleetCacheJSON is the engines' cached-prefix fraction over the last
+// window for one model, or for the whole fleet (Model ""); see
+// kvindex.v1.FleetCache. Fraction is null while the window saw no query.
+type FleetCacheJSON struct {
+	Model         string   `json:"model"`
+	Fraction      *float64 `json:"fraction"`
+	HitTokens     float64  `json:"hit_tokens"`
+	QueryTokens   float64  `json:"query_tokens"`
+	WindowSeconds float64  `json:"window_seconds"`
 }
 
 // PodInfoJSON is one engine and its ingest state. LastEventAgeSeconds is
@@ -155,6 +180,22 @@ func PodsJSONOf(r *kvindexv1.ListPodsResponse, now time.Time) PodsJSON {
 			pj.LastEventAgeSeconds = &age
 		}
 		out.Pods[i] = pj
+	}
+	for _, f := range r.GetFleet() {
+		fj := FleetCacheJSON{Model: f.GetModel(), HitTokens: f.GetHitTokens(), QueryTokens: f.GetQueryTokens(), WindowSeconds: f.GetWindowSeconds()}
+		if f.Fraction != nil {
+			v := f.GetFraction()
+			fj.Fraction = &v
+		}
+		out.Fleet = append(out.Fleet, fj)
+	}
+	for _, p := range r.GetPodCache() {
+		pj := PodCacheJSON{Pod: p.GetPod(), HitTokens: p.GetHitTokens(), QueryTokens: p.GetQueryTokens(), WindowSeconds: p.GetWindowSeconds()}
+		if p.Fraction != nil {
+			v := p.GetFraction()
+			pj.Fraction = &v
+		}
+		out.PodCache = append(out.PodCache, pj)
 	}
 	return out
 }

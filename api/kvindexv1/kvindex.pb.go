@@ -1377,8 +1377,17 @@ func (x *PodInfo) GetMessage() string {
 
 // ListPodsResponse lists engines sorted by pod and rank.
 type ListPodsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Pods          []*PodInfo             `protobuf:"bytes,1,rep,name=pods,proto3" json:"pods,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Pods  []*PodInfo             `protobuf:"bytes,1,rep,name=pods,proto3" json:"pods,omitempty"`
+	// The fleet's cached-prefix fraction, from the engines' own prefix-cache
+	// counters, when this kvindex runs the endpoint picker with scraping
+	// (kvindex serve --picker); empty otherwise. The whole fleet first
+	// (model ""), then each model by name; with a model in the request,
+	// only that model's.
+	Fleet []*FleetCache `protobuf:"bytes,2,rep,name=fleet,proto3" json:"fleet,omitempty"`
+	// Each scraped engine's own figures over the same window, every model
+	// together, by pod; with a model in the request, only the pods listed.
+	PodCache      []*PodCache `protobuf:"bytes,3,rep,name=pod_cache,json=podCache,proto3" json:"pod_cache,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1420,6 +1429,185 @@ func (x *ListPodsResponse) GetPods() []*PodInfo {
 	return nil
 }
 
+func (x *ListPodsResponse) GetFleet() []*FleetCache {
+	if x != nil {
+		return x.Fleet
+	}
+	return nil
+}
+
+func (x *ListPodsResponse) GetPodCache() []*PodCache {
+	if x != nil {
+		return x.PodCache
+	}
+	return nil
+}
+
+// FleetCache is one model's (or the whole fleet's) share of prompt tokens
+// the engines served from their prefix caches over the last window: the
+// increments of vLLM's vllm:prefix_cache_hits and vllm:prefix_cache_queries
+// summed over the engines.
+type FleetCache struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The served model; "" for every model together.
+	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// hit_tokens / query_tokens, at most 1; absent while the window saw no
+	// query (no traffic is not a fraction of 0).
+	Fraction    *float64 `protobuf:"fixed64,2,opt,name=fraction,proto3,oneof" json:"fraction,omitempty"`
+	HitTokens   float64  `protobuf:"fixed64,3,opt,name=hit_tokens,json=hitTokens,proto3" json:"hit_tokens,omitempty"`
+	QueryTokens float64  `protobuf:"fixed64,4,opt,name=query_tokens,json=queryTokens,proto3" json:"query_tokens,omitempty"`
+	// The window's length.
+	WindowSeconds float64 `protobuf:"fixed64,5,opt,name=window_seconds,json=windowSeconds,proto3" json:"window_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FleetCache) Reset() {
+	*x = FleetCache{}
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FleetCache) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FleetCache) ProtoMessage() {}
+
+func (x *FleetCache) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FleetCache.ProtoReflect.Descriptor instead.
+func (*FleetCache) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *FleetCache) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *FleetCache) GetFraction() float64 {
+	if x != nil && x.Fraction != nil {
+		return *x.Fraction
+	}
+	return 0
+}
+
+func (x *FleetCache) GetHitTokens() float64 {
+	if x != nil {
+		return x.HitTokens
+	}
+	return 0
+}
+
+func (x *FleetCache) GetQueryTokens() float64 {
+	if x != nil {
+		return x.QueryTokens
+	}
+	return 0
+}
+
+func (x *FleetCache) GetWindowSeconds() float64 {
+	if x != nil {
+		return x.WindowSeconds
+	}
+	return 0
+}
+
+// PodCache is one engine's (all its data-parallel ranks') share of prompt
+// tokens served from its prefix cache over the last window, from its own
+// counters.
+type PodCache struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Pod   string                 `protobuf:"bytes,1,opt,name=pod,proto3" json:"pod,omitempty"`
+	// hit_tokens / query_tokens, at most 1; absent while the window saw no
+	// query.
+	Fraction      *float64 `protobuf:"fixed64,2,opt,name=fraction,proto3,oneof" json:"fraction,omitempty"`
+	HitTokens     float64  `protobuf:"fixed64,3,opt,name=hit_tokens,json=hitTokens,proto3" json:"hit_tokens,omitempty"`
+	QueryTokens   float64  `protobuf:"fixed64,4,opt,name=query_tokens,json=queryTokens,proto3" json:"query_tokens,omitempty"`
+	WindowSeconds float64  `protobuf:"fixed64,5,opt,name=window_seconds,json=windowSeconds,proto3" json:"window_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodCache) Reset() {
+	*x = PodCache{}
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodCache) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodCache) ProtoMessage() {}
+
+func (x *PodCache) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodCache.ProtoReflect.Descriptor instead.
+func (*PodCache) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *PodCache) GetPod() string {
+	if x != nil {
+		return x.Pod
+	}
+	return ""
+}
+
+func (x *PodCache) GetFraction() float64 {
+	if x != nil && x.Fraction != nil {
+		return *x.Fraction
+	}
+	return 0
+}
+
+func (x *PodCache) GetHitTokens() float64 {
+	if x != nil {
+		return x.HitTokens
+	}
+	return 0
+}
+
+func (x *PodCache) GetQueryTokens() float64 {
+	if x != nil {
+		return x.QueryTokens
+	}
+	return 0
+}
+
+func (x *PodCache) GetWindowSeconds() float64 {
+	if x != nil {
+		return x.WindowSeconds
+	}
+	return 0
+}
+
 // WatchRequest selects the events to stream.
 type WatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1431,7 +1619,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[16]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1443,7 +1631,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[16]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1456,7 +1644,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{16}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WatchRequest) GetPods() []string {
@@ -1496,7 +1684,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[17]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1696,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[17]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1709,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{17}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WatchResponse) GetPod() string {
@@ -1729,9 +1917,28 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\n" +
 	"hash_check\x18\x11 \x01(\x0e2\x15.kvindex.v1.HashCheckR\thashCheck\x12+\n" +
 	"\x12last_event_unix_ms\x18\x12 \x01(\x03R\x0flastEventUnixMs\x12\x18\n" +
-	"\amessage\x18\x13 \x01(\tR\amessage\";\n" +
+	"\amessage\x18\x13 \x01(\tR\amessage\"\x9c\x01\n" +
 	"\x10ListPodsResponse\x12'\n" +
-	"\x04pods\x18\x01 \x03(\v2\x13.kvindex.v1.PodInfoR\x04pods\"\"\n" +
+	"\x04pods\x18\x01 \x03(\v2\x13.kvindex.v1.PodInfoR\x04pods\x12,\n" +
+	"\x05fleet\x18\x02 \x03(\v2\x16.kvindex.v1.FleetCacheR\x05fleet\x121\n" +
+	"\tpod_cache\x18\x03 \x03(\v2\x14.kvindex.v1.PodCacheR\bpodCache\"\xb9\x01\n" +
+	"\n" +
+	"FleetCache\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1f\n" +
+	"\bfraction\x18\x02 \x01(\x01H\x00R\bfraction\x88\x01\x01\x12\x1d\n" +
+	"\n" +
+	"hit_tokens\x18\x03 \x01(\x01R\thitTokens\x12!\n" +
+	"\fquery_tokens\x18\x04 \x01(\x01R\vqueryTokens\x12%\n" +
+	"\x0ewindow_seconds\x18\x05 \x01(\x01R\rwindowSecondsB\v\n" +
+	"\t_fraction\"\xb3\x01\n" +
+	"\bPodCache\x12\x10\n" +
+	"\x03pod\x18\x01 \x01(\tR\x03pod\x12\x1f\n" +
+	"\bfraction\x18\x02 \x01(\x01H\x00R\bfraction\x88\x01\x01\x12\x1d\n" +
+	"\n" +
+	"hit_tokens\x18\x03 \x01(\x01R\thitTokens\x12!\n" +
+	"\fquery_tokens\x18\x04 \x01(\x01R\vqueryTokens\x12%\n" +
+	"\x0ewindow_seconds\x18\x05 \x01(\x01R\rwindowSecondsB\v\n" +
+	"\t_fraction\"\"\n" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04pods\x18\x01 \x03(\tR\x04pods\"\xc6\x03\n" +
 	"\rWatchResponse\x12\x10\n" +
@@ -1790,7 +1997,7 @@ func file_kvindex_v1_kvindex_proto_rawDescGZIP() []byte {
 }
 
 var file_kvindex_v1_kvindex_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kvindex_v1_kvindex_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_kvindex_v1_kvindex_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_kvindex_v1_kvindex_proto_goTypes = []any{
 	(HashCheck)(0),                // 0: kvindex.v1.HashCheck
 	(EngineHealth)(0),             // 1: kvindex.v1.EngineHealth
@@ -1811,9 +2018,11 @@ var file_kvindex_v1_kvindex_proto_goTypes = []any{
 	(*ListPodsRequest)(nil),       // 16: kvindex.v1.ListPodsRequest
 	(*PodInfo)(nil),               // 17: kvindex.v1.PodInfo
 	(*ListPodsResponse)(nil),      // 18: kvindex.v1.ListPodsResponse
-	(*WatchRequest)(nil),          // 19: kvindex.v1.WatchRequest
-	(*WatchResponse)(nil),         // 20: kvindex.v1.WatchResponse
-	nil,                           // 21: kvindex.v1.PodMatch.TiersEntry
+	(*FleetCache)(nil),            // 19: kvindex.v1.FleetCache
+	(*PodCache)(nil),              // 20: kvindex.v1.PodCache
+	(*WatchRequest)(nil),          // 21: kvindex.v1.WatchRequest
+	(*WatchResponse)(nil),         // 22: kvindex.v1.WatchResponse
+	nil,                           // 23: kvindex.v1.PodMatch.TiersEntry
 }
 var file_kvindex_v1_kvindex_proto_depIdxs = []int32{
 	4,  // 0: kvindex.v1.Prompt.tokens:type_name -> kvindex.v1.TokenIds
@@ -1822,7 +2031,7 @@ var file_kvindex_v1_kvindex_proto_depIdxs = []int32{
 	8,  // 3: kvindex.v1.Prompt.mm_items:type_name -> kvindex.v1.MultimodalItem
 	7,  // 4: kvindex.v1.ChatMessages.messages:type_name -> kvindex.v1.ChatMessage
 	3,  // 5: kvindex.v1.LongestPrefixRequest.prompt:type_name -> kvindex.v1.Prompt
-	21, // 6: kvindex.v1.PodMatch.tiers:type_name -> kvindex.v1.PodMatch.TiersEntry
+	23, // 6: kvindex.v1.PodMatch.tiers:type_name -> kvindex.v1.PodMatch.TiersEntry
 	0,  // 7: kvindex.v1.PodMatch.hash_check:type_name -> kvindex.v1.HashCheck
 	1,  // 8: kvindex.v1.PodMatch.health:type_name -> kvindex.v1.EngineHealth
 	10, // 9: kvindex.v1.LongestPrefixResponse.pods:type_name -> kvindex.v1.PodMatch
@@ -1832,20 +2041,22 @@ var file_kvindex_v1_kvindex_proto_depIdxs = []int32{
 	1,  // 13: kvindex.v1.PodInfo.health:type_name -> kvindex.v1.EngineHealth
 	0,  // 14: kvindex.v1.PodInfo.hash_check:type_name -> kvindex.v1.HashCheck
 	17, // 15: kvindex.v1.ListPodsResponse.pods:type_name -> kvindex.v1.PodInfo
-	2,  // 16: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.EventKind
-	9,  // 17: kvindex.v1.IndexService.LongestPrefix:input_type -> kvindex.v1.LongestPrefixRequest
-	12, // 18: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
-	16, // 19: kvindex.v1.IndexService.ListPods:input_type -> kvindex.v1.ListPodsRequest
-	19, // 20: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
-	11, // 21: kvindex.v1.IndexService.LongestPrefix:output_type -> kvindex.v1.LongestPrefixResponse
-	15, // 22: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
-	18, // 23: kvindex.v1.IndexService.ListPods:output_type -> kvindex.v1.ListPodsResponse
-	20, // 24: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
-	21, // [21:25] is the sub-list for method output_type
-	17, // [17:21] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	19, // 16: kvindex.v1.ListPodsResponse.fleet:type_name -> kvindex.v1.FleetCache
+	20, // 17: kvindex.v1.ListPodsResponse.pod_cache:type_name -> kvindex.v1.PodCache
+	2,  // 18: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.EventKind
+	9,  // 19: kvindex.v1.IndexService.LongestPrefix:input_type -> kvindex.v1.LongestPrefixRequest
+	12, // 20: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
+	16, // 21: kvindex.v1.IndexService.ListPods:input_type -> kvindex.v1.ListPodsRequest
+	21, // 22: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
+	11, // 23: kvindex.v1.IndexService.LongestPrefix:output_type -> kvindex.v1.LongestPrefixResponse
+	15, // 24: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
+	18, // 25: kvindex.v1.IndexService.ListPods:output_type -> kvindex.v1.ListPodsResponse
+	22, // 26: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
+	23, // [23:27] is the sub-list for method output_type
+	19, // [19:23] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_kvindex_v1_kvindex_proto_init() }
@@ -1859,13 +2070,15 @@ func file_kvindex_v1_kvindex_proto_init() {
 		(*Prompt_Messages)(nil),
 		(*Prompt_BlockHashes)(nil),
 	}
+	file_kvindex_v1_kvindex_proto_msgTypes[16].OneofWrappers = []any{}
+	file_kvindex_v1_kvindex_proto_msgTypes[17].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvindex_v1_kvindex_proto_rawDesc), len(file_kvindex_v1_kvindex_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -69,6 +69,9 @@ type Config struct {
 	// Streams reports ingest state for ListPods, health and metrics; nil
 	// means no ingest.
 	Streams StreamSource
+	// Fleet gives ListPods the fleet's cached-prefix fraction; nil: none
+	// (no picker scraping the engines).
+	Fleet FleetSource
 	// DefaultModel is the model of requests that name none.
 	DefaultModel string
 	// MaxTokens bounds a query's token ids (and block hashes, as blocks
@@ -759,6 +762,7 @@ func (s *Server) ListPods(_ context.Context, req *kvindexv1.ListPodsRequest) (*k
 	slices.SortFunc(out.Pods, func(a, b *kvindexv1.PodInfo) int {
 		return cmp.Or(cmp.Compare(a.Pod, b.Pod), cmp.Compare(a.DpRank, b.DpRank), cmp.Compare(a.Model, b.Model))
 	})
+	fleetCache(out, s.cfg.Fleet, req.GetModel())
 	return out, nil
 }
 

@@ -478,7 +478,10 @@ health" in the documentation), the last sequence number applied, the gaps,
 replays and resets seen, the blocks it holds in the index, the hash check
 (verified: kvindex recomputes the engine's hashes; mismatch: it cannot, see
 "hash mismatch" in the documentation; unknown: nothing checked yet) and the
-age of its last event.`,
+age of its last event. When kvindex runs the picker and scrapes the engines
+(serve --picker), the last lines give the fleet cached fraction: the share of
+prompt tokens the engines served from their prefix caches over the last
+window, overall and per model, then each engine's own.`,
 		Example: `  kvindex pods
   kvindex pods --server kvindex:50051 --model Qwen/Qwen2.5-7B --json
   kvindex pods --pod pod-a --pod pod-b`,
@@ -500,12 +503,13 @@ age of its last event.`,
 			}
 			out := client.PodsJSONOf(r, time.Now())
 			out.Pods = slices.DeleteFunc(out.Pods, func(p client.PodInfoJSON) bool { return !pods.has(p.Pod) })
+			out.PodCache = slices.DeleteFunc(out.PodCache, func(p client.PodCacheJSON) bool { return !pods.has(p.Pod) })
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
 			}
 			w := cmd.OutOrStdout()
 			if len(out.Pods) == 0 {
-				_, err := fmt.Fprintln(w, "no engines")
+				_, err := fmt.Fprint(w, "no engines\n", fleetLines(out))
 				return err
 			}
 			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -527,7 +531,8 @@ age of its last event.`,
 					fmt.Fprintf(w, "%s: %s\n", client.EngineName(p.Pod, p.DPRank), p.Message)
 				}
 			}
-			return nil
+			_, err = io.WriteString(w, fleetLines(out))
+			return err
 		},
 	}
 	cf.register(cmd.Flags())
@@ -535,6 +540,51 @@ age of its last event.`,
 	pods.register(cmd.Flags(), "only this pod's engines; repeatable (default: every pod)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// fleetLines prints the engines' windowed cached fraction: a line for
+// the fleet, overall then per model, and a line with each pod's own; ""
+// when the server has none (no picker scraping the engines).
+func fleetLines(out client.PodsJSON) string {
+	fleet := out.Fleet
+	if len(fleet) == 0 {
+		return ""
+	}
+	pct := func(f *float64) string {
+		if f == nil {
+			return "no queries"
+		}
+		return strconv.FormatFloat(*f*100, 'f', 1, 64) + "%"
+	}
+	var b strings.Builder
+	window := time.Duration(fleet[0].WindowSeconds * float64(time.Second))
+	fmt.Fprintf(&b, "fleet cached fraction (last %s):", window)
+	var models []string
+	overall := false
+	for _, f := range fleet {
+		if f.Model == "" {
+			overall = true
+			fmt.Fprintf(&b, " %s", pct(f.Fraction))
+		} else {
+			models = append(models, f.Model+": "+pct(f.Fraction))
+		}
+	}
+	switch {
+	case len(models) == 0:
+	case overall:
+		fmt.Fprintf(&b, " (%s)", strings.Join(models, ", "))
+	default: // pods --model: that model's only
+		fmt.Fprintf(&b, " %s", strings.Join(models, ", "))
+	}
+	b.WriteByte('\n')
+	if len(out.PodCache) > 0 {
+		ps := make([]string, len(out.PodCache))
+		for i, p := range out.PodCache {
+			ps[i] = p.Pod + ": " + pct(p.Fraction)
+		}
+		fmt.Fprintf(&b, "engine cached fraction (same window): %s\n", strings.Join(ps, ", "))
+	}
+	return b.String()
 }
 
 func yesNo(b bool) string {

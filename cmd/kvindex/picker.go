@@ -91,7 +91,7 @@ flags on the command line override the file.`,
 			log := slog.Default()
 			reg := prometheus.NewRegistry()
 			cfg.Registry, cfg.Logger = reg, log
-			scrape, err := withEngineMetrics(f.pick.scrapeInterval, &cfg, reg, log)
+			scrape, _, err := withEngineMetrics(f.pick.scrapeInterval, &cfg, reg, log)
 			if err != nil {
 				return err
 			}

@@ -323,6 +323,7 @@ func buildParts(o *serveOptions, log *slog.Logger, restore bool) (*parts, error)
 		Index: ix, BlockSize: o.index.Hasher.BlockSize(), Tokenizers: toks, Hub: hub, Streams: sub,
 		DefaultModel: o.model, MaxTokens: o.maxQueryTokens, ExpectStreams: expect, ReadyGrace: grace,
 		Logger: log.With("component", "api"), Limits: o.limits, Security: o.security,
+		Fleet: o.picker.fleetSource(),
 	})
 	if err == nil {
 		err = srv.Registry().Register(buildInfoGauge(buildinfo.Read()))

@@ -56,6 +56,17 @@ type pickerOptions struct {
 	cfg            gateway.Config
 	extprocAddr    string
 	scrapeInterval time.Duration
+	// fleet is the server's FleetSource, fed by the picker's scraper.
+	fleet *fleetRelay
+}
+
+// fleetSource is the server's source of the fleet cached fraction: nil
+// without --picker or without scraping.
+func (o *pickerOptions) fleetSource() server.FleetSource {
+	if o == nil || o.scrapeInterval == 0 {
+		return nil
+	}
+	return o.fleet
 }
 
 // servePicker is the endpoint picker inside kvindex serve: it asks the
@@ -77,9 +88,12 @@ func listenPicker(o *pickerOptions, srv *server.Server, log *slog.Logger) (*serv
 	}
 	cfg := o.cfg
 	cfg.Registry, cfg.Logger = srv.Registry(), log.With("component", "picker")
-	scrape, err := withEngineMetrics(o.scrapeInterval, &cfg, srv.Registry(), cfg.Logger)
+	scrape, sc, err := withEngineMetrics(o.scrapeInterval, &cfg, srv.Registry(), cfg.Logger)
 	if err != nil {
 		return nil, err
+	}
+	if sc != nil {
+		o.fleet.sc.Store(sc)
 	}
 	svc, err := gateway.New(cfg, gateway.Local{Server: srv})
 	if err != nil {
@@ -161,5 +175,5 @@ func (f *serveFlags) pickerOptions() (*pickerOptions, error) {
 	if err != nil {
 		return nil, usagef("--picker: %v", err)
 	}
-	return &pickerOptions{cfg: cfg, extprocAddr: f.pick.extprocAddr, scrapeInterval: f.pick.scrapeInterval}, nil
+	return &pickerOptions{cfg: cfg, extprocAddr: f.pick.extprocAddr, scrapeInterval: f.pick.scrapeInterval, fleet: &fleetRelay{}}, nil
 }

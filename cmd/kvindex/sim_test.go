@@ -472,6 +472,13 @@ func TestSimFollowedByServe(t *testing.T) {
 // extra flags, and returns a client of it.
 func followSim(t *testing.T, sim *simHarness, extra ...string) (*client.Client, *serveOptions) {
 	t.Helper()
+	c, o, _ := followSimService(t, sim, extra...)
+	return c, o
+}
+
+// followSimService is followSim that also returns the running service.
+func followSimService(t *testing.T, sim *simHarness, extra ...string) (*client.Client, *serveOptions, *service) {
+	t.Helper()
 	words := shellWords(sim.serveLine())
 	o, _, err := parseServe(t, append(append(words[2:], "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"), extra...)...)
 	if err != nil {
@@ -497,7 +504,7 @@ func followSim(t *testing.T, sim *simHarness, extra ...string) (*client.Client, 
 			t.Logf("kvindex logs:\n%s\nsim output:\n%s", logs.String(), sim.out.String())
 		}
 	})
-	return c, o
+	return c, o, svc
 }
 
 // With a tokenizer the prompts are text: the log holds them one per line

@@ -43,7 +43,9 @@
 // that went down is a restart, and the new process's counts are all new,
 // as Prometheus' rate() reads them; a restart whose new counts already
 // exceed the old ones at the next scrape looks like a slower engine and
-// is undercounted, the same limit rate() has.
+// is undercounted, the same limit rate() has. Status gives each pod's own
+// increments over the same window (PodStatus.Cache), its hit rate next to
+// the fleet's.
 //
 // Kept apart, as "observed through the picker": the usage of the
 // responses that passed through the picker (Fleet.Observe with
@@ -91,7 +93,8 @@
 // body, or the last server-sent event when stream_options.include_usage
 // is set; ParseUsage reads both), sc.Fleet().Observe(model, prompt,
 // cached). Predict only the requests whose usage the picker will see,
-// or the two counters do not compare. Discovery calls sc.SetEndpoints. kvindex pods shows
-// sc.Fleet().Summary() (JSON-ready: the overall figures first, then each
-// model's) and sc.Status() when the server has a Scraper.
+// or the two counters do not compare. Discovery calls sc.SetEndpoints.
+// kvindex serve --picker answers ListPods with the engines' figures of
+// sc.Fleet().Summary() (the overall figures first, then each model's),
+// which kvindex pods prints; sc.Status() gives each pod's scrape state.
 package enginemetrics

@@ -119,6 +119,9 @@ type PodStatus struct {
 	LastError string `json:"last_error,omitempty"`
 	// ScrapedAt is the last successful scrape, zero for none.
 	ScrapedAt time.Time `json:"scraped_at"`
+	// Cache is the pod's own prefix-cache lookups over the window, every
+	// model together: the same increments the Fleet sums.
+	Cache Fraction `json:"cache"`
 }
 
 // Scraper scrapes the engines' metrics pages and keeps each pod's latest
@@ -146,6 +149,9 @@ type pod struct {
 	// it (what an engine counted before kvindex saw it is not in any
 	// window).
 	base map[string]Counters
+	// cache sums the pod's increments over the window, for its own hit
+	// rate next to the fleet's.
+	cache ring
 }
 
 // New makes a Scraper of endpoints (pod name -> metrics URL, such as
@@ -187,7 +193,7 @@ func (s *Scraper) SetEndpoints(endpoints map[string]string) error {
 	}
 	for name, u := range endpoints {
 		if _, ok := s.pods[name]; !ok {
-			s.pods[name] = &pod{url: u}
+			s.pods[name] = &pod{url: u, cache: newRing(s.cfg.Window)}
 		}
 	}
 	return nil
@@ -356,6 +362,7 @@ func (s *Scraper) record(name, u string, rd Reading, err error) {
 			}
 			if d.Queries > 0 || d.Hits > 0 {
 				s.fleet.engineDelta(now, model, d)
+				p.cache.add(now, d)
 			}
 		}
 	}
@@ -405,11 +412,12 @@ func (s *Scraper) Samples() []Sample {
 
 // Status returns every pod's scrape state, by pod name.
 func (s *Scraper) Status() []PodStatus {
+	now := s.cfg.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]PodStatus, 0, len(s.pods))
 	for name, p := range s.pods {
-		st := PodStatus{Pod: name, URL: p.url, Errors: p.errors, LastError: p.lastErr}
+		st := PodStatus{Pod: name, URL: p.url, Errors: p.errors, LastError: p.lastErr, Cache: p.cache.sum(now)}
 		if p.ok {
 			st.ScrapedAt = p.sample.ScrapedAt
 		}

@@ -121,10 +121,26 @@ func TestFleetFractionFromEngines(t *testing.T) {
 		}
 	}
 
+	// Each pod's own figures are its increments since the baseline.
+	for i, st := range s.Status() {
+		q, h := engines[i].Counters()
+		if i == 0 {
+			q, h = q-q0, h-h0
+		}
+		if w := (enginemetrics.Fraction{Queries: q, Hits: h}); st.Pod != engines[i].pod || st.Cache != w {
+			t.Errorf("Status()[%d] = %s %+v, want %s's own increments %+v", i, st.Pod, st.Cache, engines[i].pod, w)
+		}
+	}
+
 	// The window slides past the traffic: no fraction, not 0.
 	clk.Advance(enginemetrics.DefaultWindow)
 	if f := fleet.Engines(enginemetrics.Overall); f != (enginemetrics.Fraction{}) {
 		t.Errorf("after the window: Engines = %+v, want none", f)
+	}
+	for _, st := range s.Status() {
+		if st.Cache != (enginemetrics.Fraction{}) {
+			t.Errorf("after the window: %s's Cache = %+v, want none", st.Pod, st.Cache)
+		}
 	}
 	if _, ok := gather(t, s.Collector())["kvindex_fleet_cached_fraction"]; ok {
 		t.Error("kvindex_fleet_cached_fraction exported with no traffic in the window")
