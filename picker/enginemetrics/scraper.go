@@ -15,6 +15,9 @@ import (
 	"github.com/kvindex/kvindex/picker"
 )
 
+// minDefaultTimeout is the least default Config.Timeout.
+const minDefaultTimeout = time.Second
+
 // Config configures a Scraper and its Fleet. The zero value of a field
 // takes its default.
 type Config struct {
@@ -22,7 +25,9 @@ type Config struct {
 	// DefaultInterval).
 	Interval time.Duration
 	// Timeout bounds one scrape, connection to last byte (default: the
-	// Interval, so that rounds do not pile up).
+	// Interval, so that rounds do not pile up, but at least
+	// minDefaultTimeout: a short interval must not make a busy engine's
+	// page, or a busy machine's scrape, a timeout every round).
 	Timeout time.Duration
 	// MaxBytes bounds a metrics page, after decompression (default
 	// DefaultMaxBytes); a longer page is a scrape error.
@@ -73,7 +78,7 @@ func (c *Config) setDefaults() error {
 		c.Interval = DefaultInterval
 	}
 	if c.Timeout == 0 {
-		c.Timeout = c.Interval
+		c.Timeout = max(c.Interval, minDefaultTimeout)
 	}
 	if c.MaxBytes == 0 {
 		c.MaxBytes = DefaultMaxBytes
