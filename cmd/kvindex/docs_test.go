@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/spf13/pflag"
+
+	"github.com/kvindex/kvindex/internal/kvindexbin"
 )
 
 // The documentation's facts that the code also states are checked here
@@ -251,18 +253,8 @@ func shellAndBinary(t *testing.T) (bash, bin string) {
 func buildKvindex(t *testing.T) string {
 	t.Helper()
 	bin := t.TempDir()
-	goCmd, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatal("building the binary needs the go command on PATH:", err)
-	}
-	pkg, err := filepath.Abs(".")
-	if err != nil {
+	if _, err := kvindexbin.Build(bin); err != nil {
 		t.Fatal(err)
-	}
-	build := exec.Command(goCmd, "build", "-o", filepath.Join(bin, "kvindex"), ".")
-	build.Dir = pkg
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	return bin
 }

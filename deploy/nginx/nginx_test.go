@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/internal/kvindexbin"
 	"github.com/kvindex/kvindex/picker/enginemetrics"
 )
 
@@ -167,13 +168,9 @@ func TestNginxRoutesByPrefix(t *testing.T) {
 // buildKvindex builds cmd/kvindex into dir.
 func buildKvindex(t *testing.T, dir string) string {
 	t.Helper()
-	goCmd, err := exec.LookPath("go")
+	bin, err := kvindexbin.Build(dir)
 	if err != nil {
-		t.Fatalf("building kvindex needs the go command on PATH: %v", err)
-	}
-	bin := filepath.Join(dir, "kvindex")
-	if out, err := exec.Command(goCmd, "build", "-o", bin, "github.com/kvindex/kvindex/cmd/kvindex").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+		t.Fatal(err)
 	}
 	return bin
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/internal/kvindexbin"
 )
 
 var tableFlag = flag.Bool("faults.table", false, "print the fault table (make faults)")
@@ -52,14 +52,9 @@ func TestMain(m *testing.M) {
 
 // buildKvindex builds cmd/kvindex into dir.
 func buildKvindex(dir string) (string, error) {
-	goCmd, err := exec.LookPath("go")
+	bin, err := kvindexbin.Build(dir)
 	if err != nil {
-		return "", fmt.Errorf("faultlab: building kvindex needs the go command on PATH: %w", err)
-	}
-	bin := filepath.Join(dir, "kvindex")
-	build := exec.Command(goCmd, "build", "-o", bin, "github.com/kvindex/kvindex/cmd/kvindex")
-	if out, err := build.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("faultlab: go build: %v\n%s", err, out)
+		return "", fmt.Errorf("faultlab: %w", err)
 	}
 	return bin, nil
 }
