@@ -367,28 +367,34 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 	ix, sub, srv := p.index, p.sub, p.api
 	memoryLimits(o.index.MemoryBudget, o.streams()).apply(log)
 
+	// Each listener opened is closed again if a later step fails.
+	var opened []func()
+	fail := func(err error) (*service, error) {
+		for i := len(opened) - 1; i >= 0; i-- {
+			opened[i]()
+		}
+		return nil, err
+	}
 	grpcLis, err := net.Listen("tcp", o.grpcAddr)
 	if err != nil {
-		return nil, fmt.Errorf("--grpc-addr %s: %w", o.grpcAddr, err)
+		return fail(fmt.Errorf("--grpc-addr %s: %w", o.grpcAddr, err))
 	}
+	opened = append(opened, func() { grpcLis.Close() })
 	httpLis, err := net.Listen("tcp", o.httpAddr)
 	if err != nil {
-		grpcLis.Close()
-		return nil, fmt.Errorf("--http-addr %s: %w", o.httpAddr, err)
+		return fail(fmt.Errorf("--http-addr %s: %w", o.httpAddr, err))
 	}
+	opened = append(opened, func() { httpLis.Close() })
 	adminLis, err := listenAdmin(o.adminAddr)
 	if err != nil {
-		grpcLis.Close()
-		httpLis.Close()
-		return nil, err
+		return fail(err)
 	}
+	opened = append(opened, func() { closeAdmin(adminLis) })
 	pk, err := listenPicker(o.picker, srv, log)
 	if err != nil {
-		grpcLis.Close()
-		httpLis.Close()
-		closeAdmin(adminLis)
-		return nil, err
+		return fail(err)
 	}
+	opened = append(opened, pk.close)
 	hcfg := o.index.Hasher.Config()
 	log.Info("kvindex starting",
 		"hash_algo", string(hcfg.Algo), "hash_seed", hcfg.Seed, "block_size", hcfg.BlockSize,
@@ -397,11 +403,7 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		"max_query_tokens", o.maxQueryTokens, "ready_grace", o.readyGrace.String())
 	// The subscriber logs each engine it follows and its listen socket.
 	if err := sub.Start(); err != nil {
-		grpcLis.Close()
-		httpLis.Close()
-		closeAdmin(adminLis)
-		pk.close()
-		return nil, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "zmqtransport: "))
+		return fail(fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "zmqtransport: ")))
 	}
 	s := &service{
 		log: log, index: ix, hub: p.hub, sub: sub, api: srv,
