@@ -132,6 +132,24 @@ func writeToken(t *testing.T, dir, name, token string) string {
 	return p
 }
 
+// writeAuthFile writes an --auth-tokens file into dir: the tokens
+// "query-secret" (name gateway, scope query) and "watch-secret" (tailer,
+// watch), then the YAML list entries of more.
+func writeAuthFile(t *testing.T, dir, more string) string {
+	t.Helper()
+	auth := filepath.Join(dir, "auth.yaml")
+	if err := os.WriteFile(auth, []byte("tokens:\n"+`  - name: gateway
+    sha256: `+tokenSHA("query-secret")+`
+    scopes: [query]
+  - name: tailer
+    sha256: `+tokenSHA("watch-secret")+`
+    scopes: [watch]
+`+more), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return auth
+}
+
 func tokenSHA(token string) string {
 	sum := sha256.Sum256([]byte(token))
 	return hex.EncodeToString(sum[:])
@@ -142,22 +160,11 @@ func tokenSHA(token string) string {
 // refused, saying which scope is missing, and counted.
 func TestE2ETokens(t *testing.T) {
 	p := newPKI(t)
-	auth := filepath.Join(p.dir, "auth.yaml")
-	err := os.WriteFile(auth, []byte(`tokens:
-  - name: gateway
-    sha256: `+tokenSHA("query-secret")+`
-    scopes: [query]
-  - name: tailer
-    sha256: `+tokenSHA("watch-secret")+`
-    scopes: [watch]
-  - name: tenant-a
+	auth := writeAuthFile(t, p.dir, `  - name: tenant-a
     sha256: `+tokenSHA("tenant-secret")+`
     scopes: [query, watch]
     salts: [salt-a]
-`), 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	queryTok := writeToken(t, p.dir, "query", "query-secret")
 	watchTok := writeToken(t, p.dir, "watch", "watch-secret")
 	tenantTok := writeToken(t, p.dir, "tenant", "tenant-secret")

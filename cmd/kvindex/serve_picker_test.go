@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -116,18 +115,7 @@ func TestServePickerFlags(t *testing.T) {
 // queries take: the query scope.
 func TestServePickerAuth(t *testing.T) {
 	p := newPKI(t)
-	auth := filepath.Join(p.dir, "auth.yaml")
-	err := os.WriteFile(auth, []byte(`tokens:
-  - name: gateway
-    sha256: `+tokenSHA("query-secret")+`
-    scopes: [query]
-  - name: tailer
-    sha256: `+tokenSHA("watch-secret")+`
-    scopes: [watch]
-`), 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
+	auth := writeAuthFile(t, p.dir, "")
 	x := startE2EDial(t,
 		[]grpc.DialOption{dialTLS(t, client.TLSConfig{CAFile: p.ca.CertFile}), client.WithToken("query-secret")},
 		[]string{"pod-a"},
