@@ -126,3 +126,13 @@ type Sink interface {
 	Apply(engine EngineID, seq uint64, events []Event)
 	Reset(engine EngineID, reason ResetReason)
 }
+
+// PayloadSink is a Sink that also wants each batch's payload exactly as
+// the engine sent it: a relay that forwards batches unchanged to another
+// transport. A transport whose Sink implements it calls ApplyPayload
+// instead of Apply, under the same ordering rules; payload, like events,
+// is valid only during the call.
+type PayloadSink interface {
+	Sink
+	ApplyPayload(engine EngineID, seq uint64, payload []byte, events []Event)
+}

@@ -487,7 +487,11 @@ func (st *stream) Deliver(seq uint64, payload []byte) {
 	}
 	st.ctr.lastSeq.Store(seq)
 	st.ctr.lastEvent.Store(st.s.cfg.Now().UnixNano())
-	st.s.sink.Apply(st.id, seq, b.Events)
+	if st.s.psink != nil {
+		st.s.psink.ApplyPayload(st.id, seq, payload, b.Events)
+	} else {
+		st.s.sink.Apply(st.id, seq, b.Events)
+	}
 	if cleared > 0 {
 		st.ctr.resets.Add(uint64(cleared))
 		st.seq.Cleared()

@@ -280,6 +280,7 @@ func (c *EngineConfig) validate() error {
 type Subscriber struct {
 	cfg   SubscriberConfig
 	sink  kvevents.Sink
+	psink kvevents.PayloadSink // sink, when it wants payloads; else nil
 	log   *slog.Logger
 	topic *topicPattern
 	allow *allowList // EngineAllow compiled; nil without rules
@@ -370,6 +371,7 @@ func NewSubscriber(cfg SubscriberConfig, sink kvevents.Sink, log *slog.Logger) (
 		resume:  resume,
 		cfg:     cfg,
 		sink:    sink,
+		psink:   payloadSink(sink),
 		log:     log,
 		topic:   tp,
 		allow:   allow,
@@ -871,4 +873,11 @@ func (s *Subscriber) sweepDeparted() {
 		return
 	}
 	ln.loop.post(func() { ln.forgetDeparted(s.mono()) })
+}
+
+// payloadSink returns sink as a PayloadSink when it is one, so that the
+// delivery path asks once rather than per batch.
+func payloadSink(sink kvevents.Sink) kvevents.PayloadSink {
+	ps, _ := sink.(kvevents.PayloadSink)
+	return ps
 }
