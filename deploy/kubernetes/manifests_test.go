@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"net"
@@ -16,6 +17,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -39,6 +41,7 @@ var (
 	enginePeer     = "pods " + labels.SelectorFromSet(engineLabels).String() + " in this namespace"
 	clientPeer     = "pods " + labels.SelectorFromSet(clientLabels).String() + " in this namespace"
 	dnsPeer        = "pods k8s-app=kube-dns in namespaces kubernetes.io/metadata.name=kube-system"
+	natsPeer       = "pods app.kubernetes.io/name=nats in this namespace"
 	prometheusPeer = "pods app.kubernetes.io/name=prometheus in namespaces kubernetes.io/metadata.name=monitoring"
 )
 
@@ -54,6 +57,12 @@ type build struct {
 	kvindex bool
 	// extraIngress: flows admitted beyond the base's engines and clients.
 	extraIngress []flow
+	// replicas: kvindex runs as interchangeable replicas (NATS mode), so
+	// its rollout, probes, disruption budget and spread are checked.
+	replicas bool
+	// relay: the build's engines publish through the relay sidecar, whose
+	// flags are checked against the engine's.
+	relay bool
 }
 
 var builds = []build{
@@ -61,6 +70,13 @@ var builds = []build{
 	{name: "base+prometheus", dir: "base", components: []string{"components/prometheus"}, kvindex: true,
 		extraIngress: []flow{{prometheusPeer, "TCP/8080"}}},
 	{name: "vllm", dir: "vllm"},
+	{name: "replicas", dir: "replicas", kvindex: true, replicas: true},
+	{name: "replicas+prometheus+monitoring", dir: "replicas",
+		components: []string{"components/prometheus", "components/monitoring"}, kvindex: true, replicas: true,
+		extraIngress: []flow{{prometheusPeer, "TCP/8080"}}},
+	{name: "vllm+relay-sidecar", dir: "vllm", components: []string{"components/relay-sidecar"}, relay: true},
+	{name: "vllm-relay", dir: "vllm-relay", relay: true},
+	{name: "vllm-relay+relay-monitoring", dir: "vllm-relay", components: []string{"components/relay-monitoring"}, relay: true},
 }
 
 func TestManifests(t *testing.T) {
@@ -189,6 +205,8 @@ type rendered struct {
 	configMaps      []*corev1.ConfigMap
 	serviceAccounts []*corev1.ServiceAccount
 	policies        []*networkingv1.NetworkPolicy
+	budgets         []*policyv1.PodDisruptionBudget
+	monitors        []*monitor
 }
 
 func (r rendered) deepCopy() rendered {
@@ -198,6 +216,8 @@ func (r rendered) deepCopy() rendered {
 		configMaps:      deepCopyAll(r.configMaps, (*corev1.ConfigMap).DeepCopy),
 		serviceAccounts: deepCopyAll(r.serviceAccounts, (*corev1.ServiceAccount).DeepCopy),
 		policies:        deepCopyAll(r.policies, (*networkingv1.NetworkPolicy).DeepCopy),
+		budgets:         deepCopyAll(r.budgets, (*policyv1.PodDisruptionBudget).DeepCopy),
+		monitors:        deepCopyAll(r.monitors, (*monitor).deepCopy),
 	}
 }
 
@@ -271,6 +291,12 @@ func render(t *testing.T, b build) rendered {
 		case "networking.k8s.io/v1/NetworkPolicy":
 			p := &networkingv1.NetworkPolicy{}
 			r.policies, obj = append(r.policies, p), p
+		case "policy/v1/PodDisruptionBudget":
+			p := &policyv1.PodDisruptionBudget{}
+			r.budgets, obj = append(r.budgets, p), p
+		case "monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PodMonitor":
+			m := &monitor{}
+			r.monitors, obj = append(r.monitors, m), m
 		default:
 			t.Fatalf("%s: no API type to check it against; add one to render", name)
 		}
@@ -289,9 +315,14 @@ func problems(r rendered, b build) []string {
 			out = append(out, "Deployment "+d.Name+": "+p)
 		}
 	}
+	out = append(out, wiringProblems(r)...)
 	if b.kvindex {
 		out = append(out, kvindexProblems(r, b)...)
 	}
+	if b.replicas {
+		out = append(out, replicaProblems(r)...)
+	}
+	out = append(out, relayProblems(r, b)...)
 	return out
 }
 
@@ -355,6 +386,57 @@ type serveConfig struct {
 	ListenRanks    int    `json:"listen-ranks"`
 	ReplayTemplate string `json:"replay-template"`
 	TokenizeURL    string `json:"tokenize-url"`
+	NATS           string `json:"nats"`
+	MemoryBudget   string `json:"memory-budget"`
+}
+
+// serveSettings are the settings kvindex's container runs with: the
+// ConfigMap's config.yaml, overridden by the command line's flags (as
+// serve reads them: the command line wins over the --config file).
+func serveSettings(configYAML string, args []string) (serveConfig, error) {
+	var cfg serveConfig
+	settings := map[string]any{}
+	// Not strict: the config has many settings the ports do not depend on
+	// (cmd/kvindex's tests check them against the flags).
+	if err := yaml.Unmarshal([]byte(configYAML), &settings); err != nil {
+		return cfg, fmt.Errorf("config.yaml: %w", err)
+	}
+	flags, _ := parseFlags(args)
+	for k, v := range flags {
+		var val any
+		if err := yaml.Unmarshal([]byte(v), &val); err != nil {
+			val = v
+		}
+		settings[k] = val
+	}
+	j, err := json.Marshal(settings)
+	if err == nil {
+		err = json.Unmarshal(j, &cfg)
+	}
+	return cfg, err
+}
+
+// parseFlags splits a command line into its flags ("--name=value" or
+// "--name value") and its other arguments.
+func parseFlags(args []string) (map[string]string, []string) {
+	flags := map[string]string{}
+	var rest []string
+	for i := 0; i < len(args); i++ {
+		name, ok := strings.CutPrefix(args[i], "--")
+		if !ok {
+			rest = append(rest, args[i])
+			continue
+		}
+		if n, v, ok := strings.Cut(name, "="); ok {
+			flags[n] = v
+		} else if i+1 < len(args) && !strings.HasPrefix(args[i+1], "--") {
+			flags[name] = args[i+1]
+			i++
+		} else {
+			flags[name] = "true"
+		}
+	}
+	return flags, rest
 }
 
 // kvindexProblems checks kvindex's Deployment against its ConfigMap, the
@@ -366,33 +448,40 @@ func kvindexProblems(r rendered, b build) []string {
 	if !okD || !okC {
 		return []string{"no Deployment and ConfigMap named kvindex"}
 	}
-	var cfg serveConfig
-	// Not strict: the config has many settings the ports do not depend on
-	// (cmd/kvindex's tests check them against the flags).
-	if err := yaml.Unmarshal([]byte(cm.Data["config.yaml"]), &cfg); err != nil {
-		return []string{"ConfigMap kvindex: config.yaml: " + err.Error()}
-	}
-	// The addresses are checked as written: a default is the flag's to
-	// keep, and the manifests state every address they expose.
-	if cfg.GRPCAddr == "" || cfg.HTTPAddr == "" || cfg.Listen == "" || cfg.ListenRanks < 1 {
-		return []string{"ConfigMap kvindex: give grpc-addr, http-addr, listen and listen-ranks"}
-	}
-	want := map[string]string{"grpc": portOf(cfg.GRPCAddr), "http": portOf(cfg.HTTPAddr)}
-	events, err := strconv.Atoi(portOf(cfg.Listen))
-	if err != nil {
-		return []string{"ConfigMap kvindex: listen " + cfg.Listen + ": no port"}
-	}
-	var eventPorts []string
-	for r := range cfg.ListenRanks {
-		want["kv-events-"+strconv.Itoa(r)] = strconv.Itoa(events + r)
-		eventPorts = append(eventPorts, "TCP/"+strconv.Itoa(events+r))
-	}
-
 	pod := &d.Spec.Template
 	c, ok := find(pod.Spec.Containers, "kvindex", func(c corev1.Container) string { return c.Name })
 	if !ok {
 		return []string{"Deployment kvindex: no container named kvindex"}
 	}
+	cfg, err := serveSettings(cm.Data["config.yaml"], c.Args)
+	if err != nil {
+		return []string{"ConfigMap kvindex and the container's arguments: " + err.Error()}
+	}
+	// The addresses are checked as written: a default is the flag's to
+	// keep, and the manifests state every address they expose. In NATS
+	// mode (--nats) the events come from the stream: no event port.
+	if cfg.GRPCAddr == "" || cfg.HTTPAddr == "" || (cfg.NATS == "" && (cfg.Listen == "" || cfg.ListenRanks < 1)) {
+		return []string{"ConfigMap kvindex: give grpc-addr, http-addr, and either --nats or listen and listen-ranks"}
+	}
+	if cfg.NATS != "" && (cfg.Listen != "" || cfg.ReplayTemplate != "") {
+		return []string{"kvindex: NATS mode (--nats) with listen or replay-template: the relays publish the engines' events, kvindex takes none from them"}
+	}
+	want := map[string]string{"grpc": portOf(cfg.GRPCAddr), "http": portOf(cfg.HTTPAddr)}
+	var eventPorts []string
+	if cfg.NATS == "" {
+		events, err := strconv.Atoi(portOf(cfg.Listen))
+		if err != nil {
+			return []string{"ConfigMap kvindex: listen " + cfg.Listen + ": no port"}
+		}
+		for r := range cfg.ListenRanks {
+			want["kv-events-"+strconv.Itoa(r)] = strconv.Itoa(events + r)
+			eventPorts = append(eventPorts, "TCP/"+strconv.Itoa(events+r))
+		}
+	}
+	if p := memoryProblem(cfg.MemoryBudget, c); p != "" {
+		out = append(out, "Deployment kvindex: "+p)
+	}
+
 	got := map[string]string{}
 	named := map[string]int32{}
 	for _, p := range c.Ports {
@@ -418,6 +507,19 @@ func kvindexProblems(r rendered, b build) []string {
 	}
 	wantIn = append(wantIn, b.extraIngress...)
 	var wantOut []flow
+	dns := false
+	if cfg.NATS != "" {
+		u, err := url.Parse(cfg.NATS)
+		if err != nil || u.Scheme != "nats" {
+			return append(out, "kvindex: --nats "+cfg.NATS+": not a nats:// URL")
+		}
+		port := u.Port()
+		if port == "" {
+			port = "4222" // NATS's client port
+		}
+		wantOut = append(wantOut, flow{natsPeer, "TCP/" + port})
+		dns = net.ParseIP(u.Hostname()) == nil
+	}
 	if cfg.ReplayTemplate != "" {
 		replay, err := strconv.Atoi(portOf(cfg.ReplayTemplate))
 		if err != nil {
@@ -440,9 +542,10 @@ func kvindexProblems(r rendered, b build) []string {
 		// as in ../vllm: the policy sees the pod's port, after the
 		// Service's translation.
 		wantOut = append(wantOut, flow{enginePeer, "TCP/" + port})
-		if net.ParseIP(u.Hostname()) == nil {
-			wantOut = append(wantOut, flow{dnsPeer, "UDP/53"}, flow{dnsPeer, "TCP/53"})
-		}
+		dns = dns || net.ParseIP(u.Hostname()) == nil
+	}
+	if dns {
+		wantOut = append(wantOut, flow{dnsPeer, "UDP/53"}, flow{dnsPeer, "TCP/53"})
 	}
 	in, outFlows, types := policyFlows(r.policies, pod.Labels, named)
 	for _, dir := range []struct {
