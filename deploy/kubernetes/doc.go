@@ -15,7 +15,17 @@
 //     user;
 //   - the NetworkPolicies admit exactly engines to the event ports and
 //     clients to the query ports, and let kvindex reach only the
-//     engines' replay and /tokenize ports and DNS.
+//     engines' replay and /tokenize ports and DNS (in NATS mode: no
+//     event port, and NATS's client port out);
+//   - Services, disruption budgets and the Prometheus Operator's monitors
+//     select pods (or Services) that exist, on ports they have; probes
+//     use their container's ports; spread constraints select their own
+//     pods;
+//   - the NATS-mode replicas roll out one caught-up replica at a time,
+//     tell ready (/readyz) from alive (/healthz), allow a snapshot
+//     restore to start, and have a disruption budget and a spread;
+//   - each relay sidecar dials, over loopback, the ports its engine binds
+//     for every data-parallel rank, for the same model and pod name.
 //
 // The package has no non-test code; its imports are test-only.
 package kubernetes
