@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -19,6 +21,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
 )
 
 // monitor is a Prometheus Operator ServiceMonitor or PodMonitor
@@ -676,3 +680,48 @@ func TestRelayChecksFail(t *testing.T) {
 }
 
 func isNATSFlag(a string) bool { return strings.HasPrefix(a, "--nats=") }
+
+// The relay component's JSON patch replaces the engine's sixth argument;
+// its "test" operations must make kustomize refuse a Deployment laid out
+// otherwise instead of replacing the wrong argument.
+func TestRelayComponentRefusesOtherEngines(t *testing.T) {
+	engine, err := os.ReadFile("vllm/deployment.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	component, err := filepath.Abs("components/relay-sidecar")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, old, new string }{
+		{"unchanged", "", ""},
+		{"other ranks", "--data-parallel-size=2", "--data-parallel-size=4"},
+		{"another argument order", "- --enable-prefix-caching\n", ""},
+		{"another container name", "- name: vllm\n", "- name: engine\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			y := string(engine)
+			if c.old != "" {
+				if !strings.Contains(y, c.old) {
+					t.Fatalf("vllm/deployment.yaml has no %q", c.old)
+				}
+				y = strings.Replace(y, c.old, c.new, 1)
+			}
+			rel, err := filepath.Rel(dir, component)
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [deployment.yaml]\ncomponents: [" + strconv.Quote(rel) + "]\n"
+			for name, data := range map[string]string{"deployment.yaml": y, "kustomization.yaml": k} {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, err = krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+			if (err == nil) != (c.old == "") {
+				t.Errorf("kustomize build: error %v; want one only for a changed engine", err)
+			}
+		})
+	}
+}
