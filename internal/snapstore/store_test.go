@@ -115,7 +115,7 @@ func filledIndex(t testing.TB, first, prompts int) *indexer.Index {
 
 func header(stream string, seq uint64) *statefile.Header {
 	return &statefile.Header{Written: time.Unix(1700000000, 0).UTC(), Version: "test",
-		Hashing: statefile.Hashing{Algo: "sha256_cbor", Seed: "0", BlockSize: 4},
+		Hashing:   statefile.Hashing{Algo: "sha256_cbor", Seed: "0", BlockSize: 4},
 		Positions: []statefile.Position{{Model: "m", Pod: "pod-a", Seq: seq, Health: "ok"}},
 		Stream:    stream, StreamSeq: seq}
 }
