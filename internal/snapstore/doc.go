@@ -19,5 +19,8 @@
 //
 // Snapshotter is the loop serve runs: it keeps trying to hold the lease
 // and, while it does, writes a snapshot every interval through a callback
-// that parks ingest.
+// that parks ingest. The snapshot streams into the object store as it is
+// encoded; with a spool directory it is written to a local file while
+// ingest is parked and uploaded after, which shortens the pause to a local
+// write.
 package snapstore

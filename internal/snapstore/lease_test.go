@@ -3,6 +3,7 @@ package snapstore
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -149,7 +150,10 @@ func TestSnapshotter(t *testing.T) {
 	done := make([]chan struct{}, 2)
 	for i := range 2 {
 		s, _ := openStore(t, url, Config{Model: "m", LeaseTTL: leaseTTL})
-		sn := NewSnapshotter(s, fmt.Sprintf("replica-%d", i), 20*time.Millisecond)
+		sn, err := NewSnapshotter(s, SnapshotterConfig{ID: fmt.Sprintf("replica-%d", i), Interval: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
 		sns = append(sns, sn)
 		ctx, cancel := context.WithCancel(t.Context())
 		cancels[i], done[i] = cancel, make(chan struct{})
@@ -206,9 +210,11 @@ func TestSnapshotter(t *testing.T) {
 func TestSnapshotSkipsUnchanged(t *testing.T) {
 	url := startServer(t)
 	s, _ := openStore(t, url, Config{Model: "m", LeaseTTL: leaseTTL})
-	sn := NewSnapshotter(s, "replica", time.Hour)
+	sn, err := NewSnapshotter(s, SnapshotterConfig{ID: "replica", Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
 	src := counterIndex{ix: filledIndex(t, 0, 2)}
-	src.seq.Store(5)
 	for _, step := range []struct {
 		name    string
 		acquire bool
@@ -229,6 +235,77 @@ func TestSnapshotSkipsUnchanged(t *testing.T) {
 		info, stored, err := sn.Snapshot(t.Context(), src.take)
 		if err != nil || stored != step.stored || (stored && info.StreamSeq != step.seq) {
 			t.Errorf("%s: %+v, %v, %v; want stored %v", step.name, info, stored, err, step.stored)
+		}
+	}
+}
+
+// TestSnapshotSpool: with a spool directory the upload happens after the
+// parked part (put) returns; without, within it. Either way the snapshot
+// stored restores the index, and the spool directory is left empty.
+func TestSnapshotSpool(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		spool            bool
+		storedWhenParked bool
+	}{
+		{"streamed", false, true},
+		{"spooled", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url := startServer(t)
+			s, _ := openStore(t, url, Config{Model: "m", LeaseTTL: leaseTTL})
+			cfg := SnapshotterConfig{ID: "replica", Interval: time.Hour}
+			if tc.spool {
+				cfg.SpoolDir = t.TempDir()
+			}
+			sn, err := NewSnapshotter(s, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok, err := sn.Lease().TryAcquire(t.Context()); !ok || err != nil {
+				t.Fatalf("TryAcquire %v, %v", ok, err)
+			}
+			ix := filledIndex(t, 0, 8)
+			var storedWhenParked bool
+			_, stored, err := sn.Snapshot(t.Context(), func(ctx context.Context, put PutFunc) error {
+				// Ingest would be parked here.
+				if err := put(header("KVEVENTS", 7), ix.Snapshot); err != nil {
+					return err
+				}
+				_, body, err := s.Latest(ctx)
+				if err == nil {
+					body.Close()
+				}
+				storedWhenParked = err == nil
+				return nil
+			})
+			if err != nil || !stored {
+				t.Fatalf("Snapshot: %v, stored %v", err, stored)
+			}
+			if storedWhenParked != tc.storedWhenParked {
+				t.Errorf("stored while parked: %v, want %v", storedWhenParked, tc.storedWhenParked)
+			}
+			if h, got := restoreLatest(t, s); h.StreamSeq != 7 || got.Digest() != ix.Digest() {
+				t.Errorf("latest at %d (or another index), want the one at 7", h.StreamSeq)
+			}
+			if cfg.SpoolDir != "" {
+				if ents, _ := os.ReadDir(cfg.SpoolDir); len(ents) != 0 {
+					t.Errorf("spool dir holds %v", ents)
+				}
+			}
+		})
+	}
+}
+
+func TestNewSnapshotterRefuses(t *testing.T) {
+	s, _ := openStore(t, startServer(t), Config{Model: "m"})
+	for _, cfg := range []SnapshotterConfig{
+		{Interval: time.Second},
+		{ID: "a"},
+		{ID: "a", Interval: -time.Second},
+	} {
+		if _, err := NewSnapshotter(s, cfg); err == nil {
+			t.Errorf("%+v accepted", cfg)
 		}
 	}
 }

@@ -514,3 +514,24 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		}
 	}
 }
+
+// TestOpenKeepsBuckets: a second Open uses the buckets the first created,
+// and a lease bucket of another TTL keeps its TTL, which the Store then
+// uses (and logs).
+func TestOpenKeepsBuckets(t *testing.T) {
+	url := startServer(t)
+	first, _ := openStore(t, url, Config{Model: "m", LeaseTTL: 3 * time.Second})
+	if _, err := first.Put(t.Context(), header("KVEVENTS", 1), filledIndex(t, 0, 1).Snapshot); err != nil {
+		t.Fatal(err)
+	}
+	second, logs := openStore(t, url, Config{Model: "m", LeaseTTL: 5 * time.Second})
+	if second.LeaseTTL() != 3*time.Second {
+		t.Errorf("lease TTL %v, want the bucket's 3s", second.LeaseTTL())
+	}
+	if !strings.Contains(logs.String(), "another TTL") {
+		t.Errorf("the TTL difference is not logged:\n%s", logs)
+	}
+	if h, _ := restoreLatest(t, second); h.StreamSeq != 1 {
+		t.Errorf("latest at %d, want 1", h.StreamSeq)
+	}
+}
