@@ -535,3 +535,29 @@ func TestOpenKeepsBuckets(t *testing.T) {
 		t.Errorf("latest at %d, want 1", h.StreamSeq)
 	}
 }
+
+// TestBadPointer: a pointer that does not parse is logged and ignored by
+// readers (they use the snapshots listed) and replaced by the next Put.
+func TestBadPointer(t *testing.T) {
+	url := startServer(t)
+	s, logs := openStore(t, url, Config{Model: "m"})
+	ix := filledIndex(t, 0, 2)
+	if _, err := s.Put(t.Context(), header("KVEVENTS", 4), ix.Snapshot); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.meta.PutString(t.Context(), s.pointerKey(), "{not json"); err != nil {
+		t.Fatal(err)
+	}
+	if h, got := restoreLatest(t, s); h.StreamSeq != 4 || got.Digest() != ix.Digest() {
+		t.Errorf("latest at %d, want the listed one at 4", h.StreamSeq)
+	}
+	if !strings.Contains(logs.String(), "does not parse") {
+		t.Errorf("the bad pointer is not logged:\n%s", logs)
+	}
+	if _, err := s.Put(t.Context(), header("KVEVENTS", 5), ix.Snapshot); err != nil {
+		t.Fatal(err)
+	}
+	if p, _, err := s.pointer(t.Context()); err != nil || p == nil || p.StreamSeq != 5 {
+		t.Errorf("pointer after Put: %+v, %v; want one at 5", p, err)
+	}
+}
