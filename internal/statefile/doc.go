@@ -11,6 +11,11 @@
 // snapshot by its framed checksums), so a torn or corrupted file is
 // refused, never half restored.
 //
+// Encode and ReadHeader are the format's one writer and reader; the file
+// writer and the NATS object store of internal/snapstore both use them.
+// A header says which JetStream stream and sequence the index was fed
+// through, when it was fed from one.
+//
 // The package does no scheduling: serve decides when to write (a
 // Subscriber Checkpoint parks ingest while the snapshot is taken) and what
 // to do with what it reads.

@@ -52,6 +52,12 @@ type Header struct {
 	// Positions are the engine streams' positions when the snapshot was
 	// taken: the index holds exactly what they applied.
 	Positions []Position `json:"positions"`
+	// Stream and StreamSeq name the JetStream stream the index was fed
+	// from and the sequence of the last message applied, when it was fed
+	// from one (empty and 0 otherwise): a replica restoring the snapshot
+	// replays the stream from StreamSeq+1.
+	Stream    string `json:"stream,omitempty"`
+	StreamSeq uint64 `json:"stream_seq,omitempty"`
 }
 
 // Hashing identifies a block-hash configuration.
@@ -145,6 +151,14 @@ func (c countingWriter) Write(p []byte) (int, error) {
 // Write writes the header, then the index snapshot that snapshot (e.g.
 // indexer.Index.Snapshot) streams.
 func (w *Writer) Write(h *Header, snapshot func(io.Writer) error) error {
+	return Encode(countingWriter{w: w.bw, n: &w.n}, h, snapshot)
+}
+
+// Encode writes a state file to w: the header, then the index snapshot
+// that snapshot (e.g. indexer.Index.Snapshot) streams. It is the format's
+// one writer: Writer puts its output in a file, other stores (an object
+// store) elsewhere. ReadHeader reads it back.
+func Encode(w io.Writer, h *Header, snapshot func(io.Writer) error) error {
 	hj, err := json.Marshal(h)
 	if err != nil {
 		return err
@@ -152,17 +166,16 @@ func (w *Writer) Write(h *Header, snapshot func(io.Writer) error) error {
 	if len(hj) > maxHeader {
 		return fmt.Errorf("statefile: header of %d bytes exceeds %d", len(hj), maxHeader)
 	}
-	cw := countingWriter{w: w.bw, n: &w.n}
 	buf := make([]byte, 0, len(magic)+16+len(hj))
 	buf = append(buf, magic...)
 	buf = binary.BigEndian.AppendUint32(buf, version)
 	buf = binary.BigEndian.AppendUint32(buf, uint32(len(hj)))
 	buf = append(buf, hj...)
 	buf = binary.BigEndian.AppendUint64(buf, xxh3.Hash(hj))
-	if _, err := cw.Write(buf); err != nil {
+	if _, err := w.Write(buf); err != nil {
 		return err
 	}
-	return snapshot(cw)
+	return snapshot(w)
 }
 
 // Size is the bytes written so far.

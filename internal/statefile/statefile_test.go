@@ -2,6 +2,7 @@ package statefile
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"io/fs"
@@ -10,6 +11,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
@@ -245,4 +248,90 @@ func FuzzReadHeader(f *testing.F) {
 		}
 		_, _ = h.KVPositions()
 	})
+}
+
+// TestEncode: Encode writes what the file writer writes, and its stream
+// fields come back from ReadHeader with the snapshot after them.
+func TestEncode(t *testing.T) {
+	ix := filledIndex(t, 5)
+	for _, tc := range []struct {
+		name   string
+		stream string
+		seq    uint64
+	}{
+		{"without a stream", "", 0},
+		{"with a stream", "KVEVENTS", 1<<64 - 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &Header{Written: time.Unix(1700000000, 0).UTC(), Hashing: Hashing{Algo: "sha256_cbor", Seed: "0", BlockSize: 4},
+				Positions: FromPositions(positions), Stream: tc.stream, StreamSeq: tc.seq}
+			var buf bytes.Buffer
+			if err := Encode(&buf, h, ix.Snapshot); err != nil {
+				t.Fatal(err)
+			}
+			dir := t.TempDir()
+			w, err := Begin(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Write(h, ix.Snapshot); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if file, _ := os.ReadFile(filepath.Join(dir, Name)); !bytes.Equal(file, buf.Bytes()) || w.Size() != int64(buf.Len()) {
+				t.Errorf("the file writer wrote %d bytes (Size %d), Encode %d, or other bytes", len(file), w.Size(), buf.Len())
+			}
+			got, err := ReadHeader(&buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Stream != tc.stream || got.StreamSeq != tc.seq {
+				t.Errorf("stream %q seq %d, want %q %d", got.Stream, got.StreamSeq, tc.stream, tc.seq)
+			}
+			ix2, _ := indexer.New(indexer.Options{Hasher: hasher})
+			if err := ix2.Restore(&buf); err != nil {
+				t.Fatal(err)
+			}
+			if ix2.Digest() != ix.Digest() {
+				t.Error("restored index differs from the one encoded")
+			}
+		})
+	}
+}
+
+// TestEncodeSnapshotError: a failing snapshot is Encode's error.
+func TestEncodeSnapshotError(t *testing.T) {
+	boom := errors.New("snapshot failed")
+	if err := Encode(io.Discard, &Header{}, func(io.Writer) error { return boom }); !errors.Is(err, boom) {
+		t.Errorf("Encode: %v, want %v", err, boom)
+	}
+}
+
+// TestHeaderWithoutStream: a header written before the stream fields
+// existed reads, and a header without a stream does not name the fields,
+// so the files kvindex writes without NATS stay as they were.
+func TestHeaderWithoutStream(t *testing.T) {
+	old := []byte(`{"written":"2023-11-14T22:13:20Z","hashing":{"algo":"sha256_cbor","seed":"0","block_size":4},"positions":[]}`)
+	var b []byte
+	b = append(b, magic...)
+	b = binary.BigEndian.AppendUint32(b, version)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(old)))
+	b = append(b, old...)
+	b = binary.BigEndian.AppendUint64(b, xxh3.Hash(old))
+	h, err := ReadHeader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Stream != "" || h.StreamSeq != 0 || h.Hashing.BlockSize != 4 {
+		t.Errorf("header %+v", h)
+	}
+	var buf bytes.Buffer
+	if err := Encode(&buf, h, func(io.Writer) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(buf.Bytes(), []byte("stream")) {
+		t.Errorf("a header without a stream names it: %q", buf.Bytes())
+	}
 }
