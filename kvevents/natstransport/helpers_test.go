@@ -157,9 +157,9 @@ type batch struct {
 }
 
 type collector struct {
-	mu   sync.Mutex
-	id   kvevents.EngineID
-	out  *[]batch
+	mu  sync.Mutex
+	id  kvevents.EngineID
+	out *[]batch
 }
 
 func (c *collector) Publish(seq uint64, payload []byte) error {
