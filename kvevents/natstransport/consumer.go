@@ -185,6 +185,12 @@ func (c *Consumer) Start(ctx context.Context) error {
 		}
 		c.target = info.State.LastSeq
 	}
+	if c.cfg.StartSeq > 0 {
+		if info, err := s.Info(ctx); err == nil && info.State.FirstSeq > c.cfg.StartSeq {
+			c.log.Warn("natstransport: the stream no longer holds the records from the start sequence (max age or bytes); streams resumed across the loss will report gaps",
+				slog.Uint64("start_seq", c.cfg.StartSeq), slog.Uint64("first_seq", info.State.FirstSeq))
+		}
+	}
 	if c.target == 0 || c.target < c.cfg.StartSeq {
 		c.caughtOnce.Do(func() { close(c.caughtUp) })
 	}

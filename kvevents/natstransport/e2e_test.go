@@ -142,6 +142,14 @@ func TestServerRestart(t *testing.T) {
 	ns.restart()
 	feed(relay, f.run(t, 100))
 	awaitPublished(t, relay, relay.Stats().Batches)
+	// And batches handed over while it is down: the relay holds them and
+	// retries until the server is back.
+	ns.stop()
+	feed(relay, f.run(t, 50))
+	await(t, "publish errors while the server is down", func() bool { return relay.Stats().PublishErrors > 0 })
+	ns.start()
+	feed(relay, f.run(t, 50))
+	awaitPublished(t, relay, relay.Stats().Batches)
 
 	last := lastSeq(t, s)
 	if last != uint64(len(f.batches)) {
@@ -384,7 +392,6 @@ func TestEngineRestartAndReset(t *testing.T) {
 	// A restart the relay did not announce (it restarted too): seq goes
 	// back to 0 with another batch.
 	e.Restart()
-	restartAt := len(f.batches)
 	feed(relay, f.run(t, 20))
 	// One it announces.
 	relay.Reset(id, kvevents.ResetRestart)
@@ -398,7 +405,6 @@ func TestEngineRestartAndReset(t *testing.T) {
 	if st.Restarts != 1 || st.Resets != 2 || st.Health != kvevents.HealthOK {
 		t.Errorf("stream after two restarts: %+v", st)
 	}
-	_ = restartAt
 	if rep.digest(t) != directIndex(t, f.batches[announcedAt:]).Digest() {
 		t.Error("index holds more than the last engine process's blocks")
 	}
