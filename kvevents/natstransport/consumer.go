@@ -26,6 +26,9 @@ const DefaultRelayTimeout = 5 * time.Second
 // engine process's batch under a seq already applied.
 const recentPrints = 256
 
+// maxBeats bounds the engine ranks a consumer tracks heartbeats of.
+const maxBeats = 1 << 16
+
 // ConsumerConfig configures a Consumer. A zero field takes its default.
 type ConsumerConfig struct {
 	Stream string // default DefaultStream
@@ -444,6 +447,11 @@ func (c *Consumer) onHeartbeat(m *nats.Msg) {
 	defer c.hbMu.Unlock()
 	for _, s := range hb.Streams {
 		id := kvevents.EngineID{Model: c.cfg.Model, Pod: s.Pod, DPRank: s.Rank}
+		if _, known := c.beats[id]; !known && len(c.beats) >= maxBeats {
+			// Heartbeats are unauthenticated chatter: they must not
+			// grow the consumer without bound.
+			continue
+		}
 		c.beats[id] = beat{at: now, connected: s.Connected}
 	}
 }
