@@ -1,0 +1,113 @@
+package natstransport_test
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/kvevents"
+	"github.com/kvindex/kvindex/kvevents/natstransport"
+)
+
+// timedSink applies to an index and records, per batch, how long after
+// its ApplyPayload at the relay it was applied.
+type timedSink struct {
+	ix      *indexer.Index
+	pos     map[kvevents.EngineID][]int // engine -> seq -> index into sent
+	sent    []atomic.Int64              // ApplyPayload time, unix nanos
+	lat     []int64                     // apply latency per batch (consumer goroutine only)
+	applied atomic.Int64
+}
+
+func (s *timedSink) Apply(id kvevents.EngineID, seq uint64, events []kvevents.Event) {
+	s.ix.Apply(id, seq, events)
+	if i := s.pos[id][seq]; i >= 0 {
+		s.lat[i] = time.Now().UnixNano() - s.sent[i].Load()
+	}
+	s.applied.Add(1)
+}
+
+func (s *timedSink) Reset(id kvevents.EngineID, r kvevents.ResetReason) { s.ix.Reset(id, r) }
+
+// BenchmarkRelayToReplica: simulated engines' batches through a Relay, an
+// embedded JetStream (file storage) and a Consumer into an index. One
+// operation is one batch. "max" feeds as fast as the relay takes them
+// (throughput; the latency is then mostly queueing), "paced" at 1000
+// batches/s (the staleness NATS adds at a moderate load).
+func BenchmarkRelayToReplica(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		rate int // batches/s, 0: unpaced
+	}{{"max", 0}, {"paced-1k", 1000}} {
+		b.Run(bc.name, func(b *testing.B) { benchRelay(b, bc.rate) })
+	}
+}
+
+func benchRelay(b *testing.B, rate int) {
+	ns := startNATS(b)
+	_, js := connect(b, ns.url())
+	ensureStream(b, js)
+	_, rjs := connect(b, ns.url())
+	f := newFleet(b, 8, 1)
+	for len(f.batches) < b.N {
+		f.run(b, b.N-len(f.batches))
+	}
+	bs := f.batches[:b.N]
+	sink := &timedSink{ix: newIndex(b), pos: map[kvevents.EngineID][]int{}, sent: make([]atomic.Int64, len(bs)), lat: make([]int64, len(bs))}
+	var events int
+	var dec kvevents.Decoder
+	var batch kvevents.Batch
+	for i, x := range bs {
+		p := sink.pos[x.engine]
+		for uint64(len(p)) <= x.seq {
+			p = append(p, -1)
+		}
+		p[x.seq] = i
+		sink.pos[x.engine] = p
+		if err := dec.Decode(x.payload, &batch); err != nil {
+			b.Fatal(err)
+		}
+		events += len(batch.Events)
+	}
+	relay := startRelay(b, rjs, natstransport.RelayConfig{MaxBuffer: 1 << 30})
+	c, err := natstransport.NewConsumer(js, natstransport.ConsumerConfig{Model: testModel}, sink, quiet())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+
+	b.ResetTimer()
+	start := time.Now()
+	var tick *time.Ticker
+	if rate > 0 {
+		tick = time.NewTicker(time.Second / time.Duration(rate))
+		defer tick.Stop()
+	}
+	for i, x := range bs {
+		if tick != nil {
+			<-tick.C
+		}
+		sink.sent[i].Store(time.Now().UnixNano())
+		relay.ApplyPayload(x.engine, x.seq, x.payload, nil)
+	}
+	await(b, "all batches applied", func() bool { return sink.applied.Load() == int64(len(bs)) })
+	elapsed := time.Since(start)
+	b.StopTimer()
+
+	if st := relay.Stats(); st.DroppedBatches != 0 {
+		b.Fatalf("relay dropped batches: %+v", st)
+	}
+	lat := slices.Clone(sink.lat)
+	slices.Sort(lat)
+	q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))]) / 1e6 }
+	b.ReportMetric(float64(len(bs))/elapsed.Seconds(), "batches/s")
+	b.ReportMetric(float64(events)/elapsed.Seconds(), "events/s")
+	b.ReportMetric(q(0.5), "p50-ms")
+	b.ReportMetric(q(0.99), "p99-ms")
+}
