@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvindex/kvindex/internal/statefile"
+	"github.com/kvindex/kvindex/kvevents/natstransport"
 )
 
 // ErrNoSnapshot is Latest's and Load's error when the model has no usable
@@ -88,7 +89,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config, log *slog.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{cfg: cfg, log: log.With("bucket", cfg.Bucket, "model", cfg.Model), model: escapeToken(cfg.Model)}
+	s := &Store{cfg: cfg, log: log.With("bucket", cfg.Bucket, "model", cfg.Model), model: natstransport.EscapeToken(cfg.Model)}
 	s.obs, err = ensure(ctx,
 		func() (jetstream.ObjectStore, error) { return js.ObjectStore(ctx, cfg.Bucket) },
 		func() (jetstream.ObjectStore, error) {

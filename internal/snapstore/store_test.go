@@ -174,48 +174,6 @@ func TestConfig(t *testing.T) {
 	}
 }
 
-// unescapeToken reverses escapeToken.
-func unescapeToken(s string) (string, error) {
-	if s == "_" {
-		return "", nil
-	}
-	var b []byte
-	for i := 0; i < len(s); i++ {
-		if s[i] != '_' {
-			b = append(b, s[i])
-			continue
-		}
-		var c byte
-		if _, err := fmt.Sscanf(s[i+1:min(i+3, len(s))], "%02X", &c); err != nil || i+3 > len(s) {
-			return "", fmt.Errorf("bad escape at %d of %q", i, s)
-		}
-		b = append(b, c)
-		i += 2
-	}
-	return string(b), nil
-}
-
-func TestEscapeToken(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{"Llama-3.1-8B", "Llama-3_2E1-8B"},
-		{"", "_"},
-		{"meta-llama/Llama-3.1-8B-Instruct", "meta-llama_2FLlama-3_2E1-8B-Instruct"},
-		{"a_b c*>", "a_5Fb_20c_2A_3E"},
-		{"é", "_C3_A9"},
-	} {
-		got := escapeToken(tc.in)
-		if got != tc.want {
-			t.Errorf("escapeToken(%q) = %q, want %q", tc.in, got, tc.want)
-		}
-		if back, err := unescapeToken(got); err != nil || back != tc.in {
-			t.Errorf("unescape(%q) = %q, %v; want %q", got, back, err, tc.in)
-		}
-		if strings.Contains(got, ".") {
-			t.Errorf("escapeToken(%q) = %q holds a '.'", tc.in, got)
-		}
-	}
-}
-
 func TestPutLatestRoundTrip(t *testing.T) {
 	url := startServer(t)
 	s, _ := openStore(t, url, Config{Model: "meta-llama/Llama-3.1-8B"})
