@@ -811,7 +811,7 @@ type LongestPrefixResponse struct {
 	// JetStream stream, the stream sequence its index had applied through;
 	// 0 otherwise. Replicas reporting the same index_seq give the same
 	// answer to the same request. Defined once on the Go server's
-	// Config.Sequence (api/server).
+	// Config.IndexSeq (api/server).
 	IndexSeq      uint64 `protobuf:"varint,6,opt,name=index_seq,json=indexSeq,proto3" json:"index_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
