@@ -329,7 +329,7 @@ func (o *Options) runRouter(ctx context.Context, name string, p *runPlan, progre
 	defer f.close()
 	// One router per gateway replica (one, outside the gateways
 	// scenario). Each replica has its own state: its round-robin counter,
-	// its picker (session memory, speculative entries, tie-break stream)
+	// its picker (session memory, speculative entries)
 	// and, for approximate, its own guess of the caches. What they share
 	// is built once, outside build: the fleet and its load (every
 	// decision sees the pods' true depth), and precise's kvindex.

@@ -56,8 +56,8 @@
 //
 // Gateways: the agent workload routed by GatewayReplicas (3) gateway
 // replicas; request i goes to replica i mod 3. Each replica keeps its own
-// router state: round-robin's counter, the picker's session memory,
-// speculative entries and tie-break stream, and approximate's guess of
+// router state: round-robin's counter, the picker's session memory and
+// speculative entries, and approximate's guess of
 // the caches, learnt from its third of the traffic. They share the pods'
 // load (every decision sees each pod's true depth, as if each replica read
 // the engines' queue metrics) and, for precise, one kvindex: so only the

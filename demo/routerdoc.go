@@ -76,7 +76,7 @@ var routerDocs = []RouterDoc{
 			"prefix-weight x matched fraction + load-weight x (1 - depth) (%v and %v by default), "+
 			"where depth counts the pod's queued and in-service requests, plus the picker's session affinity (a conversation is a session), "+
 			"hot-prefix guard and speculative entries (a pick's blocks count as held by its pod for %v, until the events arrive); "+
-			"ties are broken at random, seeded", DefaultWeights.Prefix, DefaultWeights.Load, picker.DefaultConfig().SpeculativeTTL),
+			"exact ties go to the pod that a seeded hash of the request ranks first", DefaultWeights.Prefix, DefaultWeights.Load, picker.DefaultConfig().SpeculativeTTL),
 		Explanation: fmt.Sprintf("Conversations stay where their context is and new ones go to short queues. "+
 			"Its view lags the engines by --delay-ms (%s by default), which the speculative entries cover: see oracle.",
 			msText(float64(Defaults().Delay)/float64(time.Millisecond))),
@@ -89,16 +89,16 @@ var routerDocs = []RouterDoc{
 		Summary: "is the precise policy fed the engines' true cache state at decision time, with no delay",
 		Explanation: "It is a reference, not a ceiling. How close precise comes measures how faithfully kvindex mirrors the engines: " +
 			"the picker's speculative entries bridge precise's short lag, so in these runs the two make the same decisions. " +
-			"But the policy is greedy, not optimal: a view that differs in a few decisions also reshuffles every later random tie-break, " +
+			"But the policy is greedy, not optimal: a view that differs in a few decisions changes the loads and caches every later decision sees, " +
 			"which moves the result by up to about a point either way.",
 		Gateways: "The engines' true state is the same for every replica, so it lands where precise does; " +
-			"the replicas' separate tie-break streams move it by about a point either way.",
+			"the replicas' separate session memories and speculative entries move it by about a point either way.",
 	},
 	{
 		Name:    PreciseNoLoad,
 		Summary: "is precise with load weight 0 and the picker's other scorers (the hot-prefix guard among them) off, run in the hot-prefix scenario: it follows the cache alone",
 		Explanation: "Every request for the hot prompt goes to the pod that cached it first, and every new conversation follows the shared system prompt to whichever pod cached that first. " +
-			"Two pods do all the work while the others idle, queues explode, and the pod holding every conversation cannot keep their contexts: " +
+			"One or two pods do all the work while the others idle, queues explode, and the pod holding every conversation cannot keep their contexts: " +
 			"the load term and the hot-prefix guard are what spread a hot prefix over the fleet.",
 	},
 	{

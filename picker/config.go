@@ -117,7 +117,7 @@ type Config struct {
 	SpeculativeBlocks int `yaml:"speculative_blocks"`
 
 	// Seed seeds the tie-break: the same seed and inputs give the same
-	// picks.
+	// picks, whatever the scorer picked before (see Scorer.Pick).
 	Seed uint64 `yaml:"seed"`
 }
 

@@ -35,8 +35,26 @@
 //   - priority: background turns prefer pods with no interactive turn in
 //     flight, by at most Priority/Prefix of the prompt.
 //
-// Exact ties go to a random one of the tied pods, from a stream seeded by
-// Config.Seed: the same seed and inputs give the same picks.
+// Exact ties go to the tied pod that a hash of Config.Seed, the request
+// (Keys, Tokens, Session, Model, TieBreak) and the pod's name ranks first:
+// different requests spread over the tied pods, and the same seed and
+// inputs give the same pick whatever the scorer picked before and whatever
+// the candidates' order.
+//
+// # Several pickers
+//
+// Replicas of the picker in front of replicas of the index (high
+// availability) agree on a request when their inputs agree: the same
+// Config (Seed included), the same index answer, which kvindex stamps
+// with the index sequence it reflects (index_seq, carried on to
+// Decision.IndexSeq, so that two decisions can be checked to come from
+// the same index state), and the same load signals and state. What each
+// replica keeps to itself can still part them: its in-flight counts (the
+// engines' scraped waiting counts are shared), its sessions' last pods
+// and its speculative entries. The last two matter for a conversation's
+// next turn only until the engine's events reach the index, which then
+// holds the turn's blocks for every replica; a gateway that sends each
+// session to one picker replica (hashing x-session-id) keeps them too.
 //
 // # Hot prefix
 //

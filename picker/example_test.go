@@ -32,5 +32,5 @@ func ExampleScorer_Pick() {
 	out, _ := json.Marshal(d)
 	fmt.Println(string(out))
 	// Output:
-	// {"endpoint":"10.0.0.2:8000","pod":"pod-b","scores":[{"pod":"pod-b","prefix":0.9,"load":0,"total":0.63,"matched_tokens":144},{"pod":"pod-a","prefix":0,"load":1,"total":0.3,"matched_tokens":0}]}
+	// {"endpoint":"10.0.0.2:8000","pod":"pod-b","index_seq":0,"scores":[{"pod":"pod-b","prefix":0.9,"load":0,"total":0.63,"matched_tokens":144},{"pod":"pod-a","prefix":0,"load":1,"total":0.3,"matched_tokens":0}]}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -19,13 +18,12 @@ import (
 var ErrNoCandidates = errors.New("picker: no candidate can serve the request")
 
 // Scorer picks a pod for each request. It is safe for concurrent use; its
-// state (sessions, speculative entries, the tie-break's random stream) is
-// in memory and bounded by its Config.
+// state (sessions, speculative entries) is in memory and bounded by its
+// Config.
 type Scorer struct {
 	cfg Config
 
 	mu       sync.Mutex
-	rng      *rand.Rand
 	sessions *simplelru.LRU[string, string] // session -> last pod
 	spec     *speculative
 
@@ -50,7 +48,6 @@ func New(cfg Config) (*Scorer, error) {
 	}
 	return &Scorer{
 		cfg:      cfg,
-		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		sessions: sessions,
 		spec:     newSpeculative(cfg.SpeculativeTTL, cfg.SpeculativeBlocks),
 		first:    map[string]int{},
@@ -64,8 +61,8 @@ func (s *Scorer) Config() Config { return s.cfg }
 // speculative entries and metric ages are measured against it) and
 // records the choice: the prompt's blocks as the pod's speculative entries
 // and the pod as the session's last. The candidate with the highest total
-// wins; exact ties go to a seeded random one of them, so that the first
-// pods to cache a hot prefix do not take every tie.
+// wins; exact ties go to the tied pod the request hashes to (tieBreak), so
+// that the first pods to cache a hot prefix do not take every tie.
 //
 // Out-of-range signals (negative counts, a KV usage outside [0, 1] or
 // NaN, more matched blocks than the prompt has) are clamped, never
@@ -180,7 +177,7 @@ func (s *Scorer) Pick(now time.Time, req *Request, cands []Candidate) (Decision,
 	}
 	pick := s.ties[0]
 	if len(s.ties) > 1 {
-		pick = s.ties[s.rng.IntN(len(s.ties))]
+		pick = s.tieBreak(req, cands)
 	}
 	chosen := &cands[s.eligible[pick]]
 
@@ -191,7 +188,9 @@ func (s *Scorer) Pick(now time.Time, req *Request, cands []Candidate) (Decision,
 		s.sessions.Add(req.Session, chosen.Pod)
 	}
 
-	// Best first, the chosen pod ahead of any it tied with, then candidate
+	// Best first, the chosen pod ahead of any it tied with, then by pod
+	// name and endpoint, so that the order does not depend on the
+	// candidates' (replicas may list them differently), then candidate
 	// order. Sorting indices rather than Scores avoids moving 80-byte
 	// structs with pointers.
 	s.order = s.order[:0]
@@ -201,10 +200,9 @@ func (s *Scorer) Pick(now time.Time, req *Request, cands []Candidate) (Decision,
 		}
 	}
 	slices.SortFunc(s.order, func(a, b int) int {
-		if c := cmp.Compare(s.scores[b].Total, s.scores[a].Total); c != 0 {
-			return c
-		}
-		return a - b
+		ca, cb := &cands[s.eligible[a]], &cands[s.eligible[b]]
+		return cmp.Or(cmp.Compare(s.scores[b].Total, s.scores[a].Total),
+			cmp.Compare(ca.Pod, cb.Pod), cmp.Compare(ca.Endpoint, cb.Endpoint), a-b)
 	})
 	out := make([]Score, 0, len(scores))
 	out = append(out, scores[pick])
@@ -212,6 +210,60 @@ func (s *Scorer) Pick(now time.Time, req *Request, cands []Candidate) (Decision,
 		out = append(out, scores[j])
 	}
 	return Decision{Endpoint: chosen.Endpoint, Pod: chosen.Pod, Scores: out}, nil
+}
+
+// tieBreak returns the winner among s.ties (indices of s.eligible): the
+// tied candidate whose pod ranks highest by a hash of Config.Seed, the
+// request and the pod's name (rendezvous hashing), then by endpoint, then
+// candidate order. The winner is a function of the request and the tied
+// pods alone, not of the picks before nor of the candidates' order, so
+// that replicas of the picker agree; different requests spread over the
+// tied pods, and a pod leaving the tie moves only the requests it won.
+func (s *Scorer) tieBreak(req *Request, cands []Candidate) int {
+	h := mix64(s.cfg.Seed ^ 0x9e3779b97f4a7c15)
+	h = hashString(h, req.Model)
+	h = hashString(h, req.Session)
+	h = mix64(h ^ uint64(max(req.Tokens, 0)))
+	h = mix64(h ^ req.TieBreak)
+	for _, k := range req.Keys {
+		h = mix64(h ^ k)
+	}
+	best, bestRank := -1, uint64(0)
+	for _, j := range s.ties {
+		c := &cands[s.eligible[j]]
+		rank := mix64(hashString(h, c.Pod))
+		if best < 0 || rank > bestRank {
+			best, bestRank = j, rank
+			continue
+		}
+		if rank == bestRank {
+			b := &cands[s.eligible[best]]
+			if cmp.Or(cmp.Compare(c.Pod, b.Pod), cmp.Compare(c.Endpoint, b.Endpoint)) < 0 {
+				best = j
+			}
+		}
+	}
+	return best
+}
+
+// mix64 is SplitMix64's finalizer: every input bit flips about half of
+// the output bits.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// hashString folds s into h (FNV-1a over its bytes, then its length, so
+// that "ab"+"" and "a"+"b" differ).
+func hashString(h uint64, s string) uint64 {
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 0x100000001b3
+	}
+	return mix64(h ^ uint64(len(s)))
 }
 
 // pressure is the candidate's load in requests ahead of a new one: the

@@ -378,6 +378,76 @@ func TestPickDeterministic(t *testing.T) {
 	}
 }
 
+// TestPickReplicasAgree: two scorers with the same seed, given the same
+// request and the same candidates, make the same decision, scores and
+// their order included, although one has made other picks before and
+// gets the candidates in another order (replicas of the picker in front
+// of one index state). Each request ties several pods; a scorer with
+// another seed parts from them on some.
+func TestPickReplicasAgree(t *testing.T) {
+	newScorer := func(seed uint64) *picker.Scorer {
+		cfg := picker.DefaultConfig()
+		cfg.Seed = seed
+		s, err := picker.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	cands := []picker.Candidate{pod("a", 1, 0), pod("b", 1, 0), pod("c", 1, 0), pod("d", 3, 0), pod("e", 1, 0)}
+	reversed := slices.Clone(cands)
+	slices.Reverse(reversed)
+
+	tests := []struct {
+		name string
+		req  picker.Request
+	}{
+		{"keys", picker.Request{Keys: keys(8)[6:]}},
+		{"other keys", picker.Request{Keys: keys(16)[12:], Tokens: 70}},
+		{"session only", picker.Request{Session: "conv-1", Tokens: 100}},
+		{"tie-break hash only", picker.Request{TieBreak: 0xfeed, Tokens: 100}},
+		{"another tie-break hash", picker.Request{TieBreak: 0xbeef, Tokens: 100}},
+		{"nothing", picker.Request{Model: "m"}},
+	}
+	replicaA, replicaB, otherSeed := newScorer(3), newScorer(3), newScorer(4)
+	// Replica A has routed other requests, ties among them.
+	for i := range 25 {
+		if _, err := replicaA.Pick(t0, &picker.Request{Keys: []uint64{uint64(1000 + i)}}, cands); err != nil {
+			t.Fatal(err)
+		}
+	}
+	parted := 0
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			reqA, reqB, reqC := tc.req, tc.req, tc.req
+			a, err := replicaA.Pick(t0, &reqA, cands)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := replicaB.Pick(t0, &reqB, reversed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.Pod != b.Pod || a.Endpoint != b.Endpoint || !slices.Equal(a.Scores, b.Scores) {
+				t.Errorf("replicas disagree:\n%+v\n%+v", a, b)
+			}
+			if a.Scores[0].Total != a.Scores[1].Total {
+				t.Fatalf("no tie to break: %+v", a.Scores)
+			}
+			c, err := otherSeed.Pick(t0, &reqC, cands)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Pod != a.Pod {
+				parted++
+			}
+		})
+	}
+	if parted == 0 {
+		t.Errorf("seeds 3 and 4 broke every tie the same way: the seed is not used")
+	}
+}
+
 func TestSpeculativeBounded(t *testing.T) {
 	cfg := picker.DefaultConfig()
 	cfg.SpeculativeBlocks = 100

@@ -44,6 +44,13 @@ type Request struct {
 	// Subset, when not empty, is the gateway's subset hint: only
 	// candidates whose Endpoint or Pod is listed may be picked.
 	Subset []string
+	// TieBreak is a hash of whatever else tells this request from others
+	// (the gateway hashes the request body): exact ties go by a hash of
+	// it, Keys, Tokens, Session and Model (Scorer.Pick), so requests that
+	// differ only in text the picker does not see (a prompt sent as
+	// text, without Keys) still spread over the tied pods. 0 is a value
+	// like any other.
+	TieBreak uint64
 }
 
 // Candidate is one pod the request may go to, with its load signals and
@@ -145,8 +152,14 @@ func (c *Config) healthWeight(h Health) float64 {
 // ordered fallback list the Endpoint Picker Protocol allows). Its JSON
 // form is the answer of POST /v1/pick.
 type Decision struct {
-	Endpoint string  `json:"endpoint"`
-	Pod      string  `json:"pod"`
+	Endpoint string `json:"endpoint"`
+	Pod      string `json:"pod"`
+	// IndexSeq is the index sequence of the index answer the candidates'
+	// Prefix inputs came from (kvindex's index_seq, which says what it
+	// means). The scorer does not set it: its caller, which asked the
+	// index, does. 0 when the index is not fed from a stream, or when
+	// the request was routed without the index.
+	IndexSeq uint64  `json:"index_seq"`
 	Scores   []Score `json:"scores"`
 }
 

@@ -259,8 +259,15 @@ func (c *Client) LookupTokens(ctx context.Context, model string, ids []uint64, o
 
 // ListPods returns the engines the server follows ("" model: all).
 func (c *Client) ListPods(ctx context.Context, model string) ([]*kvindexv1.PodInfo, error) {
-	r, err := c.Index.ListPods(ctx, &kvindexv1.ListPodsRequest{Model: model})
+	r, err := c.Pods(ctx, model)
 	return r.GetPods(), err
+}
+
+// Pods is ListPods' whole answer: the engines, the fleet's cached-prefix
+// fraction when the server scrapes the engines, and the index sequence
+// the answer reflects (index_seq).
+func (c *Client) Pods(ctx context.Context, model string) (*kvindexv1.ListPodsResponse, error) {
+	return c.Index.ListPods(ctx, &kvindexv1.ListPodsRequest{Model: model})
 }
 
 // PodScores is llm-d's GetPodScores: each pod's count of leading blocks

@@ -200,7 +200,8 @@ func decodePrefixResponse(b []byte, r *kvindexv1.LongestPrefixResponse) error {
 		}
 		b = b[n:]
 		switch {
-		case typ == protowire.VarintType && (num == wire.ResponseBlocksTotal || num == wire.ResponseBlockSize || num == wire.ResponsePromptTokens):
+		case typ == protowire.VarintType && (num == wire.ResponseBlocksTotal || num == wire.ResponseBlockSize ||
+			num == wire.ResponsePromptTokens || num == wire.ResponseIndexSeq):
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
 				return wire.ErrInvalid
@@ -211,6 +212,8 @@ func decodePrefixResponse(b []byte, r *kvindexv1.LongestPrefixResponse) error {
 				r.BlocksTotal = uint32(v)
 			case wire.ResponseBlockSize:
 				r.BlockSize = uint32(v)
+			case wire.ResponseIndexSeq:
+				r.IndexSeq = v
 			default:
 				r.PromptTokens = uint32(v)
 			}

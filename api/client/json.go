@@ -23,11 +23,14 @@ const (
 
 // LongestPrefixJSON is a LongestPrefix answer.
 type LongestPrefixJSON struct {
-	BlocksTotal  uint32         `json:"blocks_total"`
-	BlockSize    uint32         `json:"block_size"`
-	PromptTokens uint32         `json:"prompt_tokens"`
-	TokenSource  string         `json:"token_source"`
-	Pods         []PodMatchJSON `json:"pods"`
+	BlocksTotal  uint32 `json:"blocks_total"`
+	BlockSize    uint32 `json:"block_size"`
+	PromptTokens uint32 `json:"prompt_tokens"`
+	TokenSource  string `json:"token_source"`
+	// IndexSeq is the index sequence the answer reflects; 0 unless the
+	// index is fed from a NATS stream (see api/server's Config.IndexSeq).
+	IndexSeq uint64         `json:"index_seq"`
+	Pods     []PodMatchJSON `json:"pods"`
 }
 
 // PodMatchJSON is one engine's cached prefix.
@@ -49,6 +52,7 @@ func LongestPrefixJSONOf(r *kvindexv1.LongestPrefixResponse) LongestPrefixJSON {
 		BlockSize:    r.GetBlockSize(),
 		PromptTokens: r.GetPromptTokens(),
 		TokenSource:  r.GetTokenSource(),
+		IndexSeq:     r.GetIndexSeq(),
 		Pods:         make([]PodMatchJSON, len(r.GetPods())),
 	}
 	for i, p := range r.GetPods() {
@@ -110,6 +114,9 @@ func LookupJSONOf(r *kvindexv1.LookupResponse) LookupJSON {
 // PodsJSON is a ListPods answer. Fleet is absent when the server does
 // not scrape the engines (no picker).
 type PodsJSON struct {
+	// IndexSeq is the index sequence the answer reflects, as in
+	// LongestPrefixJSON.
+	IndexSeq uint64           `json:"index_seq"`
 	Pods     []PodInfoJSON    `json:"pods"`
 	Fleet    []FleetCacheJSON `json:"fleet,omitempty"`
 	PodCache []PodCacheJSON   `json:"pod_cache,omitempty"`
@@ -164,7 +171,7 @@ type PodInfoJSON struct {
 
 // PodsJSONOf converts a response; ages are computed against now.
 func PodsJSONOf(r *kvindexv1.ListPodsResponse, now time.Time) PodsJSON {
-	out := PodsJSON{Pods: make([]PodInfoJSON, len(r.GetPods()))}
+	out := PodsJSON{IndexSeq: r.GetIndexSeq(), Pods: make([]PodInfoJSON, len(r.GetPods()))}
 	for i, p := range r.GetPods() {
 		pj := PodInfoJSON{
 			Pod: p.GetPod(), DPRank: p.GetDpRank(), Model: p.GetModel(), Endpoint: p.GetEndpoint(),

@@ -806,7 +806,13 @@ type LongestPrefixResponse struct {
 	// Tokens of the prompt (0 when queried by block hashes).
 	PromptTokens uint32 `protobuf:"varint,4,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
 	// Where the token ids came from: "caller", "engine", "local" or "hashes".
-	TokenSource   string `protobuf:"bytes,5,opt,name=token_source,json=tokenSource,proto3" json:"token_source,omitempty"`
+	TokenSource string `protobuf:"bytes,5,opt,name=token_source,json=tokenSource,proto3" json:"token_source,omitempty"`
+	// The index sequence the answer reflects: with kvindex fed from a NATS
+	// JetStream stream, the stream sequence its index had applied through;
+	// 0 otherwise. Replicas reporting the same index_seq give the same
+	// answer to the same request. Defined once on the Go server's
+	// Config.IndexSeq (api/server).
+	IndexSeq      uint64 `protobuf:"varint,6,opt,name=index_seq,json=indexSeq,proto3" json:"index_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -874,6 +880,13 @@ func (x *LongestPrefixResponse) GetTokenSource() string {
 		return x.TokenSource
 	}
 	return ""
+}
+
+func (x *LongestPrefixResponse) GetIndexSeq() uint64 {
+	if x != nil {
+		return x.IndexSeq
+	}
+	return 0
 }
 
 // LookupRequest asks for every block of a prompt and its holders.
@@ -1387,7 +1400,9 @@ type ListPodsResponse struct {
 	Fleet []*FleetCache `protobuf:"bytes,2,rep,name=fleet,proto3" json:"fleet,omitempty"`
 	// Each scraped engine's own figures over the same window, every model
 	// together, by pod; with a model in the request, only the pods listed.
-	PodCache      []*PodCache `protobuf:"bytes,3,rep,name=pod_cache,json=podCache,proto3" json:"pod_cache,omitempty"`
+	PodCache []*PodCache `protobuf:"bytes,3,rep,name=pod_cache,json=podCache,proto3" json:"pod_cache,omitempty"`
+	// The index sequence the answer reflects, as in LongestPrefixResponse.
+	IndexSeq      uint64 `protobuf:"varint,4,opt,name=index_seq,json=indexSeq,proto3" json:"index_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1441,6 +1456,13 @@ func (x *ListPodsResponse) GetPodCache() []*PodCache {
 		return x.PodCache
 	}
 	return nil
+}
+
+func (x *ListPodsResponse) GetIndexSeq() uint64 {
+	if x != nil {
+		return x.IndexSeq
+	}
+	return 0
 }
 
 // FleetCache is one model's (or the whole fleet's) share of prompt tokens
@@ -1866,14 +1888,15 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\n" +
 	"TiersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xcb\x01\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xe8\x01\n" +
 	"\x15LongestPrefixResponse\x12!\n" +
 	"\fblocks_total\x18\x01 \x01(\rR\vblocksTotal\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\x02 \x01(\rR\tblockSize\x12(\n" +
 	"\x04pods\x18\x03 \x03(\v2\x14.kvindex.v1.PodMatchR\x04pods\x12#\n" +
 	"\rprompt_tokens\x18\x04 \x01(\rR\fpromptTokens\x12!\n" +
-	"\ftoken_source\x18\x05 \x01(\tR\vtokenSource\"Q\n" +
+	"\ftoken_source\x18\x05 \x01(\tR\vtokenSource\x12\x1b\n" +
+	"\tindex_seq\x18\x06 \x01(\x04R\bindexSeq\"Q\n" +
 	"\rLookupRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12*\n" +
 	"\x06prompt\x18\x02 \x01(\v2\x12.kvindex.v1.PromptR\x06prompt\"|\n" +
@@ -1917,11 +1940,12 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\n" +
 	"hash_check\x18\x11 \x01(\x0e2\x15.kvindex.v1.HashCheckR\thashCheck\x12+\n" +
 	"\x12last_event_unix_ms\x18\x12 \x01(\x03R\x0flastEventUnixMs\x12\x18\n" +
-	"\amessage\x18\x13 \x01(\tR\amessage\"\x9c\x01\n" +
+	"\amessage\x18\x13 \x01(\tR\amessage\"\xb9\x01\n" +
 	"\x10ListPodsResponse\x12'\n" +
 	"\x04pods\x18\x01 \x03(\v2\x13.kvindex.v1.PodInfoR\x04pods\x12,\n" +
 	"\x05fleet\x18\x02 \x03(\v2\x16.kvindex.v1.FleetCacheR\x05fleet\x121\n" +
-	"\tpod_cache\x18\x03 \x03(\v2\x14.kvindex.v1.PodCacheR\bpodCache\"\xb9\x01\n" +
+	"\tpod_cache\x18\x03 \x03(\v2\x14.kvindex.v1.PodCacheR\bpodCache\x12\x1b\n" +
+	"\tindex_seq\x18\x04 \x01(\x04R\bindexSeq\"\xb9\x01\n" +
 	"\n" +
 	"FleetCache\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1f\n" +

@@ -74,7 +74,8 @@ func podSize(p *kvindexv1.PodMatch) int {
 
 func prefixResponseSize(r *kvindexv1.LongestPrefixResponse) int {
 	n := sizeUint(wire.ResponseBlocksTotal, uint64(r.BlocksTotal)) + sizeUint(wire.ResponseBlockSize, uint64(r.BlockSize)) +
-		sizeUint(wire.ResponsePromptTokens, uint64(r.PromptTokens)) + sizeStr(wire.ResponseTokenSource, r.TokenSource)
+		sizeUint(wire.ResponsePromptTokens, uint64(r.PromptTokens)) + sizeStr(wire.ResponseTokenSource, r.TokenSource) +
+		sizeUint(wire.ResponseIndexSeq, r.IndexSeq)
 	for _, p := range r.Pods {
 		n += protowire.SizeTag(wire.ResponsePods) + protowire.SizeBytes(podSize(p))
 	}
@@ -102,5 +103,6 @@ func appendPrefixResponse(b []byte, r *kvindexv1.LongestPrefixResponse) []byte {
 	}
 	b = appendUint(b, wire.ResponsePromptTokens, uint64(r.PromptTokens))
 	b = appendStr(b, wire.ResponseTokenSource, r.TokenSource)
+	b = appendUint(b, wire.ResponseIndexSeq, r.IndexSeq)
 	return b
 }

@@ -51,5 +51,5 @@ func ExampleServer_Handler() {
 	out, _ := io.ReadAll(resp.Body)
 	fmt.Print(resp.StatusCode, " ", string(out))
 	// Output:
-	// 200 {"blocks_total":1,"block_size":16,"prompt_tokens":20,"token_source":"caller","pods":[{"pod":"a","dp_rank":0,"matched_blocks":1,"matched_tokens":16,"tiers":{"GPU":1},"hash_check":"verified","health":"unknown"}]}
+	// 200 {"blocks_total":1,"block_size":16,"prompt_tokens":20,"token_source":"caller","index_seq":0,"pods":[{"pod":"a","dp_rank":0,"matched_blocks":1,"matched_tokens":16,"tiers":{"GPU":1},"hash_check":"verified","health":"unknown"}]}
 }

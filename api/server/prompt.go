@@ -23,6 +23,8 @@ type Tokenizer = tokenizer.Tokenizer
 type resolved struct {
 	tokens int
 	source string
+	// seq is the index sequence the answer reflects (Config.IndexSeq).
+	seq uint64
 }
 
 // resolvePrompt validates p and fills q's input (tokens or block hashes,

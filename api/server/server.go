@@ -72,6 +72,25 @@ type Config struct {
 	// Fleet gives ListPods the fleet's cached-prefix fraction; nil: none
 	// (no picker scraping the engines).
 	Fleet FleetSource
+	// IndexSeq reports the index sequence: how far through its ordered
+	// input the index has applied, so that the answers of kvindex
+	// replicas fed the same input can be compared. Fed from a NATS
+	// JetStream stream, it is the stream sequence of the last message
+	// the index applied (the stream consumer's AppliedSeq); it only
+	// grows. nil reports 0: an index fed straight from the engines'
+	// sockets has no sequence another replica shares.
+	//
+	// Answers carry it as index_seq: LongestPrefix and ListPods (gRPC
+	// and HTTP/JSON) and, through them, the picker's decisions. It is
+	// read just before the index is asked, so an answer reflects every
+	// message through index_seq, and, while messages are being applied,
+	// possibly some after it. The index is a function of the messages it
+	// applied, in order: two replicas that report the same index_seq,
+	// asked the same request while neither was applying a message, give
+	// the same answer. The one exception is an engine's health, which
+	// also follows each replica's own view of the relays' heartbeats and
+	// can differ between replicas for a heartbeat timeout's time.
+	IndexSeq func() uint64
 	// DefaultModel is the model of requests that name none.
 	DefaultModel string
 	// MaxTokens bounds a query's token ids (and block hashes, as blocks
@@ -533,6 +552,7 @@ func (s *Server) resolveLongestPrefix(ctx context.Context, st *queryState, in pr
 	}
 	st.q.Model = model
 	st.q.Candidates = in.candidates
+	p.seq = s.indexSeq()
 	if err := s.index.LongestPrefix(&st.q, &st.res); err != nil {
 		return resolved{}, indexStatus(err)
 	}
@@ -627,6 +647,14 @@ func scopeListed(res *indexer.Result, f *followed, candidates []string, hv *heal
 	return true
 }
 
+// indexSeq is Config.IndexSeq's answer, 0 without one.
+func (s *Server) indexSeq() uint64 {
+	if s.cfg.IndexSeq == nil {
+		return 0
+	}
+	return s.cfg.IndexSeq()
+}
+
 // prefixResponse converts res into a pooled response message.
 func (s *Server) prefixResponse(res *indexer.Result, p resolved) *kvindexv1.LongestPrefixResponse {
 	out := getPrefixResponse()
@@ -637,6 +665,7 @@ func (s *Server) prefixResponse(res *indexer.Result, p resolved) *kvindexv1.Long
 	}
 	out.PromptTokens = sat32(p.tokens)
 	out.TokenSource = p.source
+	out.IndexSeq = p.seq
 	hv := s.healthOf()
 	out.Pods = growPods(out.Pods, len(res.Pods))
 	for i := range res.Pods {
@@ -713,6 +742,7 @@ func (s *Server) Lookup(ctx context.Context, req *kvindexv1.LookupRequest) (*kvi
 // ListPods implements kvindex.v1.IndexService: the engines known to the
 // subscriber or the index, sorted by pod and rank.
 func (s *Server) ListPods(_ context.Context, req *kvindexv1.ListPodsRequest) (*kvindexv1.ListPodsResponse, error) {
+	seq := s.indexSeq() // before the index is read, as for LongestPrefix
 	byEngine := make(map[kvevents.EngineID]*kvindexv1.PodInfo)
 	get := func(e kvevents.EngineID) *kvindexv1.PodInfo {
 		p := byEngine[e]
@@ -755,7 +785,7 @@ func (s *Server) ListPods(_ context.Context, req *kvindexv1.ListPodsRequest) (*k
 		p.HashCheck = hashCheck(e.HashCheck)
 		p.Message = e.Message
 	}
-	out := &kvindexv1.ListPodsResponse{Pods: make([]*kvindexv1.PodInfo, 0, len(byEngine))}
+	out := &kvindexv1.ListPodsResponse{Pods: make([]*kvindexv1.PodInfo, 0, len(byEngine)), IndexSeq: seq}
 	for _, p := range byEngine {
 		out.Pods = append(out.Pods, p)
 	}

@@ -344,6 +344,15 @@ func (p podFilter) validate() error {
 // every pod through).
 func (p podFilter) has(pod string) bool { return len(p) == 0 || slices.Contains(p, pod) }
 
+// indexSeqNote is ", index seq N" for an answer that reports its index
+// sequence (a NATS-fed kvindex), else nothing.
+func indexSeqNote(seq uint64) string {
+	if seq == 0 {
+		return ""
+	}
+	return ", index seq " + strconv.FormatUint(seq, 10)
+}
+
 func printQuery(w io.Writer, model string, r client.LongestPrefixJSON) error {
 	promptTokens := r.PromptTokens
 	what := fmt.Sprintf("%d tokens (%s)", r.PromptTokens, r.TokenSource)
@@ -354,7 +363,7 @@ func printQuery(w io.Writer, model string, r client.LongestPrefixJSON) error {
 	if model == "" {
 		model = "(server default)"
 	}
-	fmt.Fprintf(w, "model %s: %s, %d full blocks of %d tokens\n", model, what, r.BlocksTotal, r.BlockSize)
+	fmt.Fprintf(w, "model %s: %s, %d full blocks of %d tokens%s\n", model, what, r.BlocksTotal, r.BlockSize, indexSeqNote(r.IndexSeq))
 	if len(r.Pods) == 0 {
 		_, err := fmt.Fprintln(w, "no engines of this model are known")
 		return err
@@ -508,6 +517,9 @@ window, overall and per model, then each engine's own.`,
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
 			}
 			w := cmd.OutOrStdout()
+			if out.IndexSeq > 0 {
+				fmt.Fprintf(w, "index seq %d\n", out.IndexSeq)
+			}
 			if len(out.Pods) == 0 {
 				_, err := fmt.Fprint(w, "no engines\n", fleetLines(out))
 				return err

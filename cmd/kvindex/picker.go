@@ -54,8 +54,9 @@ Istio, NGINX Gateway Fabric) call it over ext_proc on --extproc-addr, as the
 Gateway API Inference Extension's Endpoint Picker Protocol defines: the
 request's headers and body (OpenAI /v1/completions, /v1/chat/completions or
 the Responses API) in, the header x-gateway-destination-endpoint and the
-envoy.lb dynamic metadata out, honouring the gateway's subset hint; 503 when
-no endpoint may serve. Other gateways POST the request body to /v1/pick on
+envoy.lb dynamic metadata out (and kvindex.picker's index_seq: the index
+sequence of the answer the pick scored), honouring the gateway's subset
+hint; 503 when no endpoint may serve. Other gateways POST the request body to /v1/pick on
 --http-addr and read the same decision as JSON.
 
 Headers: x-session-id names the conversation (else the Responses API's

@@ -128,6 +128,28 @@ func jsonString(t *testing.T, v any) string {
 	return string(b)
 }
 
+// TestQueryIndexSeq: kvindex query's header names the answer's index
+// sequence when the server reports one, and only then.
+func TestQueryIndexSeq(t *testing.T) {
+	tests := []struct {
+		seq  uint64
+		want string
+	}{
+		{0, "model m: 20 tokens (caller), 1 full blocks of 16 tokens\n"},
+		{1<<40 + 1, "model m: 20 tokens (caller), 1 full blocks of 16 tokens, index seq 1099511627777\n"},
+	}
+	for _, tt := range tests {
+		var b strings.Builder
+		r := client.LongestPrefixJSON{BlocksTotal: 1, BlockSize: 16, PromptTokens: 20, TokenSource: client.SourceCaller, IndexSeq: tt.seq}
+		if err := printQuery(&b, "m", r); err != nil {
+			t.Fatal(err)
+		}
+		if first, _, _ := strings.Cut(b.String(), "\n"); first+"\n" != tt.want {
+			t.Errorf("index_seq %d: header %q, want %q", tt.seq, first, tt.want)
+		}
+	}
+}
+
 func TestFleetLine(t *testing.T) {
 	f := func(v float64) *float64 { return &v }
 	tests := []struct {

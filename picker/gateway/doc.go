@@ -15,6 +15,13 @@
 // routed by load and session alone and the fallback is counted, so that a
 // slow or dead index costs the gateway at most the deadline.
 //
+// Each decision carries the index_seq of the index answer it scored
+// (picker.Decision.IndexSeq; 0 after a fallback): in /v1/pick's JSON, and
+// over ext_proc as the dynamic metadata PickNamespace / IndexSeqKey, so
+// that the decisions of several picker replicas can be matched to the
+// index state they saw. The request body's hash breaks exact ties
+// (Request.BodyHash), the same way on every replica.
+//
 // # Requests
 //
 // The body is an OpenAI /v1/completions, /v1/chat/completions or

@@ -164,6 +164,9 @@ func (x *ExtProc) route(stream extprocv3.ExternalProcessor_ProcessServer, hdr ma
 		MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
 			HeaderDestination: structpb.NewStringValue(d.Endpoint),
 		}}),
+		PickNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			IndexSeqKey: structpb.NewStringValue(strconv.FormatUint(d.IndexSeq, 10)),
+		}}),
 	}}
 	out := []*extprocv3.ProcessingResponse{{
 		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{

@@ -206,6 +206,8 @@ type envoy struct {
 	dest   string
 	body   []byte
 	status int // an immediate response's status, else 0
+	// indexSeq is the kvindex.picker metadata's index_seq.
+	indexSeq string
 }
 
 func send(t *testing.T, c extprocv3.ExternalProcessorClient, path string, hdr map[string]string, subset []string, body string, frame int) *envoy {
@@ -269,6 +271,7 @@ func send(t *testing.T, c extprocv3.ExternalProcessorClient, path string, hdr ma
 			if md != e.dest || e.dest == "" {
 				t.Fatalf("destination header %q and envoy.lb metadata %q disagree", e.dest, md)
 			}
+			e.indexSeq = resp.GetDynamicMetadata().GetFields()[gateway.PickNamespace].GetStructValue().GetFields()[gateway.IndexSeqKey].GetStringValue()
 		case *extprocv3.ProcessingResponse_RequestBody:
 			sr := r.RequestBody.GetResponse().GetBodyMutation().GetStreamedResponse()
 			e.body = append(e.body, sr.GetBody()...)

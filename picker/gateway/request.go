@@ -11,6 +11,7 @@ import (
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/internal/jsonids"
 	"github.com/kvindex/kvindex/picker"
+	"github.com/zeebo/xxh3"
 )
 
 // Request headers the picker reads.
@@ -30,6 +31,13 @@ const (
 	MetadataNamespace = "envoy.lb"
 	SubsetNamespace   = "envoy.lb.subset_hint"
 	SubsetKey         = "x-gateway-destination-endpoint-subset"
+	// PickNamespace is the dynamic metadata namespace of what the picker
+	// says about its pick beyond the destination: IndexSeqKey, the index
+	// sequence of the index answer it scored (picker.Decision.IndexSeq),
+	// in decimal (a string: metadata numbers are doubles, exact only to
+	// 2^53).
+	PickNamespace = "kvindex.picker"
+	IndexSeqKey   = "index_seq"
 )
 
 // ErrBadRequest is matched (errors.Is) by every error ParseRequest
@@ -48,6 +56,10 @@ type Request struct {
 	Tokens   []uint64
 	Session  string
 	Priority picker.Priority
+	// BodyHash is a hash of the whole body: the scorer's tie-break input
+	// (picker.Request.TieBreak), so that exact ties are broken the same
+	// way for the same request by every replica of the picker.
+	BodyHash uint64
 }
 
 // chatParams are the chat request fields that change how the engine
@@ -108,7 +120,7 @@ func parseRequest(data []byte, header func(string) string, scan bool) (*Request,
 			return nil, err
 		}
 	}
-	r := &Request{Model: b.Model, Session: header(HeaderSession), Priority: parsePriority(header(HeaderPriority))}
+	r := &Request{Model: b.Model, Session: header(HeaderSession), Priority: parsePriority(header(HeaderPriority)), BodyHash: xxh3.Hash(data)}
 	if r.Session == "" {
 		r.Session = b.PreviousResponseID
 	}

@@ -187,13 +187,15 @@ func (s *Service) Pick(ctx context.Context, r *Request, subset []string) (d pick
 	}
 	preq := &picker.Request{Subset: subset}
 	if r != nil {
-		preq.Model, preq.Session, preq.Priority = r.Model, r.Session, r.Priority
+		preq.Model, preq.Session, preq.Priority, preq.TieBreak = r.Model, r.Session, r.Priority, r.BodyHash
 		preq.Keys = blockKeys(r.Tokens, s.cfg.Scorer.BlockSize)
 		preq.Tokens = len(r.Tokens)
 	}
 	clear(st.pre)
+	var seq uint64
 	if r != nil && r.Prompt != nil {
-		if n := s.query(ctx, r, st); n > 0 {
+		var n int
+		if n, seq = s.query(ctx, r, st); n > 0 {
 			preq.Tokens = n
 		}
 	}
@@ -216,6 +218,7 @@ func (s *Service) Pick(ctx context.Context, r *Request, subset []string) (d pick
 		return d, nil, err
 	}
 	s.m.picks.WithLabelValues("ok").Inc()
+	d.IndexSeq = seq
 	ep := s.byAddr[d.Endpoint]
 	interactive := preq.Priority == picker.Interactive
 	ep.inFlight.Add(1)
@@ -236,8 +239,9 @@ func (s *Service) Pick(ctx context.Context, r *Request, subset []string) (d pick
 // query asks the index within IndexTimeout and fills st.pre; on failure
 // st.pre stays empty: the request is scored by load and session only. It
 // returns the prompt's length in tokens as the index counted it (0 when
-// unknown).
-func (s *Service) query(ctx context.Context, r *Request, st *pickState) int {
+// unknown) and the index sequence the answer reflects (index_seq; 0
+// without an answer).
+func (s *Service) query(ctx context.Context, r *Request, st *pickState) (tokens int, seq uint64) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.IndexTimeout)
 	defer cancel()
 	start := time.Now()
@@ -254,10 +258,10 @@ func (s *Service) query(ctx context.Context, r *Request, st *pickState) int {
 		}
 		s.m.fallbacks.WithLabelValues(reason).Inc()
 		s.log.Debug("picker: routing without the index", "reason", reason, "err", err)
-		return 0
+		return 0, 0
 	}
 	prefixes(resp, s.cfg.Scorer.BlockSize, st.pre)
-	return int(resp.GetPromptTokens())
+	return int(resp.GetPromptTokens()), resp.GetIndexSeq()
 }
 
 // Warm warms a remote index's connection (Remote.Warm) within timeout

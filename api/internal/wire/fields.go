@@ -39,6 +39,7 @@ const (
 	ResponsePods         = 3
 	ResponsePromptTokens = 4
 	ResponseTokenSource  = 5
+	ResponseIndexSeq     = 6
 )
 
 // PodMatch.
@@ -100,7 +101,7 @@ func prefixResponseFields() map[protoreflect.FullName]map[protowire.Number]Handl
 	return map[protoreflect.FullName]map[protowire.Number]Handling{
 		LongestPrefixResponseName: {
 			ResponseBlocksTotal: ByHand, ResponseBlockSize: ByHand, ResponsePods: ByHand,
-			ResponsePromptTokens: ByHand, ResponseTokenSource: ByHand,
+			ResponsePromptTokens: ByHand, ResponseTokenSource: ByHand, ResponseIndexSeq: ByHand,
 		},
 		PodMatchName: {
 			PodPod: ByHand, PodDPRank: ByHand, PodMatchedBlocks: ByHand, PodMatchedTokens: ByHand,

@@ -41,6 +41,7 @@ func TestFieldNumbers(t *testing.T) {
 		{&kvindexv1.LongestPrefixResponse{}, "pods", ResponsePods},
 		{&kvindexv1.LongestPrefixResponse{}, "prompt_tokens", ResponsePromptTokens},
 		{&kvindexv1.LongestPrefixResponse{}, "token_source", ResponseTokenSource},
+		{&kvindexv1.LongestPrefixResponse{}, "index_seq", ResponseIndexSeq},
 		{&kvindexv1.PodMatch{}, "pod", PodPod},
 		{&kvindexv1.PodMatch{}, "dp_rank", PodDPRank},
 		{&kvindexv1.PodMatch{}, "matched_blocks", PodMatchedBlocks},

@@ -22,7 +22,7 @@ func SeqTokens(from, n int) []uint64 {
 // field: zero and non-zero values, several tiers, an empty tier name, and
 // one engine with every field zero.
 func SampleResponse() *kvindexv1.LongestPrefixResponse {
-	r := &kvindexv1.LongestPrefixResponse{BlocksTotal: 1024, BlockSize: 16, PromptTokens: 16390, TokenSource: "caller"}
+	r := &kvindexv1.LongestPrefixResponse{BlocksTotal: 1024, BlockSize: 16, PromptTokens: 16390, TokenSource: "caller", IndexSeq: 1 << 40}
 	for i := range 40 {
 		p := &kvindexv1.PodMatch{Pod: fmt.Sprintf("pod-%02d", i), DpRank: uint32(i % 3), MatchedBlocks: uint32(1024 - i*20),
 			MatchedTokens: uint32((1024 - i*20) * 16), HashCheck: kvindexv1.HashCheck(i % 3), Health: kvindexv1.EngineHealth(i % 4)}
