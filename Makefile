@@ -27,9 +27,10 @@ BENCH   ?= .
 # zmq and msgpack for the interop test, cbor2 and xxhash (with msgpack) for
 # the golden-file generators, and nginx with its njs module for
 # deploy/nginx's end-to-end test (which runs its own nginx, unprivileged, on
-# free ports).
+# free ports), and Debian's nats-server for the NATS mode's end-to-end test
+# (which runs its own server on a free port).
 DEB_BUILD_PKGS := gcc libzmq3-dev pkg-config
-DEB_TEST_PKGS  := $(DEB_BUILD_PKGS) python3-zmq python3-msgpack python3-cbor2 python3-xxhash nginx libnginx-mod-http-js
+DEB_TEST_PKGS  := $(DEB_BUILD_PKGS) python3-zmq python3-msgpack python3-cbor2 python3-xxhash nginx libnginx-mod-http-js nats-server
 
 # The packages that must build without cgo (no libzmq, no C compiler): the
 # core, the Go client and the server (only kvevents/zmqtransport needs libzmq).
@@ -59,6 +60,10 @@ deps test-deps:
 		case " $$missing " in *" nginx "*) \
 			echo "stopping and disabling the nginx system service the package started (the tests run their own)"; \
 			{ $$SUDO systemctl disable --now nginx || $$SUDO service nginx stop; } >/dev/null 2>&1 || true;; \
+		esac; \
+		case " $$missing " in *" nats-server "*) \
+			echo "stopping and disabling the nats-server system service the package started (the tests run their own)"; \
+			{ $$SUDO systemctl disable --now nats-server || $$SUDO service nats-server stop; } >/dev/null 2>&1 || true;; \
 		esac; \
 	fi
 

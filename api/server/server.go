@@ -103,6 +103,10 @@ type Config struct {
 	// ReadyGrace makes the server ready after this long in any case;
 	// DefaultReadyGrace if 0, never if negative.
 	ReadyGrace time.Duration
+	// ReadyWhen, if not nil, makes the server ready once it is closed
+	// (e.g. a replica that has caught up with its event log), instead of
+	// waiting for ExpectStreams; ReadyGrace still applies.
+	ReadyWhen <-chan struct{}
 	// Limits bound the server's resources (zero fields: DefaultLimits).
 	// The watch fields are the Hub's: give the same Limits to
 	// NewHubLimits.
@@ -356,6 +360,14 @@ func (s *Server) ReadyC() <-chan struct{} { return s.readyCh }
 func (s *Server) computeReady() bool {
 	if g := s.cfg.ReadyGrace; g > 0 && s.now().Sub(s.start) >= g {
 		return true
+	}
+	if s.cfg.ReadyWhen != nil {
+		select {
+		case <-s.cfg.ReadyWhen:
+			return true
+		default:
+			return false
+		}
 	}
 	if s.cfg.ExpectStreams <= 0 {
 		return s.cfg.Hub != nil && s.cfg.Hub.SawEvent()

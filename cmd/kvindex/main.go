@@ -99,6 +99,7 @@ Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 	root.AddCommand(newPodsCmd())
 	root.AddCommand(newTailCmd())
 	root.AddCommand(newPickerCmd())
+	root.AddCommand(newRelayCmd())
 	root.AddCommand(newDemoCmd())
 	root.AddCommand(newSimCmd())
 	root.AddCommand(newVersionCmd())

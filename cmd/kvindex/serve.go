@@ -104,6 +104,7 @@ type serveOptions struct {
 	security           server.Security
 	adminAddr          string
 	picker             *pickerOptions // nil without --picker
+	nats               *natsOptions   // nil without --nats
 }
 
 // options validates the flags.
@@ -144,9 +145,18 @@ func (f *serveFlags) options() (*serveOptions, error) {
 	if o.engineAllow, err = f.allowRules(); err != nil {
 		return nil, err
 	}
+	if o.nats, err = f.natsOptions(); err != nil {
+		return nil, err
+	}
 	switch {
-	case len(o.engines) == 0 && o.listen == "":
-		return nil, usagef("no event source: give --engine NAME=ENDPOINT (connect mode) or --listen ENDPOINT (bind mode)")
+	case o.nats != nil && (len(o.engines) > 0 || o.listen != ""):
+		return nil, usagef("--nats replaces --engine and --listen: in NATS mode the engines' events come from relays (kvindex relay) through JetStream")
+	case o.nats != nil && o.stateDir != "":
+		return nil, usagef("--state-dir does not apply with --nats: NATS mode keeps its snapshots in JetStream (--snapshot-bucket)")
+	case o.nats != nil && o.model == "":
+		return nil, usagef("--nats needs --model: a replica consumes one model's events")
+	case len(o.engines) == 0 && o.listen == "" && o.nats == nil:
+		return nil, usagef("no event source: give --engine NAME=ENDPOINT (connect mode), --listen ENDPOINT (bind mode) or --nats URL (NATS mode, fed by kvindex relay)")
 	case o.grpcAddr == "" || o.httpAddr == "":
 		return nil, usagef("--grpc-addr and --http-addr must not be empty")
 	case o.grpcAddr == o.httpAddr && !strings.HasSuffix(o.grpcAddr, ":0"):
@@ -220,7 +230,7 @@ type service struct {
 	log      *slog.Logger
 	index    *indexer.Index
 	hub      *server.Hub
-	sub      *zmqtransport.Subscriber
+	sub      eventSource
 	api      *server.Server
 	grpc     *grpc.Server
 	http     *http.Server
@@ -253,6 +263,11 @@ func checkServe(w io.Writer, o *serveOptions, log *slog.Logger) error {
 	if o.listen != "" {
 		fmt.Fprintf(w, "  listen %s, %d rank(s), topics %s, replay %s, engine allow rules %d\n", o.listen, o.listenRanks, o.topicPattern, cmpOr(o.replayTemplate, "none"), len(o.engineAllow))
 	}
+	if n := o.nats; n != nil {
+		fmt.Fprintf(w, "  NATS %s, stream %s (max age %v, max bytes %s, %d replica(s)), snapshots in %s every %v, %d kept\n",
+			n.flags.url, n.stream.Name, n.stream.MaxAge, formatSize(n.stream.MaxBytes), n.stream.Replicas,
+			n.snapshot.Bucket, n.interval, n.snapshot.Keep)
+	}
 	if o.stateDir != "" {
 		fmt.Fprintf(w, "  state dir %s (%s), snapshot every %v\n", o.stateDir, describeState(o.stateDir), o.snapshotInterval)
 	}
@@ -273,7 +288,7 @@ func runServe(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 type parts struct {
 	index *indexer.Index
 	hub   *server.Hub
-	sub   *zmqtransport.Subscriber
+	sub   eventSource
 	api   *server.Server
 	state *stateDir // nil without --state-dir
 }
@@ -302,14 +317,24 @@ func buildParts(o *serveOptions, log *slog.Logger, restore bool) (*parts, error)
 		}
 	}
 	hub := server.NewHubLimits(ix, o.limits)
-	scfg := zmqtransport.SubscriberConfig{
-		Engines: o.engines, Listen: o.listen, ListenRanks: o.listenRanks, TopicPattern: o.topicPattern,
-		Model: o.model, ReplayTemplate: o.replayTemplate, MaxEngines: o.maxEngines, EngineAllow: o.engineAllow, ForgetAfter: forgetAfter(o.forgetAfter),
-		RcvHWM: memoryLimits(o.index.MemoryBudget, o.streams()).rcvHWM, Resume: resume,
-	}
-	sub, err := zmqtransport.NewSubscriber(scfg, hub, log.With("component", "kvevents"))
-	if err != nil {
-		return nil, subscriberConfigError(err)
+	var src eventSource
+	var zsub *zmqtransport.Subscriber
+	var replica *natsReplica
+	if o.nats != nil {
+		if replica, err = newNATSReplica(o.nats, o.model, o.index.Hasher.Config(), ix, hub, log.With("component", "nats")); err != nil {
+			return nil, err
+		}
+		src = replica
+	} else {
+		scfg := zmqtransport.SubscriberConfig{
+			Engines: o.engines, Listen: o.listen, ListenRanks: o.listenRanks, TopicPattern: o.topicPattern,
+			Model: o.model, ReplayTemplate: o.replayTemplate, MaxEngines: o.maxEngines, EngineAllow: o.engineAllow, ForgetAfter: forgetAfter(o.forgetAfter),
+			RcvHWM: memoryLimits(o.index.MemoryBudget, o.streams()).rcvHWM, Resume: resume,
+		}
+		if zsub, err = zmqtransport.NewSubscriber(scfg, hub, log.With("component", "kvevents")); err != nil {
+			return nil, subscriberConfigError(err)
+		}
+		src = zsub
 	}
 	expect := 0
 	for _, e := range o.engines {
@@ -319,28 +344,50 @@ func buildParts(o *serveOptions, log *slog.Logger, restore bool) (*parts, error)
 	if grace == 0 {
 		grace = time.Nanosecond // ready at once
 	}
-	srv, err := server.New(server.Config{
-		Index: ix, BlockSize: o.index.Hasher.BlockSize(), Tokenizers: toks, Hub: hub, Streams: sub,
+	scfg := server.Config{
+		Index: ix, BlockSize: o.index.Hasher.BlockSize(), Tokenizers: toks, Hub: hub, Streams: src,
 		DefaultModel: o.model, MaxTokens: o.maxQueryTokens, ExpectStreams: expect, ReadyGrace: grace,
 		Logger: log.With("component", "api"), Limits: o.limits, Security: o.security,
 		Fleet: o.picker.fleetSource(),
-	})
+	}
+	if replica != nil {
+		// Ready once caught up with the stream, however long that takes.
+		scfg.ReadyWhen, scfg.ReadyGrace = replica.CaughtUp(), -1
+		scfg.IndexSeq = replica.IndexSeq
+	}
+	srv, err := server.New(scfg)
 	if err == nil {
 		err = srv.Registry().Register(buildInfoGauge(buildinfo.Read()))
 	}
 	if err == nil && state != nil {
-		state.sub = sub
+		state.sub = zsub
 		for _, c := range state.collectors() {
 			if err = srv.Registry().Register(c); err != nil {
 				break
 			}
 		}
 	}
+	if err == nil && replica != nil {
+		replica.reg = srv.Registry()
+		for _, c := range replica.collectors() {
+			if err = srv.Registry().Register(c); err != nil {
+				break
+			}
+		}
+	}
 	if err != nil {
-		sub.Close()
+		src.Close()
 		return nil, err
 	}
-	return &parts{index: ix, hub: hub, sub: sub, api: srv, state: state}, nil
+	return &parts{index: ix, hub: hub, sub: src, api: srv, state: state}, nil
+}
+
+// eventSource is where serve's events come from: the ZMQ subscriber
+// (connect and bind modes) or a NATS replica.
+type eventSource interface {
+	Start() error
+	Streams() []kvevents.StreamStats
+	Close() error
 }
 
 // buildInfoGauge is kvindex_build_info: 1, labelled with what the binary

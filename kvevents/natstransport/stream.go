@@ -40,6 +40,13 @@ type StreamConfig struct {
 	Duplicates time.Duration
 }
 
+// Validate reports what EnsureStream would refuse in c (zero fields take
+// their defaults).
+func (c StreamConfig) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
 // withDefaults fills zero fields and validates the result.
 func (c StreamConfig) withDefaults() (StreamConfig, error) {
 	if c.Name == "" {

@@ -1,0 +1,297 @@
+package main
+
+import (
+	"context"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/zmqtransport"
+)
+
+// End-to-end NATS mode through Debian's nats-server binary: simulated
+// engines publish over ZMQ, one relay forwards their batches to JetStream,
+// serve --nats replicas consume them; a replica that restarts starts from
+// the snapshot another one wrote and catches up on the tail.
+
+// natsServerProc runs nats-server with JetStream on a free port and
+// returns its URL.
+func natsServerProc(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("nats-server")
+	if err != nil {
+		t.Skip("nats-server is not installed (Debian: apt-get install nats-server; make test-deps installs it)")
+	}
+	port := freePorts(t, []string{"127.0.0.1"}, 1)
+	out := &syncBuffer{}
+	cmd := exec.Command(bin, "-js", "-sd", t.TempDir(), "-a", "127.0.0.1", "-p", strconv.Itoa(port))
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("nats-server output:\n%s", out.String())
+		}
+	})
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	deadline := time.Now().Add(e2eDeadline)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nats-server did not listen on %s: %v\n%s", addr, err, out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return "nats://" + addr
+}
+
+// natsReplicaProc is one serve --nats replica started in-process.
+type natsReplicaProc struct {
+	svc    *service
+	cancel context.CancelFunc
+	client *client.Client
+	logs   *syncBuffer
+}
+
+func startNATSReplica(t *testing.T, url string) *natsReplicaProc {
+	t.Helper()
+	o, f, err := parseServe(t, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
+		"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16",
+		"--nats", url, "--snapshot-interval", "200ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &natsReplicaProc{logs: &syncBuffer{}}
+	log, err := newLogger(r.logs, "debug", f.logFormat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	if r.svc, err = startService(ctx, o, log); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		r.stop(t)
+		if t.Failed() {
+			t.Logf("replica logs:\n%s", r.logs.String())
+		}
+	})
+	dctx, dcancel := context.WithTimeout(context.Background(), e2eDeadline)
+	defer dcancel()
+	if r.client, err = client.Dial(dctx, r.svc.grpcAddr); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// stop stops the replica (once).
+func (r *natsReplicaProc) stop(t *testing.T) {
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	r.cancel = nil
+	r.client.Close()
+	if err := r.svc.wait(); err != nil {
+		t.Errorf("replica shutdown: %v", err)
+	}
+}
+
+// answers returns each prompt's matched blocks per pod, as the replica
+// answers them.
+func (r *natsReplicaProc) answers(t *testing.T, prompts [][]uint64) []map[string]uint32 {
+	t.Helper()
+	out := make([]map[string]uint32, len(prompts))
+	for i, p := range prompts {
+		res, err := r.client.LongestPrefixTokens(context.Background(), e2eModel, p, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = map[string]uint32{}
+		for _, h := range res.GetPods() {
+			out[i][h.GetPod()] = h.GetMatchedBlocks()
+		}
+	}
+	return out
+}
+
+// parseRelay parses relay flags as the command line does.
+func parseRelay(t *testing.T, args ...string) *relayOptions {
+	t.Helper()
+	var f relayFlags
+	fs := pflag.NewFlagSet("relay", pflag.ContinueOnError)
+	f.register(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+func TestNATSModeEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the test runs nats-server")
+	}
+	url := natsServerProc(t)
+	pods := []string{"vllm-a", "vllm-b"}
+	engines := map[string]*zmqtransport.SimEngine{}
+	args := []string{"--model", e2eModel, "--nats", url, "--http-addr", "127.0.0.1:0", "--heartbeat", "100ms"}
+	for _, pod := range pods {
+		e, err := zmqtransport.NewSimEngine(enginesim.Config{
+			Pod: pod, Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096,
+		}, zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		engines[pod] = e
+		args = append(args, "--engine", pod+"="+e.PubEndpoint()+",replay="+e.ReplayEndpoint())
+	}
+	relayLogs := &syncBuffer{}
+	rlog, err := newLogger(relayLogs, "debug", "text")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithCancel(context.Background())
+	relay, err := startRelay(rctx, parseRelay(t, args...), rlog)
+	if err != nil {
+		rcancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		rcancel()
+		if err := relay.stop(); err != nil {
+			t.Errorf("relay stop: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("relay logs:\n%s", relayLogs.String())
+		}
+	})
+
+	a, b := startNATSReplica(t, url), startNATSReplica(t, url)
+	await := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(e2eDeadline)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	for _, r := range []*natsReplicaProc{a, b} {
+		await("replica ready", func() bool {
+			ok, err := r.client.Ready(context.Background())
+			return err == nil && ok
+		})
+	}
+	// Each engine serves its own prompts; the first ones also warm up
+	// the ZMQ subscription (a SUB socket misses what precedes it).
+	var prompts [][]uint64
+	want := []map[string]uint32{}
+	process := func(n int) {
+		t.Helper()
+		for i := range n {
+			pod := pods[i%len(pods)]
+			p := tokensFrom(len(prompts)*1000+1, (2+i%3)*e2eBlockSize)
+			if _, err := engines[pod].Process(p, nil); err != nil {
+				t.Fatal(err)
+			}
+			prompts = append(prompts, p)
+			w := map[string]uint32{}
+			for _, other := range pods {
+				w[other] = 0 // every engine of the model is answered for
+			}
+			w[pod] = uint32(len(p) / e2eBlockSize)
+			want = append(want, w)
+		}
+	}
+	agree := func(rs ...*natsReplicaProc) {
+		t.Helper()
+		var got []map[string]uint32
+		deadline := time.Now().Add(e2eDeadline)
+		await("replicas answering every prompt", func() bool {
+			if time.Now().After(deadline) {
+				t.Logf("answers %v, want %v", got, want)
+			}
+			for _, r := range rs {
+				got = r.answers(t, prompts)
+				for i := range want {
+					if !mapsEqual(got[i], want[i]) {
+						return false
+					}
+				}
+			}
+			return true
+		})
+	}
+	// The relay's subscription settles once an engine's batches flow: the
+	// engines' replay buffers (and the relay's verification) fill what a
+	// slow subscription missed.
+	process(8)
+	agree(a, b)
+
+	// A replica stops; the fleet moves on; a snapshot is written by
+	// whichever replica holds the lease.
+	b.stop(t)
+	process(8)
+	agree(a)
+	await("a snapshot of the newest events", func() bool {
+		return strings.Contains(a.logs.String(), "snapshot written")
+	})
+	c := startNATSReplica(t, url)
+	await("restarted replica ready", func() bool {
+		ok, err := c.client.Ready(context.Background())
+		return err == nil && ok
+	})
+	if !strings.Contains(c.logs.String(), "snapshot restored") {
+		t.Errorf("the new replica did not start from a snapshot:\n%s", c.logs.String())
+	}
+	process(4)
+	agree(a, c)
+	// Caught up with the same stream, both say so: the same index sequence.
+	seqs := map[*natsReplicaProc]uint64{}
+	await("the same index sequence on both replicas", func() bool {
+		for _, r := range []*natsReplicaProc{a, c} {
+			res, err := r.client.LongestPrefixTokens(context.Background(), e2eModel, prompts[0], nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seqs[r] = res.GetIndexSeq()
+		}
+		return seqs[a] == seqs[c] && seqs[a] > 0
+	})
+	for _, r := range []*natsReplicaProc{a, c} {
+		listed, err := r.client.ListPods(context.Background(), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(listed) != len(pods) {
+			t.Errorf("replica lists %d engines, want %d", len(listed), len(pods))
+		}
+		for _, p := range listed {
+			if h := p.GetHealth().String(); !strings.HasSuffix(h, "_OK") {
+				t.Errorf("replica reports %s/%d %s, want ok", p.GetPod(), p.GetDpRank(), h)
+			}
+		}
+	}
+}

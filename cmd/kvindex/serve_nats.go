@@ -1,0 +1,262 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/buildinfo"
+	"github.com/kvindex/kvindex/internal/snapstore"
+	"github.com/kvindex/kvindex/internal/statefile"
+	"github.com/kvindex/kvindex/kvevents"
+	"github.com/kvindex/kvindex/kvevents/natstransport"
+)
+
+// natsOptions is serve's validated NATS mode configuration.
+type natsOptions struct {
+	flags    *natsFlags
+	stream   natstransport.StreamConfig
+	snapshot snapstore.Config
+	interval time.Duration
+}
+
+// natsReplica is serve's event source in NATS mode: it starts from the
+// newest snapshot in JetStream, consumes the event stream from the
+// sequence after it, and, while it holds the writer lease, writes the
+// snapshots the next replicas start from. Everything that needs NATS runs
+// in the background, so serve answers /healthz (and reports not ready)
+// while NATS is away.
+type natsReplica struct {
+	o       *natsOptions
+	model   string
+	log     *slog.Logger
+	index   *indexer.Index
+	sink    kvevents.Sink
+	hashing statefile.Hashing
+	id      string // this replica's name in the lease
+
+	nc *nats.Conn
+	js jetstream.JetStream
+
+	consumer atomic.Pointer[natstransport.Consumer]
+	caughtUp chan struct{} // closed once the consumer has caught up
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+
+	restoredSeq prometheus.Gauge
+	// reg takes the metrics of the parts made once NATS answers (the
+	// snapshot store's); set before Start.
+	reg prometheus.Registerer
+}
+
+func newNATSReplica(o *natsOptions, model string, hc blockhash.Config, ix *indexer.Index, sink kvevents.Sink, log *slog.Logger) (*natsReplica, error) {
+	host, _ := os.Hostname()
+	nc, js, err := o.flags.connect("kvindex serve "+host, log.With("component", "nats"))
+	if err != nil {
+		return nil, err
+	}
+	return &natsReplica{
+		o: o, model: model, log: log, index: ix, sink: sink, nc: nc, js: js,
+		hashing:  statefile.Hashing{Algo: string(hc.Algo), Seed: hc.Seed, BlockSize: hc.BlockSize},
+		id:       fmt.Sprintf("%s-%d", host, os.Getpid()),
+		caughtUp: make(chan struct{}),
+		restoredSeq: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvindex_nats_snapshot_restored_stream_sequence",
+			Help: "Stream sequence of the snapshot this replica started from (0: none; it read the stream from its start).",
+		}),
+	}, nil
+}
+
+// Start bootstraps in the background: stream, snapshot, consumer.
+func (r *natsReplica) Start() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		if err := r.bootstrap(ctx); err != nil && ctx.Err() == nil {
+			r.log.Error("NATS mode: bootstrap failed", "err", err)
+		}
+	}()
+	return nil
+}
+
+// bootstrap ensures the stream, restores the newest usable snapshot,
+// starts the consumer after it, and runs the snapshot writer.
+func (r *natsReplica) bootstrap(ctx context.Context) error {
+	if err := ensureStream(ctx, r.js, r.o.stream, r.log); err != nil {
+		return err
+	}
+	store, err := r.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	for _, c := range store.Collectors() {
+		if err := r.reg.Register(c); err != nil {
+			r.log.Warn("snapshot metrics not registered", "err", err)
+		}
+	}
+	start, resume := r.restore(ctx, store)
+	c, err := natstransport.NewConsumer(r.js, natstransport.ConsumerConfig{
+		Stream: r.o.stream.Name, Model: r.model, StartSeq: start, Resume: resume,
+	}, r.sink, r.log.With("component", "consumer"))
+	if err != nil {
+		return err
+	}
+	if err := c.Start(ctx); err != nil {
+		return err
+	}
+	r.consumer.Store(c)
+	begin := time.Now()
+	select {
+	case <-c.CaughtUp():
+		close(r.caughtUp)
+		r.log.Info("caught up with the event stream", "stream_seq", c.AppliedSeq(),
+			"took", time.Since(begin).Round(time.Millisecond).String())
+	case <-ctx.Done():
+		return nil
+	}
+	r.writeSnapshots(ctx, store, c)
+	return nil
+}
+
+// openStore opens the snapshot buckets, retrying while NATS is away.
+func (r *natsReplica) openStore(ctx context.Context) (*snapstore.Store, error) {
+	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		store, err := snapstore.Open(ctx, r.js, r.o.snapshot, r.log.With("component", "snapshots"))
+		if err == nil {
+			return store, nil
+		}
+		r.log.Warn("snapshot store not ready; retrying", "bucket", r.o.snapshot.Bucket, "err", err, "retry_in", wait.String())
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// restore loads the newest usable snapshot into the index (an older kept
+// one when the newest cannot be read or restored) and returns the stream
+// sequence to consume from and the engines' positions. Without one the
+// replica reads the stream from its start.
+func (r *natsReplica) restore(ctx context.Context, store *snapstore.Store) (uint64, []kvevents.Position) {
+	begin := time.Now()
+	var pos []kvevents.Position
+	h, err := store.Load(ctx, func(h *statefile.Header, body io.Reader) error {
+		if h.Hashing != r.hashing {
+			return fmt.Errorf("hashed otherwise: saved %+v, now %+v", h.Hashing, r.hashing)
+		}
+		p, err := h.KVPositions()
+		if err != nil {
+			return err
+		}
+		if err := r.index.Restore(body); err != nil {
+			return err
+		}
+		pos = p
+		return nil
+	})
+	switch {
+	case errors.Is(err, snapstore.ErrNoSnapshot):
+		r.log.Info("no usable snapshot; reading the event stream from its start", "bucket", r.o.snapshot.Bucket, "why", err)
+		return 0, nil
+	case err != nil:
+		r.log.Warn("snapshot unusable; reading the event stream from its start", "err", err)
+		return 0, nil
+	}
+	r.restoredSeq.Set(float64(h.StreamSeq))
+	st := r.index.Stats()
+	r.log.Info("snapshot restored", "stream_seq", h.StreamSeq, "written", h.Written.Format(time.RFC3339),
+		"engines", len(pos), "holder_blocks", st.HolderBlocks, "took", time.Since(begin).Round(time.Millisecond).String())
+	return h.StreamSeq + 1, pos
+}
+
+// writeSnapshots runs the snapshot writer: one replica at a time (the
+// holder of the lease) writes a snapshot every interval; the others take
+// over when its lease is released or expires.
+func (r *natsReplica) writeSnapshots(ctx context.Context, store *snapstore.Store, c *natstransport.Consumer) {
+	sn, err := snapstore.NewSnapshotter(store, snapstore.SnapshotterConfig{ID: r.id, Interval: r.o.interval})
+	if err != nil {
+		r.log.Error("snapshots disabled", "err", err)
+		return
+	}
+	sn.Run(ctx, func(_ context.Context, put snapstore.PutFunc) error {
+		return c.Checkpoint(func(seq uint64, pos []kvevents.Position) error {
+			return put(&statefile.Header{Written: time.Now().UTC(), Version: buildinfo.Read().Version,
+				Hashing: r.hashing, Positions: statefile.FromPositions(pos), Stream: r.o.stream.Name, StreamSeq: seq}, r.index.Snapshot)
+		})
+	})
+}
+
+// Streams implements server.StreamSource.
+func (r *natsReplica) Streams() []kvevents.StreamStats {
+	if c := r.consumer.Load(); c != nil {
+		return c.Streams()
+	}
+	return nil
+}
+
+// IndexSeq is the stream sequence the index has applied through.
+func (r *natsReplica) IndexSeq() uint64 {
+	if c := r.consumer.Load(); c != nil {
+		return c.AppliedSeq()
+	}
+	return 0
+}
+
+// CaughtUp is closed once the replica has applied the stream as it was
+// when the consumer started: serve is ready then.
+func (r *natsReplica) CaughtUp() <-chan struct{} { return r.caughtUp }
+
+func (r *natsReplica) collectors() []prometheus.Collector {
+	return []prometheus.Collector{r.restoredSeq}
+}
+
+// Close stops consuming and writing snapshots, and closes the connection.
+func (r *natsReplica) Close() error {
+	if r.cancel != nil {
+		r.cancel()
+	}
+	r.wg.Wait() // the bootstrap has stored the consumer, or never will
+	var err error
+	if c := r.consumer.Load(); c != nil {
+		err = c.Close()
+	}
+	r.nc.Close()
+	return err
+}
+
+// natsOptions validates the NATS mode flags; nil without --nats.
+func (f *serveFlags) natsOptions() (*natsOptions, error) {
+	if !f.nats.enabled() {
+		if f.snapshotBucket != snapstore.DefaultBucket || f.snapshotKeep != snapstore.DefaultKeep {
+			return nil, usagef("--snapshot-bucket and --snapshot-keep apply to NATS mode (--nats) only")
+		}
+		return nil, nil
+	}
+	sc, err := f.nats.streamConfig()
+	if err != nil {
+		return nil, err
+	}
+	snap := snapstore.Config{Bucket: f.snapshotBucket, Model: f.model, Keep: f.snapshotKeep, Replicas: f.nats.replicas}
+	switch {
+	case f.snapshotBucket == "":
+		return nil, usagef("--snapshot-bucket must not be empty")
+	case f.snapshotKeep < 1:
+		return nil, usagef("--snapshot-keep %d: want at least 1", f.snapshotKeep)
+	}
+	return &natsOptions{flags: &f.nats, stream: sc, snapshot: snap, interval: f.snapshotEvery}, nil
+}
