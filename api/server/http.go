@@ -87,6 +87,9 @@ func (s *Server) handleCommon(mux *http.ServeMux) {
 
 // notReadyReason explains /readyz's 503.
 func (s *Server) notReadyReason() string {
+	if s.cfg.ReadyWhen != nil {
+		return "the event source has not caught up yet (NATS mode: connecting, restoring the snapshot or reading the stream's tail)"
+	}
 	if s.cfg.ExpectStreams <= 0 {
 		return "no engine event applied yet (bind mode)"
 	}

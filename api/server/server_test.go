@@ -580,6 +580,31 @@ func TestReadiness(t *testing.T) {
 			t.Fatal("readiness did not latch")
 		}
 	})
+	t.Run("caught up: ReadyWhen", func(t *testing.T) {
+		caughtUp := make(chan struct{})
+		streams := &fakeStreams{}
+		f := newFixture(t, func(c *Config) { c.Streams = streams; c.ReadyWhen = caughtUp; c.ReadyGrace = -1 })
+		// Events and connected streams do not make a replica ready
+		// before it has caught up with its event log.
+		streams.set(kvevents.StreamStats{Engine: engine("a", 0), Connected: true})
+		f.hub.Apply(engine("a", 0), 0, nil)
+		if f.srv.Ready() {
+			t.Fatal("ready before catching up")
+		}
+		resp, err := http.Get(f.url + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "not caught up") {
+			t.Errorf("/readyz = %d %s, want 503 saying it has not caught up", resp.StatusCode, body)
+		}
+		close(caughtUp)
+		if !f.srv.Ready() {
+			t.Fatal("not ready once caught up")
+		}
+	})
 	t.Run("grace", func(t *testing.T) {
 		now := time.Unix(1000, 0)
 		clock := func() time.Time { return now }

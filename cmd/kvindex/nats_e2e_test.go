@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"net"
 	"os/exec"
 	"strconv"
@@ -268,6 +270,18 @@ func TestNATSModeEndToEnd(t *testing.T) {
 	}
 	process(4)
 	agree(a, c)
+	// The replica's metrics say what it read.
+	resp, err := http.Get("http://" + c.svc.httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, m := range []string{"kvindex_nats_consumer_messages_total", "kvindex_nats_index_stream_sequence", "kvindex_snapshot_restores_total"} {
+		if !strings.Contains(string(body), "\n"+m) {
+			t.Errorf("/metrics lacks %s", m)
+		}
+	}
 	// Caught up with the same stream, both say so: the same index sequence.
 	seqs := map[*natsReplicaProc]uint64{}
 	await("the same index sequence on both replicas", func() bool {

@@ -102,6 +102,9 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg natstransport
 		if err == nil {
 			return nil
 		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		log.Warn("JetStream stream not ready; retrying", "stream", cfg.Name, "err", err, "retry_in", wait.String())
 		select {
 		case <-ctx.Done():

@@ -46,6 +46,7 @@ type natsReplica struct {
 	sink    kvevents.Sink
 	hashing statefile.Hashing
 	id      string // this replica's name in the lease
+	host    string
 
 	nc *nats.Conn
 	js jetstream.JetStream
@@ -63,12 +64,8 @@ type natsReplica struct {
 
 func newNATSReplica(o *natsOptions, model string, hc blockhash.Config, ix *indexer.Index, sink kvevents.Sink, log *slog.Logger) (*natsReplica, error) {
 	host, _ := os.Hostname()
-	nc, js, err := o.flags.connect("kvindex serve "+host, log.With("component", "nats"))
-	if err != nil {
-		return nil, err
-	}
 	return &natsReplica{
-		o: o, model: model, log: log, index: ix, sink: sink, nc: nc, js: js,
+		o: o, model: model, log: log, index: ix, sink: sink, host: host,
 		hashing:  statefile.Hashing{Algo: string(hc.Algo), Seed: hc.Seed, BlockSize: hc.BlockSize},
 		id:       fmt.Sprintf("%s-%d", host, os.Getpid()),
 		caughtUp: make(chan struct{}),
@@ -79,8 +76,15 @@ func newNATSReplica(o *natsOptions, model string, hc blockhash.Config, ix *index
 	}, nil
 }
 
-// Start bootstraps in the background: stream, snapshot, consumer.
+// Start connects to NATS (retrying in the background while it is away)
+// and bootstraps in the background: stream, snapshot, consumer.
 func (r *natsReplica) Start() error {
+	nc, js, err := r.o.flags.connect("kvindex serve "+r.host, r.log.With("component", "nats"))
+	if err != nil {
+		return err
+	}
+	r.nc, r.js = nc, js
+	r.log.Info("NATS mode: connecting", "nats", r.o.flags.url, "stream", r.o.stream.Name, "snapshot_bucket", r.o.snapshot.Bucket)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	r.wg.Add(1)
@@ -222,7 +226,40 @@ func (r *natsReplica) IndexSeq() uint64 {
 func (r *natsReplica) CaughtUp() <-chan struct{} { return r.caughtUp }
 
 func (r *natsReplica) collectors() []prometheus.Collector {
-	return []prometheus.Collector{r.restoredSeq}
+	return []prometheus.Collector{r.restoredSeq, consumerCollector{r}}
+}
+
+// consumerCollector exports the consumer's counters (zero before it
+// exists): what it read and what it refused.
+type consumerCollector struct{ r *natsReplica }
+
+var (
+	descConsumerMessages = prometheus.NewDesc("kvindex_nats_consumer_messages_total",
+		"Records read from the JetStream stream.", nil, nil)
+	descConsumerDropped = prometheus.NewDesc("kvindex_nats_consumer_dropped_total",
+		"Records dropped before any engine saw them, by reason: malformed (subject or headers), redelivered (already applied).", []string{"reason"}, nil)
+	descConsumerBadBeats = prometheus.NewDesc("kvindex_nats_consumer_bad_heartbeats_total",
+		"Relay heartbeats that did not decode.", nil, nil)
+	descConsumerSeq = prometheus.NewDesc("kvindex_nats_index_stream_sequence",
+		"Stream sequence the index has applied through: the index_seq answers report.", nil, nil)
+)
+
+func (consumerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descConsumerMessages, descConsumerDropped, descConsumerBadBeats, descConsumerSeq} {
+		ch <- d
+	}
+}
+
+func (cc consumerCollector) Collect(ch chan<- prometheus.Metric) {
+	var st natstransport.ConsumerStats
+	if c := cc.r.consumer.Load(); c != nil {
+		st = c.Stats()
+	}
+	ch <- prometheus.MustNewConstMetric(descConsumerMessages, prometheus.CounterValue, float64(st.Messages))
+	ch <- prometheus.MustNewConstMetric(descConsumerDropped, prometheus.CounterValue, float64(st.Malformed), "malformed")
+	ch <- prometheus.MustNewConstMetric(descConsumerDropped, prometheus.CounterValue, float64(st.Redelivery), "redelivered")
+	ch <- prometheus.MustNewConstMetric(descConsumerBadBeats, prometheus.CounterValue, float64(st.BadBeats))
+	ch <- prometheus.MustNewConstMetric(descConsumerSeq, prometheus.GaugeValue, float64(st.AppliedSeq))
 }
 
 // Close stops consuming and writing snapshots, and closes the connection.
@@ -235,7 +272,9 @@ func (r *natsReplica) Close() error {
 	if c := r.consumer.Load(); c != nil {
 		err = c.Close()
 	}
-	r.nc.Close()
+	if r.nc != nil {
+		r.nc.Close()
+	}
 	return err
 }
 
