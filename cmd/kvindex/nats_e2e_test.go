@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"io"
-	"net/http"
 	"net"
+	"net/http"
 	"os/exec"
 	"strconv"
 	"strings"
