@@ -199,7 +199,7 @@ func TestDocsExamples(t *testing.T) {
 		t.Run(fmt.Sprintf("%s:%d", strings.TrimPrefix(ex.file, "../../"), ex.line), func(t *testing.T) {
 			args := strings.Fields(ex.cmd)
 			switch args[1] {
-			case "serve":
+			case "serve", "relay":
 				ex.cmd += " --check"
 			case "tail":
 				runTailExample(t, x, bash, work, env, ex)

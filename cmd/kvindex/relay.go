@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -34,6 +35,7 @@ type relayFlags struct {
 	heartbeat time.Duration
 	logLevel  string
 	logFormat string
+	check     bool
 }
 
 func (f *relayFlags) register(fs *pflag.FlagSet) {
@@ -46,6 +48,7 @@ func (f *relayFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.httpAddr, "http-addr", ":9300", "HTTP listen address: /metrics, /healthz, /readyz (ready while NATS is connected)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text|json")
+	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables), print them and exit without connecting")
 }
 
 // relayOptions is relay's validated configuration.
@@ -128,6 +131,9 @@ its engines disconnected.`,
 			if err != nil {
 				return err
 			}
+			if f.check {
+				return checkRelay(cmd.OutOrStdout(), o)
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			return runRelay(ctx, o, log)
@@ -135,6 +141,17 @@ its engines disconnected.`,
 	}
 	f.register(cmd.Flags())
 	return cmd
+}
+
+// checkRelay prints what relay would run.
+func checkRelay(w io.Writer, o *relayOptions) error {
+	fmt.Fprintf(w, "settings ok: NATS %s, stream %s (max age %v, max bytes %s, %d replica(s)), buffer %s, HTTP %s\n",
+		o.nats.url, o.stream.Name, o.stream.MaxAge, formatSize(o.stream.MaxBytes), o.stream.Replicas,
+		formatSize(o.relay.MaxBuffer), o.httpAddr)
+	for _, e := range o.engines {
+		fmt.Fprintf(w, "  engine %s (model %s): %s, replay %s, %d rank(s)\n", e.Name, e.Model, e.Endpoint, cmpOr(e.ReplayEndpoint, "none"), max(e.Ranks, 1))
+	}
+	return nil
 }
 
 // runRelay relays until ctx ends.

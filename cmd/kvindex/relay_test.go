@@ -1,0 +1,63 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+// Bad relay settings are refused as usage errors that name the flag.
+func TestRelayOptions(t *testing.T) {
+	const eng = "--engine=vllm-0=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5567"
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // "" means valid
+	}{
+		{"valid", []string{"--nats=nats://n:4222", "--model=m", eng}, ""},
+		{"no nats", []string{"--model=m", eng}, "--nats is required"},
+		{"no engine", []string{"--nats=nats://n:4222", "--model=m"}, "no engine"},
+		{"no model", []string{"--nats=nats://n:4222", eng}, "no model"},
+		{"engine twice", []string{"--nats=nats://n:4222", "--model=m", eng, eng}, "used twice"},
+		{"small buffer", []string{"--nats=nats://n:4222", "--model=m", eng, "--relay-buffer=1KiB"}, "--relay-buffer"},
+		{"heartbeat", []string{"--nats=nats://n:4222", "--model=m", eng, "--heartbeat=1ms"}, "--heartbeat"},
+		{"duplicates beyond age", []string{"--nats=nats://n:4222", "--model=m", eng, "--nats-max-age=1m", "--nats-duplicates=2m"}, "duplicate window"},
+		{"replicas", []string{"--nats=nats://n:4222", "--model=m", eng, "--nats-replicas=7"}, "replicas"},
+		{"stream name", []string{"--nats=nats://n:4222", "--model=m", eng, "--nats-stream=a.b"}, "stream name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var f relayFlags
+			fs := pflag.NewFlagSet("relay", pflag.ContinueOnError)
+			f.register(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				if tc.want == "" || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("parse: %v", err)
+				}
+				return
+			}
+			o, err := f.options()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && err == nil:
+				t.Fatalf("accepted, want an error saying %q", tc.want)
+			case tc.want != "" && !strings.Contains(err.Error(), tc.want):
+				t.Fatalf("error %q, want it to say %q", err, tc.want)
+			case tc.want != "":
+				if _, ok := err.(usageError); !ok {
+					t.Errorf("error %T is not a usage error", err)
+				}
+				return
+			}
+			var out bytes.Buffer
+			if err := checkRelay(&out, o); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(out.String(), "engine vllm-0 (model m): tcp://127.0.0.1:5557, replay tcp://127.0.0.1:5567, 1 rank(s)") {
+				t.Errorf("--check printed:\n%s", out.String())
+			}
+		})
+	}
+}
