@@ -195,7 +195,9 @@ func fillStream(b *testing.B, js jetstream.JetStream, bs []batch) (events int) {
 		rec := natstransport.Record{Kind: natstransport.KindBatch, Seq: x.seq, Print: print, Health: kvevents.HealthOK, Relay: "bench"}
 		msg := &nats.Msg{Subject: natstransport.BatchSubject(x.engine), Header: rec.Header(), Data: x.payload}
 		msg.Header.Set(jetstream.MsgIDHeader, natstransport.MsgID(x.engine, x.seq, print))
-		if _, err := js.PublishMsgAsync(msg); err != nil {
+		// Stall rather than fail while the server is behind (the default
+		// waits 200 ms, short on two busy cores).
+		if _, err := js.PublishMsgAsync(msg, jetstream.WithStallWait(time.Minute)); err != nil {
 			b.Fatal(err)
 		}
 	}
