@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -121,7 +122,9 @@ func benchRelay(b *testing.B, rate int) {
 // reads every relay's records). The stream (file storage) is filled once
 // with the batches of 64 simulated engines, as relays publish them; one
 // operation is a fresh Consumer from StartSeq 0 until CaughtUp. MB/s
-// counts the stored messages (payload, subject and headers).
+// counts the stored messages (payload, subject and headers); cpu-us/batch
+// is the whole process's CPU time, the server's share included, which
+// varies less than the rates with what else runs on shared cores.
 func BenchmarkConsumerCatchUp(b *testing.B) {
 	const engines, batches = 64, 40_000
 	ns := startNATS(b)
@@ -141,7 +144,7 @@ func BenchmarkConsumerCatchUp(b *testing.B) {
 		b.Fatalf("stream holds %d messages, want %d", info.State.Msgs, len(bs))
 	}
 
-	var elapsed time.Duration
+	var elapsed, cpu time.Duration
 	b.ResetTimer()
 	for range b.N {
 		b.StopTimer()
@@ -151,12 +154,12 @@ func BenchmarkConsumerCatchUp(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		start := time.Now()
+		start, cpu0 := time.Now(), cpuTime(b)
 		if err := c.Start(context.Background()); err != nil {
 			b.Fatal(err)
 		}
 		awaitChan(b, "caught up", c.CaughtUp())
-		elapsed += time.Since(start)
+		elapsed, cpu = elapsed+time.Since(start), cpu+cpuTime(b)-cpu0
 		b.StopTimer()
 		if err := c.Close(); err != nil {
 			b.Fatal(err)
@@ -177,6 +180,16 @@ func BenchmarkConsumerCatchUp(b *testing.B) {
 	b.ReportMetric(float64(len(bs))/sec, "batches/s")
 	b.ReportMetric(float64(events)/sec, "events/s")
 	b.ReportMetric(float64(info.State.Bytes)/1e6/sec, "MB/s")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*len(bs)), "cpu-us/batch")
+}
+
+// cpuTime returns the process's user plus system CPU time.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // fillStream stores bs as a relay would (same subjects, headers and
