@@ -4,8 +4,12 @@ import (
 	"context"
 	"slices"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents"
@@ -110,4 +114,110 @@ func benchRelay(b *testing.B, rate int) {
 	b.ReportMetric(float64(events)/elapsed.Seconds(), "events/s")
 	b.ReportMetric(q(0.5), "p50-ms")
 	b.ReportMetric(q(0.99), "p99-ms")
+}
+
+// BenchmarkConsumerCatchUp: how fast one replica's Consumer applies what
+// the stream holds, into an index: a replica's catch-up after a snapshot,
+// and the fleet-wide batch rate one replica can follow (every replica
+// reads every relay's records). The stream (file storage) is filled once
+// with the batches of 64 simulated engines, as relays publish them; one
+// operation is a fresh Consumer from StartSeq 0 until CaughtUp. MB/s
+// counts the stored messages (payload, subject and headers); cpu-us/batch
+// is the whole process's CPU time, the server's share included, which
+// varies less than the rates with what else runs on shared cores.
+func BenchmarkConsumerCatchUp(b *testing.B) {
+	const engines, batches = 64, 40_000
+	ns := startNATS(b)
+	_, js := connect(b, ns.url())
+	s := ensureStream(b, js)
+	f := newFleet(b, engines, 1)
+	for len(f.batches) < batches {
+		f.run(b, batches-len(f.batches))
+	}
+	bs := f.batches[:batches]
+	events := fillStream(b, js, bs)
+	info, err := s.Info(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if info.State.Msgs != uint64(len(bs)) {
+		b.Fatalf("stream holds %d messages, want %d", info.State.Msgs, len(bs))
+	}
+
+	var elapsed, cpu time.Duration
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		ix := newIndex(b)
+		c, err := natstransport.NewConsumer(js, natstransport.ConsumerConfig{Model: testModel, RelayTimeout: time.Hour}, ix, quiet())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		start, cpu0 := time.Now(), cpuTime(b)
+		if err := c.Start(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		awaitChan(b, "caught up", c.CaughtUp())
+		elapsed, cpu = elapsed+time.Since(start), cpu+cpuTime(b)-cpu0
+		b.StopTimer()
+		if err := c.Close(); err != nil {
+			b.Fatal(err)
+		}
+		if got := c.AppliedSeq(); got != info.State.LastSeq {
+			b.Fatalf("caught up at %d, stream ends at %d", got, info.State.LastSeq)
+		}
+		var applied uint64
+		for _, st := range c.Streams() {
+			applied += st.Batches
+		}
+		if applied != uint64(len(bs)) {
+			b.Fatalf("applied %d batches, want %d", applied, len(bs))
+		}
+		b.StartTimer()
+	}
+	sec := elapsed.Seconds() / float64(b.N)
+	b.ReportMetric(float64(len(bs))/sec, "batches/s")
+	b.ReportMetric(float64(events)/sec, "events/s")
+	b.ReportMetric(float64(info.State.Bytes)/1e6/sec, "MB/s")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*len(bs)), "cpu-us/batch")
+}
+
+// cpuTime returns the process's user plus system CPU time.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// fillStream stores bs as a relay would (same subjects, headers and
+// message ids), with many publishes in flight rather than the relay's
+// one, so the fill is quick; it returns the number of events in bs.
+func fillStream(b *testing.B, js jetstream.JetStream, bs []batch) (events int) {
+	b.Helper()
+	var dec kvevents.Decoder
+	var eb kvevents.Batch
+	for _, x := range bs {
+		if err := dec.Decode(x.payload, &eb); err != nil {
+			b.Fatal(err)
+		}
+		events += len(eb.Events)
+		print := kvevents.BatchPrint(x.payload)
+		rec := natstransport.Record{Kind: natstransport.KindBatch, Seq: x.seq, Print: print, Health: kvevents.HealthOK, Relay: "bench"}
+		msg := &nats.Msg{Subject: natstransport.BatchSubject(x.engine), Header: rec.Header(), Data: x.payload}
+		msg.Header.Set(jetstream.MsgIDHeader, natstransport.MsgID(x.engine, x.seq, print))
+		// Stall rather than fail while the server is behind (the default
+		// waits 200 ms, short on two busy cores).
+		if _, err := js.PublishMsgAsync(msg, jetstream.WithStallWait(time.Minute)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		b.Fatal("timed out filling the stream")
+	}
+	return events
 }

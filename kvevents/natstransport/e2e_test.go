@@ -409,3 +409,65 @@ func TestEngineRestartAndReset(t *testing.T) {
 		t.Error("index holds more than the last engine process's blocks")
 	}
 }
+
+// An engine removed (its pod gone) leaves the replica's streams and index;
+// the same rank coming back is a new stream, counted from its first batch.
+func TestEngineRemovedAndBack(t *testing.T) {
+	ns := startNATS(t)
+	_, js := connect(t, ns.url())
+	s := ensureStream(t, js)
+	f := newFleet(t, 2, 1)
+	relay := startRelay(t, js, natstransport.RelayConfig{})
+	rep := startReplica(t, js, natstransport.ConsumerConfig{}, nil)
+	feed(relay, f.run(t, 40))
+	gone := f.engines[0]
+	relay.Reset(gone.EngineID(), kvevents.ResetRemoved)
+	awaitPublished(t, relay, relay.Stats().Batches+1)
+	last := lastSeq(t, s)
+	await(t, "replica applied the removal", func() bool { return rep.c.AppliedSeq() == last })
+	streams := rep.c.Streams()
+	if len(streams) != 1 || streams[0].Engine == gone.EngineID() {
+		t.Fatalf("streams after the removal: %+v", streams)
+	}
+	var kept []batch
+	for _, b := range f.batches {
+		if b.engine != gone.EngineID() {
+			kept = append(kept, b)
+		}
+	}
+	if rep.digest(t) != directIndex(t, kept).Digest() {
+		t.Error("index still holds the removed engine's blocks")
+	}
+
+	gone.Restart()
+	back := len(f.batches)
+	for len(f.batches) == back || f.batches[len(f.batches)-1].engine != gone.EngineID() {
+		feed(relay, f.run(t, 1))
+	}
+	kept = append(kept, f.batches[back:]...)
+	var again uint64
+	for _, b := range f.batches[back:] {
+		if b.engine == gone.EngineID() {
+			again++
+		}
+	}
+	awaitPublished(t, relay, relay.Stats().Batches+1)
+	last = lastSeq(t, s)
+	await(t, "replica applied the return", func() bool { return rep.c.AppliedSeq() == last })
+	var found bool
+	for _, st := range rep.c.Streams() {
+		if st.Engine != gone.EngineID() {
+			continue
+		}
+		found = true
+		if st.Batches != again || st.Health != kvevents.HealthOK || st.Gaps != 0 || st.Restarts != 0 {
+			t.Errorf("returned engine: %+v, want %d batches from a fresh start", st, again)
+		}
+	}
+	if !found {
+		t.Error("returned engine not among the streams")
+	}
+	if rep.digest(t) != directIndex(t, kept).Digest() {
+		t.Error("index differs from a direct apply of the kept and returned batches")
+	}
+}

@@ -250,8 +250,10 @@ func ParseHeader(h nats.Header) (Record, error) {
 		if err != nil {
 			return 0, err
 		}
+		// ParseUint takes decimal digits only; the one spelling it also
+		// takes that FormatUint never writes is a leading zero.
 		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil || strconv.FormatUint(n, 10) != v {
+		if err != nil || len(v) > 1 && v[0] == '0' {
 			return 0, fmt.Errorf("header %s: %q is not a decimal number", name, v)
 		}
 		return n, nil
