@@ -48,6 +48,7 @@ type serveFlags struct {
 	picker         bool
 	pick           pickFlags
 	security       securityFlags
+	discover       discoverFlags
 }
 
 func (f *serveFlags) register(fs *pflag.FlagSet) {
@@ -78,6 +79,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	f.security.register(fs)
 	fs.BoolVar(&f.picker, "picker", false, "also serve the endpoint picker (as kvindex picker does) over the index in this process: ext_proc on --extproc-addr, POST /v1/pick on --http-addr")
 	f.pick.register(fs)
+	f.discover.register(fs, true, true)
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables, --config file, tokenizer file), print them and exit without listening or connecting")
 }
 

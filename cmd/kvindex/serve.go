@@ -33,7 +33,7 @@ const shutdownGrace = 10 * time.Second
 func newServeCmd() *cobra.Command {
 	var f serveFlags
 	cmd := &cobra.Command{
-		Use:   "serve (--engine NAME=ENDPOINT ... | --listen ENDPOINT)",
+		Use:   "serve (--engine NAME=ENDPOINT ... | --discover-selector LABELS | --listen ENDPOINT)",
 		Short: "Follow the engines' KV events and answer prefix-cache queries over gRPC and HTTP",
 		Long: `serve subscribes to the KV-cache events of the engines, keeps the fleet-wide
 index, and answers queries: gRPC (kvindex.v1.IndexService, llm-d's
@@ -45,6 +45,16 @@ Connect mode (--engine, repeatable): kvindex connects to each engine's PUB
 socket (vLLM's endpoint "tcp://*:5557"). Bind mode (--listen): kvindex binds
 one socket and the engines connect to it; their topics (kv@<pod>@<model> by
 default, see --topic-pattern) name them.
+
+On Kubernetes, --discover-selector finds the engines instead (or besides
+--engine): kvindex watches the pods the label selector picks in
+--discover-namespace and connects to each one that is Running with an IP
+(ready or not: vLLM publishes before it is ready), at --discover-endpoint and
+--discover-replay with {ip} the pod's IP, naming it by the pod. A pod that
+goes away is followed for --discover-grace more, then dropped with its
+entries; one whose IP changes is replaced at once. kvindex needs to get,
+list and watch pods (deploy/kubernetes/components/discovery). Readiness
+counts the --engine streams only.
 
 vLLM's data-parallel rank r uses the event port + r and the replay port + r,
 so an engine's event and replay ports must be at least its rank count apart
@@ -103,7 +113,8 @@ type serveOptions struct {
 	snapshotInterval   time.Duration
 	security           server.Security
 	adminAddr          string
-	picker             *pickerOptions // nil without --picker
+	picker             *pickerOptions   // nil without --picker
+	discover           *discoverOptions // nil without --discover-selector
 }
 
 // options validates the flags.
@@ -144,9 +155,16 @@ func (f *serveFlags) options() (*serveOptions, error) {
 	if o.engineAllow, err = f.allowRules(); err != nil {
 		return nil, err
 	}
+	if o.discover, err = f.discover.options(); err != nil {
+		return nil, err
+	}
 	switch {
-	case len(o.engines) == 0 && o.listen == "":
-		return nil, usagef("no event source: give --engine NAME=ENDPOINT (connect mode) or --listen ENDPOINT (bind mode)")
+	case len(o.engines) == 0 && o.listen == "" && o.discover == nil:
+		return nil, usagef("no event source: give --engine NAME=ENDPOINT (connect mode), --discover-selector LABELS (connect mode, pods found on Kubernetes) or --listen ENDPOINT (bind mode)")
+	case o.discover != nil && o.model == "":
+		return nil, usagef("--discover-selector needs --model: the model of the engines it finds")
+	case o.discover != nil && o.listen != "":
+		return nil, usagef("--discover-selector connects to the pods it finds (connect mode); it does not combine with --listen (bind mode), where the engines connect to kvindex")
 	case o.grpcAddr == "" || o.httpAddr == "":
 		return nil, usagef("--grpc-addr and --http-addr must not be empty")
 	case o.grpcAddr == o.httpAddr && !strings.HasSuffix(o.grpcAddr, ":0"):
@@ -171,7 +189,7 @@ func (f *serveFlags) options() (*serveOptions, error) {
 	if o.listen != "" {
 		o.listen = endpoint(o.listen)
 	}
-	if o.picker, err = f.pickerOptions(); err != nil {
+	if o.picker, err = f.pickerOptions(o.discover != nil); err != nil {
 		return nil, err
 	}
 	return o, nil
@@ -249,6 +267,9 @@ func checkServe(w io.Writer, o *serveOptions, log *slog.Logger) error {
 	fmt.Fprintf(w, "  gRPC %s, HTTP %s, tokenizer %s\n", o.grpcAddr, o.httpAddr, tokenizerSummary(o))
 	for _, e := range o.engines {
 		fmt.Fprintf(w, "  engine %s (model %s): %s, replay %s, %d rank(s)\n", e.Name, e.Model, e.Endpoint, cmpOr(e.ReplayEndpoint, "none"), max(e.Ranks, 1))
+	}
+	if d := o.discover; d != nil {
+		fmt.Fprintf(w, "  discover pods %s in namespace %s: %s, replay %s, %d rank(s), grace %v\n", d.selector, cmpOr(d.namespace, "(kvindex's own)"), d.endpoint, cmpOr(d.replay, "none"), d.ranks, d.grace)
 	}
 	if o.listen != "" {
 		fmt.Fprintf(w, "  listen %s, %d rank(s), topics %s, replay %s, engine allow rules %d\n", o.listen, o.listenRanks, o.topicPattern, cmpOr(o.replayTemplate, "none"), len(o.engineAllow))
@@ -395,6 +416,10 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		return fail(err)
 	}
 	opened = append(opened, pk.close)
+	discover, err := startDiscovery(o, sub, pk, log)
+	if err != nil {
+		return fail(err)
+	}
 	hcfg := o.index.Hasher.Config()
 	log.Info("kvindex starting",
 		"hash_algo", string(hcfg.Algo), "hash_seed", hcfg.Seed, "block_size", hcfg.BlockSize,
@@ -443,6 +468,13 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		defer wg.Done()
 		srv.Run(runCtx)
 	}()
+	if discover != nil {
+		wg.Go(func() {
+			if err := discover(runCtx); err != nil && runCtx.Err() == nil {
+				errs <- err
+			}
+		})
+	}
 	if s.state != nil {
 		wg.Add(1)
 		go func() {
