@@ -192,3 +192,48 @@ func TestListenerReplayForgery(t *testing.T) {
 		})
 	}
 }
+
+// SetEngineAllow changes the rules of a running listener: with
+// EngineAllowDynamic and no rules every engine is refused; once a rule
+// names the pod its messages are taken; once the rules drop it again, its
+// messages are refused on the connection that is already up.
+func TestSetEngineAllow(t *testing.T) {
+	sink := newRecSink()
+	s := startSubscriber(t, SubscriberConfig{Listen: "tcp://127.0.0.1:*", EngineAllowDynamic: true}, sink)
+	ep := s.ListenEndpoint()
+	podA := kvevents.EngineID{Pod: "pod-a", Model: "m"}
+
+	refused := newTestPublisher(t, pubOptions{connect: fromAddr("127.0.0.1", ep), topic: "kv@pod-a@m", noReplay: true})
+	eventually(t, "refused at the handshake without rules", func() bool { return listenerStats(t, s).RefusedHandshakes >= 1 })
+	refused.Close()
+
+	if err := s.SetEngineAllow([]AllowRule{allowRule("pod-a=127.0.0.1")}); err != nil {
+		t.Fatal(err)
+	}
+	pub := newTestPublisher(t, pubOptions{connect: fromAddr("127.0.0.1", ep), topic: "kv@pod-a@m", noReplay: true})
+	pub.waitSubscribed(1)
+	pub.publishN(5, 0)
+	sink.waitApplied(t, podA, 4)
+
+	// pod-b's rule only: pod-a's next batches are refused by source.
+	if err := s.SetEngineAllow([]AllowRule{allowRule("pod-b=127.0.0.1")}); err != nil {
+		t.Fatal(err)
+	}
+	before := listenerStats(t, s).RefusedSources
+	pub.publishN(8, 0)
+	eventually(t, "pod-a's batches refused", func() bool { return listenerStats(t, s).RefusedSources >= before+3 })
+	sink.wantCalls(t, podA, seqRange(0, 5))
+
+	if err := s.SetEngineAllow([]AllowRule{{Pod: "x"}}); err == nil {
+		t.Error("a rule without a network: no error")
+	}
+}
+
+// A subscriber built without rules cannot take them later: its listen
+// socket has no handshake check.
+func TestSetEngineAllowWithoutRules(t *testing.T) {
+	s := startSubscriber(t, SubscriberConfig{Listen: "tcp://127.0.0.1:*"}, newRecSink())
+	if err := s.SetEngineAllow([]AllowRule{allowRule("pod-a=127.0.0.1")}); err == nil {
+		t.Error("no error")
+	}
+}
