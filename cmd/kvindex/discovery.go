@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
@@ -258,6 +259,53 @@ func (o *discoverOptions) engineReconciler(model string, log *slog.Logger,
 	}
 }
 
+// allowReconciler is bind mode's handler of each set of pods: the engine
+// allow rules become static plus, for each pod, POD=IP and IP=IP (the
+// topic names the pod by its name or, as llm-d's kv@$POD_IP@$MODEL does,
+// by its IP), so that only the pod's own address may speak for it. A pod
+// dropped, or whose IP changed, is forgotten (its streams and entries,
+// under both names) once the rules no longer admit it.
+func allowReconciler(static []zmqtransport.AllowRule, log *slog.Logger,
+	setAllow func([]zmqtransport.AllowRule) error, forget func(name string)) func([]kubediscovery.Engine) {
+	admitted := map[string]string{} // pod -> IP
+	return func(pods []kubediscovery.Engine) {
+		rules := slices.Clone(static)
+		seen := map[zmqtransport.AllowRule]bool{}
+		for _, r := range rules {
+			seen[r] = true
+		}
+		want := map[string]string{}
+		for _, p := range pods {
+			ip, err := netip.ParseAddr(p.IP)
+			if err != nil {
+				log.Warn("discovery: pod IP not an address; not admitted", "pod", p.Name, "ip", p.IP)
+				continue
+			}
+			ip = ip.Unmap()
+			want[p.Name] = p.IP
+			for _, name := range []string{p.Name, ip.String()} {
+				r := zmqtransport.AllowRule{Pod: name, Prefix: netip.PrefixFrom(ip, ip.BitLen())}
+				if !seen[r] {
+					seen[r] = true
+					rules = append(rules, r)
+				}
+			}
+		}
+		if err := setAllow(rules); err != nil {
+			log.Error("discovery: engine allow rules not changed", "err", err)
+			return
+		}
+		for _, name := range sortedKeys(admitted) {
+			if ip := admitted[name]; want[name] != ip {
+				forget(name)
+				forget(ip)
+			}
+		}
+		admitted = want
+		log.Info("discovery: engine allow rules", "pods", len(want), "rules", len(rules))
+	}
+}
+
 func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
@@ -312,7 +360,12 @@ func startDiscovery(o *serveOptions, sub *zmqtransport.Subscriber, pk *servePick
 	if d == nil {
 		return nil, nil
 	}
-	engines := d.engineReconciler(o.model, log, sub.AddEngine, func(name string) { sub.RemoveEngine(name) })
+	var engines func([]kubediscovery.Engine)
+	if o.listen == "" {
+		engines = d.engineReconciler(o.model, log, sub.AddEngine, func(name string) { sub.RemoveEngine(name) })
+	} else {
+		engines = allowReconciler(o.engineAllow, log, sub.SetEngineAllow, func(name string) { sub.RemoveEngine(name) })
+	}
 	var cands func([]kubediscovery.Engine)
 	if pk != nil {
 		cands = d.candidateSetter(log, setCandidates(pk.svc, pk.sc, log))

@@ -138,7 +138,7 @@ func TestDiscoveryFlagErrors(t *testing.T) {
 		{"ranks overlap replay", []string{"--discover-selector", "app=vllm", "--discover-ranks", "2", "--discover-replay", "tcp://{ip}:5558"}, "--discover-ranks 2"},
 		{"ranks out of range", []string{"--discover-selector", "app=vllm", "--discover-ranks", "0"}, "--discover-ranks 0"},
 		{"negative grace", []string{"--discover-selector", "app=vllm", "--discover-grace", "-1s"}, "--discover-grace"},
-		{"bind mode", []string{"--discover-selector", "app=vllm", "--listen", "tcp://*:5557"}, "does not combine with --listen"},
+		{"bind mode over ipc", []string{"--discover-selector", "app=vllm", "--listen", "ipc:///tmp/kv"}, "needs a tcp --listen"},
 		{"bad metrics URL", []string{"--discover-selector", "app=vllm", "--discover-metrics", "ftp://{ip}/metrics"}, "--discover-metrics"},
 		{"picker endpoints and discovery", []string{"--discover-selector", "app=vllm", "--picker", "--endpoint", "a=10.0.0.1:8000"}, "--endpoint and --discover-selector"},
 	} {
@@ -195,5 +195,135 @@ func TestDiscoveredEngineReconciler(t *testing.T) {
 	ep, err := o.endpointOf(kubediscovery.Engine{Name: "a", IP: "fd00::2"})
 	if err != nil || ep.Pod != "a" || ep.Addr != "[fd00::2]:8000" {
 		t.Errorf("picker endpoint %+v, %v; want a=[fd00::2]:8000", ep, err)
+	}
+}
+
+// In bind mode the discovered pods are the engine allow rules: each pod's
+// name and IP may speak only from its IP, besides the static rules; a pod
+// dropped or moved is forgotten under both names.
+func TestDiscoveredAllowReconciler(t *testing.T) {
+	static := []zmqtransport.AllowRule{mustAllow(t, "probe=10.9.0.0/16")}
+	var calls []string
+	apply := allowReconciler(static, slog.New(slog.DiscardHandler), func(rules []zmqtransport.AllowRule) error {
+		var s []string
+		for _, r := range rules {
+			s = append(s, r.String())
+		}
+		calls = append(calls, "allow "+strings.Join(s, " "))
+		return nil
+	}, func(name string) { calls = append(calls, "forget "+name) })
+	for _, step := range []struct {
+		name string
+		pods []kubediscovery.Engine
+		want []string
+	}{
+		{"none", nil, []string{"allow probe=10.9.0.0/16"}},
+		{"two pods", []kubediscovery.Engine{{Name: "a", IP: "10.0.0.1"}, {Name: "b", IP: "fd00::2"}},
+			[]string{"allow probe=10.9.0.0/16 a=10.0.0.1 10.0.0.1=10.0.0.1 b=fd00::2 fd00::2=fd00::2"}},
+		{"a moves, b goes", []kubediscovery.Engine{{Name: "a", IP: "10.0.0.3"}},
+			[]string{"allow probe=10.9.0.0/16 a=10.0.0.3 10.0.0.3=10.0.0.3", "forget a", "forget 10.0.0.1", "forget b", "forget fd00::2"}},
+		{"bad IP skipped", []kubediscovery.Engine{{Name: "a", IP: "10.0.0.3"}, {Name: "c", IP: "nope"}},
+			[]string{"allow probe=10.9.0.0/16 a=10.0.0.3 10.0.0.3=10.0.0.3"}},
+	} {
+		calls = nil
+		apply(step.pods)
+		if strings.Join(calls, "; ") != strings.Join(step.want, "; ") {
+			t.Errorf("%s: calls %q, want %q", step.name, calls, step.want)
+		}
+	}
+}
+
+func mustAllow(t *testing.T, s string) zmqtransport.AllowRule {
+	t.Helper()
+	r, err := zmqtransport.ParseAllowRule(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// serve in bind mode admits the engines discovery finds: once the pod is
+// found, its simulated engine's events are indexed; after the pod
+// is deleted and its grace has passed, its messages are refused and its
+// entries dropped.
+func TestServeDiscoveryBindModeAllows(t *testing.T) {
+	const grace = 30 * time.Second
+	x := &e2e{t: t, engines: map[string]*zmqtransport.SimEngine{}, logs: &syncBuffer{}}
+	o, f, err := parseServe(t, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
+		"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16",
+		"--listen", "tcp://127.0.0.1:*", "--discover-selector", "app=vllm", "--discover-namespace", "llm", "--discover-grace", grace.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(time.Now())
+	o.discover.client = func() (kubernetes.Interface, string, error) { return cs, "default", nil }
+	o.discover.clock = clk
+	log, err := newLogger(x.logs, "debug", f.logFormat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	svc, err := startService(ctx, o, log)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	x.svc = svc
+	t.Cleanup(func() {
+		cancel()
+		if err := svc.wait(); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("kvindex logs:\n%s", x.logs.String())
+		}
+	})
+	dctx, dcancel := context.WithTimeout(context.Background(), e2eDeadline)
+	defer dcancel()
+	if x.client, err = client.Dial(dctx, svc.grpcAddr); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.client.Close() })
+
+	// A peer refused at the handshake is not retried by libzmq, so the
+	// engine connects once its pod is admitted (the refusal itself is
+	// zmqtransport's to test).
+	if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), enginePod("vllm-0", "127.0.0.1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	x.await("the pod admitted", func() bool { return strings.Contains(x.logs.String(), `msg="discovery: engine allow rules" pods=1`) })
+	eng, err := zmqtransport.NewSimEngine(enginesim.Config{
+		Pod: "vllm-0", Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096,
+	}, zmqtransport.PublisherConfig{Connect: true, Endpoint: svc.sub.ListenEndpoint(), Topic: "kv@vllm-0@" + e2eModel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	x.engines["vllm-0"] = eng
+	x.warmUp("vllm-0")
+	prompt := tokensFrom(8000, 3*e2eBlockSize)
+	if _, err := eng.Process(prompt, nil); err != nil {
+		t.Fatal(err)
+	}
+	x.awaitMatched(prompt, map[string]uint32{"vllm-0": 3})
+
+	if err := cs.CoreV1().Pods("llm").Delete(context.Background(), "vllm-0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	x.await("the grace timer armed", clk.HasWaiters)
+	clk.Step(grace)
+	x.awaitMatched(prompt, map[string]uint32{})
+	refused := func() uint64 { ls, _ := svc.sub.ListenerStats(); return ls.RefusedSources }
+	before := refused()
+	x.await("the engine's messages refused", func() bool {
+		if _, err := eng.Process(tokensFrom(9000+int(x.salt), e2eBlockSize), nil); err != nil {
+			t.Fatal(err)
+		}
+		x.salt++
+		return refused() > before
+	})
+	if got := x.matched(prompt); len(got) != 0 {
+		t.Errorf("after the pod was dropped the index answers %v", got)
 	}
 }

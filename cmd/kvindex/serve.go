@@ -52,9 +52,12 @@ On Kubernetes, --discover-selector finds the engines instead (or besides
 (ready or not: vLLM publishes before it is ready), at --discover-endpoint and
 --discover-replay with {ip} the pod's IP, naming it by the pod. A pod that
 goes away is followed for --discover-grace more, then dropped with its
-entries; one whose IP changes is replaced at once. kvindex needs to get,
-list and watch pods (deploy/kubernetes/components/discovery). Readiness
-counts the --engine streams only.
+entries; one whose IP changes is replaced at once. With --listen (bind
+mode) the pods connect to kvindex instead and discovery admits them: each
+pod's name and IP (the topic names one of them) may speak from its IP only,
+besides the --engine-allow rules; other sources are refused. kvindex needs
+to get, list and watch pods (deploy/kubernetes/components/discovery).
+Readiness counts the --engine streams only.
 
 vLLM's data-parallel rank r uses the event port + r and the replay port + r,
 so an engine's event and replay ports must be at least its rank count apart
@@ -161,10 +164,10 @@ func (f *serveFlags) options() (*serveOptions, error) {
 	switch {
 	case len(o.engines) == 0 && o.listen == "" && o.discover == nil:
 		return nil, usagef("no event source: give --engine NAME=ENDPOINT (connect mode), --discover-selector LABELS (connect mode, pods found on Kubernetes) or --listen ENDPOINT (bind mode)")
-	case o.discover != nil && o.model == "":
+	case o.discover != nil && o.listen == "" && o.model == "":
 		return nil, usagef("--discover-selector needs --model: the model of the engines it finds")
-	case o.discover != nil && o.listen != "":
-		return nil, usagef("--discover-selector connects to the pods it finds (connect mode); it does not combine with --listen (bind mode), where the engines connect to kvindex")
+	case o.discover != nil && o.listen != "" && !strings.HasPrefix(endpoint(o.listen), "tcp://"):
+		return nil, usagef("--discover-selector in bind mode needs a tcp --listen endpoint, not %q: the discovered pods are allowed by their source address", o.listen)
 	case o.grpcAddr == "" || o.httpAddr == "":
 		return nil, usagef("--grpc-addr and --http-addr must not be empty")
 	case o.grpcAddr == o.httpAddr && !strings.HasSuffix(o.grpcAddr, ":0"):
@@ -326,7 +329,8 @@ func buildParts(o *serveOptions, log *slog.Logger, restore bool) (*parts, error)
 	scfg := zmqtransport.SubscriberConfig{
 		Engines: o.engines, Listen: o.listen, ListenRanks: o.listenRanks, TopicPattern: o.topicPattern,
 		Model: o.model, ReplayTemplate: o.replayTemplate, MaxEngines: o.maxEngines, EngineAllow: o.engineAllow, ForgetAfter: forgetAfter(o.forgetAfter),
-		RcvHWM: memoryLimits(o.index.MemoryBudget, o.streams()).rcvHWM, Resume: resume,
+		EngineAllowDynamic: o.discover != nil && o.listen != "",
+		RcvHWM:             memoryLimits(o.index.MemoryBudget, o.streams()).rcvHWM, Resume: resume,
 	}
 	sub, err := zmqtransport.NewSubscriber(scfg, hub, log.With("component", "kvevents"))
 	if err != nil {
