@@ -2,7 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -56,7 +60,8 @@ func TestServeDiscoveryFollowsPods(t *testing.T) {
 		"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16",
 		"--discover-selector", "app=vllm", "--discover-namespace", "llm", "--discover-grace", grace.String(),
 		"--discover-endpoint", "tcp://{ip}:"+portOf(t, eng.PubEndpoint()),
-		"--discover-replay", "tcp://{ip}:"+portOf(t, eng.ReplayEndpoint()))
+		"--discover-replay", "tcp://{ip}:"+portOf(t, eng.ReplayEndpoint()),
+		"--picker", "--extproc-addr", "127.0.0.1:0", "--scrape-interval", "0", "--discover-metrics", "http://{ip}:18000/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,6 +113,12 @@ func TestServeDiscoveryFollowsPods(t *testing.T) {
 	if x.pod("web-0", 0) != nil {
 		t.Error("the pod outside the selector is followed")
 	}
+	// The picker's candidates are the Ready pods, at their metrics port
+	// (set in the same report as the engines, just after them).
+	x.await("the pod a candidate", func() bool { code, _ := pick(t, x, prompt); return code == http.StatusOK })
+	if code, d := pick(t, x, prompt); code != http.StatusOK || d.Pod != "vllm-0" || d.Endpoint != "127.0.0.1:18000" {
+		t.Errorf("/v1/pick: %d %+v, want vllm-0 at 127.0.0.1:18000", code, d)
+	}
 
 	// Deleted: kept for the grace period, then dropped with its entries.
 	if err := cs.CoreV1().Pods("llm").Delete(context.Background(), "vllm-0", metav1.DeleteOptions{}); err != nil {
@@ -116,6 +127,10 @@ func TestServeDiscoveryFollowsPods(t *testing.T) {
 	x.await("the grace timer armed", clk.HasWaiters)
 	if got := x.matched(prompt); got["vllm-0"] != 4 {
 		t.Fatalf("within the grace period the index answers %v, want vllm-0's 4 blocks", got)
+	}
+	// A pod that went away is no candidate, grace or not.
+	if code, d := pick(t, x, prompt); code != http.StatusServiceUnavailable {
+		t.Errorf("/v1/pick with the pod gone: %d %+v, want 503", code, d)
 	}
 	clk.Step(grace)
 	x.awaitMatched(prompt, map[string]uint32{})
@@ -326,4 +341,23 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	if got := x.matched(prompt); len(got) != 0 {
 		t.Errorf("after the pod was dropped the index answers %v", got)
 	}
+}
+
+// pick asks serve's /v1/pick for a token prompt.
+func pick(t *testing.T, x *e2e, prompt []uint64) (int, struct{ Endpoint, Pod string }) {
+	t.Helper()
+	var d struct{ Endpoint, Pod string }
+	body := fmt.Sprintf(`{"model":%q,"prompt":[%s]}`, e2eModel, idsArg(prompt))
+	resp, err := http.Post("http://"+x.svc.httpAddr+"/v1/pick", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode == http.StatusOK {
+		if err := json.Unmarshal(raw, &d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return resp.StatusCode, d
 }
