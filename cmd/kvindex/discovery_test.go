@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -360,4 +361,62 @@ func pick(t *testing.T, x *e2e, prompt []uint64) (int, struct{ Endpoint, Pod str
 		}
 	}
 	return resp.StatusCode, d
+}
+
+// A command that follows engines without serve (relay) registers the
+// discovery flags and hands discoveredEngines its add and remove: a pod
+// that appears is added with the templates' endpoints, one deleted is
+// removed (--discover-grace 0: at once).
+func TestDiscoveredEnginesForRelay(t *testing.T) {
+	var f discoverFlags
+	fs := pflag.NewFlagSet("relay", pflag.ContinueOnError)
+	f.register(fs, true, false)
+	if fs.Lookup("discover-metrics") != nil {
+		t.Error("--discover-metrics registered for a command that follows engines only")
+	}
+	if err := fs.Parse([]string{"--discover-selector", "app=vllm", "--discover-namespace", "llm", "--discover-grace", "0", "--discover-replay", ""}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := fake.NewClientset()
+	o.client = func() (kubernetes.Interface, string, error) { return cs, "default", nil }
+	calls := make(chan string, 10)
+	run, err := discoveredEngines(o, "m", slog.New(slog.DiscardHandler), func(ec zmqtransport.EngineConfig) error {
+		calls <- "add " + ec.Name + " " + ec.Model + " " + ec.Endpoint + " replay=" + ec.ReplayEndpoint
+		return nil
+	}, func(name string) { calls <- "remove " + name })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	next := func(want string) {
+		t.Helper()
+		select {
+		case got := <-calls:
+			if got != want {
+				t.Fatalf("call %q, want %q", got, want)
+			}
+		case <-time.After(e2eDeadline):
+			t.Fatalf("no call; want %q", want)
+		}
+	}
+	if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), enginePod("vllm-0", "10.0.0.5"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	next("add vllm-0 m tcp://10.0.0.5:5557 replay=")
+	if err := cs.CoreV1().Pods("llm").Delete(context.Background(), "vllm-0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	next("remove vllm-0")
 }
