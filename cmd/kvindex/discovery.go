@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
 	"github.com/kvindex/kvindex/internal/kubediscovery"
@@ -149,6 +150,12 @@ func (f *discoverFlags) options() (*discoverOptions, error) {
 	return o, nil
 }
 
+// connectFlagsSet reports whether a connect-mode flag was given a value
+// other than its default.
+func (o *discoverOptions) connectFlagsSet() bool {
+	return o.engines && (o.endpoint != defaultDiscoverEndpoint || o.replay != defaultDiscoverReplay || o.ranks != 1)
+}
+
 // withIP fills a template's {ip}, bracketing an IPv6 address.
 func withIP(tmpl, ip string) string {
 	if strings.Contains(ip, ":") {
@@ -191,6 +198,9 @@ func (o *discoverOptions) metricsURL(e kubediscovery.Engine) string { return wit
 // client is made first: an error there (no cluster, no kubeconfig)
 // returns at once; later failures are logged by client-go and retried.
 func (o *discoverOptions) watchPods(log *slog.Logger, onChange func([]kubediscovery.Engine)) (run func(context.Context) error, err error) {
+	// client-go reports API errors (a list RBAC forbids, a lost watch)
+	// through klog: into kvindex's log, in its format.
+	klog.SetSlogLogger(log.With("component", "client-go"))
 	client, ns, err := o.client()
 	if err != nil {
 		return nil, fmt.Errorf("--discover-selector: %w", err)

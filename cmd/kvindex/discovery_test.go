@@ -154,6 +154,7 @@ func TestDiscoveryFlagErrors(t *testing.T) {
 		{"ranks overlap replay", []string{"--discover-selector", "app=vllm", "--discover-ranks", "2", "--discover-replay", "tcp://{ip}:5558"}, "--discover-ranks 2"},
 		{"ranks out of range", []string{"--discover-selector", "app=vllm", "--discover-ranks", "0"}, "--discover-ranks 0"},
 		{"negative grace", []string{"--discover-selector", "app=vllm", "--discover-grace", "-1s"}, "--discover-grace"},
+		{"bind mode with connect-mode flags", []string{"--discover-selector", "app=vllm", "--listen", "tcp://*:5557", "--discover-ranks", "2", "--discover-replay", "tcp://{ip}:5567"}, "apply to connect mode"},
 		{"bind mode over ipc", []string{"--discover-selector", "app=vllm", "--listen", "ipc:///tmp/kv"}, "needs a tcp --listen"},
 		{"bad metrics URL", []string{"--discover-selector", "app=vllm", "--discover-metrics", "ftp://{ip}/metrics"}, "--discover-metrics"},
 		{"picker endpoints and discovery", []string{"--discover-selector", "app=vllm", "--picker", "--endpoint", "a=10.0.0.1:8000"}, "--endpoint and --discover-selector"},

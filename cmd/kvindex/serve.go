@@ -166,6 +166,8 @@ func (f *serveFlags) options() (*serveOptions, error) {
 		return nil, usagef("no event source: give --engine NAME=ENDPOINT (connect mode), --discover-selector LABELS (connect mode, pods found on Kubernetes) or --listen ENDPOINT (bind mode)")
 	case o.discover != nil && o.listen == "" && o.model == "":
 		return nil, usagef("--discover-selector needs --model: the model of the engines it finds")
+	case o.discover != nil && o.listen != "" && o.discover.connectFlagsSet():
+		return nil, usagef("--discover-endpoint, --discover-replay and --discover-ranks apply to connect mode; with --listen (bind mode) the pods connect to kvindex (see --listen-ranks and --replay-template)")
 	case o.discover != nil && o.listen != "" && !strings.HasPrefix(endpoint(o.listen), "tcp://"):
 		return nil, usagef("--discover-selector in bind mode needs a tcp --listen endpoint, not %q: the discovered pods are allowed by their source address", o.listen)
 	case o.grpcAddr == "" || o.httpAddr == "":
@@ -271,8 +273,10 @@ func checkServe(w io.Writer, o *serveOptions, log *slog.Logger) error {
 	for _, e := range o.engines {
 		fmt.Fprintf(w, "  engine %s (model %s): %s, replay %s, %d rank(s)\n", e.Name, e.Model, e.Endpoint, cmpOr(e.ReplayEndpoint, "none"), max(e.Ranks, 1))
 	}
-	if d := o.discover; d != nil {
+	if d := o.discover; d != nil && o.listen == "" {
 		fmt.Fprintf(w, "  discover pods %s in namespace %s: %s, replay %s, %d rank(s), grace %v\n", d.selector, cmpOr(d.namespace, "(kvindex's own)"), d.endpoint, cmpOr(d.replay, "none"), d.ranks, d.grace)
+	} else if d != nil {
+		fmt.Fprintf(w, "  discover pods %s in namespace %s: admitted from their IPs, grace %v\n", d.selector, cmpOr(d.namespace, "(kvindex's own)"), d.grace)
 	}
 	if o.listen != "" {
 		fmt.Fprintf(w, "  listen %s, %d rank(s), topics %s, replay %s, engine allow rules %d\n", o.listen, o.listenRanks, o.topicPattern, cmpOr(o.replayTemplate, "none"), len(o.engineAllow))

@@ -31,6 +31,10 @@ const (
 	DefaultResync = 10 * time.Minute
 )
 
+// syncWarning is how long the initial list may take before the Watcher
+// warns that it has not completed.
+const syncWarning = 30 * time.Second
+
 // Config configures a Watcher.
 type Config struct {
 	// Namespace is the namespace watched; required (NewClient returns
@@ -176,7 +180,23 @@ func New(client kubernetes.Interface, cfg Config, onChange func([]Engine)) (*Wat
 func (w *Watcher) Run(ctx context.Context) error {
 	w.factory.Start(ctx.Done())
 	defer w.factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), w.informer.HasSynced) {
+	// An API server that refuses the list (RBAC) or cannot be reached
+	// leaves the informer retrying; say so in this log, not only in
+	// client-go's.
+	slow := w.clk.NewTimer(syncWarning)
+	synced := make(chan struct{})
+	go func() {
+		select {
+		case <-slow.C():
+			w.log.Warn("kubediscovery: the initial list of pods has not completed; can kvindex reach the API server, and get, list and watch pods there?",
+				"namespace", w.cfg.Namespace, "selector", w.cfg.Selector, "after", syncWarning.String())
+		case <-synced:
+		}
+	}()
+	ok := cache.WaitForCacheSync(ctx.Done(), w.informer.HasSynced)
+	slow.Stop()
+	close(synced)
+	if !ok {
 		return fmt.Errorf("kubediscovery: pods of namespace %s matching %q: the initial list did not complete", w.cfg.Namespace, w.cfg.Selector)
 	}
 	w.log.Info("kubediscovery: following pods", "namespace", w.cfg.Namespace, "selector", w.cfg.Selector, "grace", w.cfg.Grace.String())
