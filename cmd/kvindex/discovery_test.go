@@ -421,3 +421,24 @@ func TestDiscoveredEnginesForRelay(t *testing.T) {
 	}
 	next("remove vllm-0")
 }
+
+// kvindex picker takes the discovery flags that concern it: candidates
+// come from the pods' metrics URLs, not from event endpoints, and
+// --endpoint and discovery exclude each other.
+func TestPickerDiscoveryFlags(t *testing.T) {
+	cmd := newPickerCmd()
+	for name, want := range map[string]bool{"discover-selector": true, "discover-namespace": true, "discover-grace": true,
+		"discover-metrics": true, "discover-endpoint": false, "discover-replay": false, "discover-ranks": false} {
+		if got := cmd.Flags().Lookup(name) != nil; got != want {
+			t.Errorf("kvindex picker --%s registered: %v, want %v", name, got, want)
+		}
+	}
+	f := pickFlags{endpoints: []string{"a=10.0.0.1:8000"}, extprocAddr: ":9002"}
+	if _, err := f.config(true); err == nil || !strings.Contains(err.Error(), "--endpoint and --discover-selector") {
+		t.Errorf("--endpoint with discovery: %v", err)
+	}
+	f.endpoints = nil
+	if cfg, err := f.config(true); err != nil || !cfg.Dynamic || len(cfg.Endpoints) != 0 {
+		t.Errorf("discovery: %+v, %v; want dynamic endpoints, none yet", cfg, err)
+	}
+}
