@@ -259,8 +259,9 @@ func mustAllow(t *testing.T, s string) zmqtransport.AllowRule {
 	return r
 }
 
-// serve in bind mode admits the engines discovery finds: once the pod is
-// found, its simulated engine's events are indexed; after the pod
+// serve in bind mode admits the engines discovery finds: a simulated
+// engine connected before its pod is known is refused until the pod is
+// found, then its events are indexed; after the pod
 // is deleted and its grace has passed, its messages are refused and its
 // entries dropped.
 func TestServeDiscoveryBindModeAllows(t *testing.T) {
@@ -303,13 +304,9 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	}
 	t.Cleanup(func() { x.client.Close() })
 
-	// A peer refused at the handshake is not retried by libzmq, so the
-	// engine connects once its pod is admitted (the refusal itself is
-	// zmqtransport's to test).
-	if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), enginePod("vllm-0", "127.0.0.1"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	x.await("the pod admitted", func() bool { return strings.Contains(x.logs.String(), `msg="discovery: engine allow rules" pods=1`) })
+	// The engine connects before its pod is known, as every engine does
+	// when kvindex restarts: its batches are refused until discovery
+	// admits the pod, then taken on the same connection.
 	eng, err := zmqtransport.NewSimEngine(enginesim.Config{
 		Pod: "vllm-0", Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096,
 	}, zmqtransport.PublisherConfig{Connect: true, Endpoint: svc.sub.ListenEndpoint(), Topic: "kv@vllm-0@" + e2eModel})
@@ -318,6 +315,20 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	}
 	t.Cleanup(func() { eng.Close() })
 	x.engines["vllm-0"] = eng
+	refused := func() uint64 { ls, _ := svc.sub.ListenerStats(); return ls.RefusedSources }
+	x.await("the unknown engine's batches refused", func() bool {
+		if _, err := eng.Process(tokensFrom(100_000+int(x.salt)*100, e2eBlockSize), nil); err != nil {
+			t.Fatal(err)
+		}
+		x.salt++
+		return refused() > 0
+	})
+	if x.pod("vllm-0", 0) != nil {
+		t.Fatal("the engine is followed before its pod is known")
+	}
+	if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), enginePod("vllm-0", "127.0.0.1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	x.warmUp("vllm-0")
 	prompt := tokensFrom(8000, 3*e2eBlockSize)
 	if _, err := eng.Process(prompt, nil); err != nil {
@@ -331,7 +342,6 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	x.await("the grace timer armed", clk.HasWaiters)
 	clk.Step(grace)
 	x.awaitMatched(prompt, map[string]uint32{})
-	refused := func() uint64 { ls, _ := svc.sub.ListenerStats(); return ls.RefusedSources }
 	before := refused()
 	x.await("the engine's messages refused", func() bool {
 		if _, err := eng.Process(tokensFrom(9000+int(x.salt), e2eBlockSize), nil); err != nil {

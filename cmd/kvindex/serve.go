@@ -55,7 +55,8 @@ goes away is followed for --discover-grace more, then dropped with its
 entries; one whose IP changes is replaced at once. With --listen (bind
 mode) the pods connect to kvindex instead and discovery admits them: each
 pod's name and IP (the topic names one of them) may speak from its IP only,
-besides the --engine-allow rules; other sources are refused. kvindex needs
+besides the --engine-allow rules; other sources' messages are dropped (not
+their connections: an engine may connect before its pod is listed). kvindex needs
 to get, list and watch pods (deploy/kubernetes/components/discovery).
 Readiness counts the --engine streams only.
 

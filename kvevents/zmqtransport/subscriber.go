@@ -107,7 +107,10 @@ type SubscriberConfig struct {
 	// EngineAllowDynamic: the rules change at run time (SetEngineAllow,
 	// e.g. as engine pods are discovered), so they are enforced even
 	// while EngineAllow is empty, which then refuses every engine. Same
-	// requirements as EngineAllow.
+	// requirements as EngineAllow. They are enforced on each message's
+	// source only, not at the handshake: libzmq never retries a peer
+	// refused there, and an engine may connect before the rules admit
+	// it (every engine does, when kvindex restarts).
 	EngineAllowDynamic bool
 	// MaxEngines caps the streams (engine ranks) a listen socket
 	// discovers from topics: each costs a sequencer, a replay socket and
@@ -630,8 +633,11 @@ func (s *Subscriber) RemoveEngine(name string) bool {
 
 // SetEngineAllow replaces the engine allow rules (bind mode), on a
 // Subscriber built with rules or with EngineAllowDynamic. Connections
-// already past the handshake stay; their messages are judged by the new
-// rules from the next one on. An empty list refuses every engine.
+// stay; their messages are judged by the new rules from the next one on.
+// An empty list refuses every engine. On a Subscriber built with static
+// rules, the handshake check keeps the rules it started with: libzmq
+// does not retry a refused peer, so use EngineAllowDynamic for rules
+// that admit new addresses.
 func (s *Subscriber) SetEngineAllow(rules []AllowRule) error {
 	a, err := compileAllowList(rules)
 	if err != nil {
