@@ -52,6 +52,7 @@ type serveFlags struct {
 	nats           natsFlags
 	snapshotBucket string
 	snapshotKeep   int
+	discover       discoverFlags
 }
 
 func (f *serveFlags) register(fs *pflag.FlagSet) {
@@ -85,6 +86,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	f.nats.register(fs, "NATS mode: consume the KV events relays publish to JetStream (kvindex relay) instead of following engines over ZMQ, e.g. nats://nats:4222 (comma-separated for a cluster); replicas start from the newest snapshot in JetStream and are ready once caught up")
 	fs.StringVar(&f.snapshotBucket, "snapshot-bucket", snapstore.DefaultBucket, "NATS mode: JetStream object store bucket of index snapshots; one replica at a time (a lease in a KV bucket of the same name) writes one every --snapshot-interval")
 	fs.IntVar(&f.snapshotKeep, "snapshot-keep", snapstore.DefaultKeep, "NATS mode: snapshots kept in the bucket; older ones are deleted (a newest one that cannot be read falls back to the one before)")
+	f.discover.register(fs, true, true)
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables, --config file, tokenizer file), print them and exit without listening or connecting")
 }
 

@@ -229,7 +229,7 @@ func TestServeFlagErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"serve"}, "kvindex: no event source: give --engine NAME=ENDPOINT (connect mode) or --listen ENDPOINT (bind mode)"},
+		{[]string{"serve"}, "kvindex: no event source: give --engine NAME=ENDPOINT (connect mode), --discover-selector LABELS (connect mode, pods found on Kubernetes) or --listen ENDPOINT (bind mode)"},
 		{[]string{"serve", "--engine", "a"}, "kvindex: --engine \"a\": missing \"=ENDPOINT\" (want NAME=ENDPOINT[,replay=ENDPOINT][,ranks=N][,model=M])"},
 		{[]string{"serve", "--model", "m", "--engine", "a=tcp://x:1", "--engine", "a=tcp://y:1"}, "kvindex: --engine \"a=tcp://y:1\": the name \"a\" is used twice"},
 		{[]string{"serve", "--listen", "tcp://*:1", "--hash-algo", "md5"}, "kvindex: unknown --hash-algo \"md5\""},

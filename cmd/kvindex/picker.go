@@ -30,6 +30,7 @@ type pickerFlags struct {
 	pick     pickFlags
 	httpAddr string
 	sec      clientSecurityFlags
+	discover discoverFlags
 }
 
 func (f *pickerFlags) register(fs *pflag.FlagSet) {
@@ -37,12 +38,13 @@ func (f *pickerFlags) register(fs *pflag.FlagSet) {
 	f.pick.register(fs)
 	fs.StringVar(&f.httpAddr, "http-addr", ":9003", "address of the HTTP server: POST /v1/pick and /metrics; empty: none")
 	f.sec.register(fs)
+	f.discover.register(fs, false, true)
 }
 
 func newPickerCmd() *cobra.Command {
 	var f pickerFlags
 	cmd := &cobra.Command{
-		Use:   "picker --index HOST:PORT --endpoint POD=HOST:PORT ...",
+		Use:   "picker --index HOST:PORT (--endpoint POD=HOST:PORT ... | --discover-selector LABELS)",
 		Short: "Pick the engine for each inference request, for Envoy (ext_proc) or any gateway (HTTP)",
 		Long: `picker is an endpoint picker for gateways. For each inference request it asks
 kvindex (--index) which pods hold the prompt's prefix, scores the pods
@@ -58,6 +60,10 @@ envoy.lb dynamic metadata out (and kvindex.picker's index_seq: the index
 sequence of the answer the pick scored), honouring the gateway's subset
 hint; 503 when no endpoint may serve. Other gateways POST the request body to /v1/pick on
 --http-addr and read the same decision as JSON.
+
+On Kubernetes, --discover-selector replaces --endpoint: the Ready pods the
+selector picks are the candidates, each at the host:port of its
+--discover-metrics URL (vLLM serves /metrics on its API port).
 
 Headers: x-session-id names the conversation (else the Responses API's
 previous_response_id does); x-request-priority: background marks a turn
@@ -79,7 +85,11 @@ flags on the command line override the file.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			cfg, err := f.pick.config()
+			disc, err := f.discover.options()
+			if err != nil {
+				return err
+			}
+			cfg, err := f.pick.config(disc != nil)
 			if err != nil {
 				return err
 			}
@@ -92,7 +102,7 @@ flags on the command line override the file.`,
 			log := slog.Default()
 			reg := prometheus.NewRegistry()
 			cfg.Registry, cfg.Logger = reg, log
-			scrape, _, err := withEngineMetrics(f.pick.scrapeInterval, &cfg, reg, log)
+			scrape, sc, err := withEngineMetrics(f.pick.scrapeInterval, &cfg, reg, log)
 			if err != nil {
 				return err
 			}
@@ -100,6 +110,17 @@ flags on the command line override the file.`,
 			svc, err := gateway.New(cfg, gateway.Remote{Client: c})
 			if err != nil {
 				return err
+			}
+			if disc != nil {
+				run, err := disc.watchPods(log, disc.candidateSetter(log, setCandidates(svc, sc, log)))
+				if err != nil {
+					return err
+				}
+				go func() {
+					if err := run(ctx); err != nil {
+						log.Error("discovery stopped", "err", err)
+					}
+				}()
 			}
 			// Logged and counted by Warm; the picker serves regardless,
 			// routing by load until the index answers.

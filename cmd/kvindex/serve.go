@@ -33,7 +33,7 @@ const shutdownGrace = 10 * time.Second
 func newServeCmd() *cobra.Command {
 	var f serveFlags
 	cmd := &cobra.Command{
-		Use:   "serve (--engine NAME=ENDPOINT ... | --listen ENDPOINT)",
+		Use:   "serve (--engine NAME=ENDPOINT ... | --discover-selector LABELS | --listen ENDPOINT)",
 		Short: "Follow the engines' KV events and answer prefix-cache queries over gRPC and HTTP",
 		Long: `serve subscribes to the KV-cache events of the engines, keeps the fleet-wide
 index, and answers queries: gRPC (kvindex.v1.IndexService, llm-d's
@@ -45,6 +45,20 @@ Connect mode (--engine, repeatable): kvindex connects to each engine's PUB
 socket (vLLM's endpoint "tcp://*:5557"). Bind mode (--listen): kvindex binds
 one socket and the engines connect to it; their topics (kv@<pod>@<model> by
 default, see --topic-pattern) name them.
+
+On Kubernetes, --discover-selector finds the engines instead (or besides
+--engine): kvindex watches the pods the label selector picks in
+--discover-namespace and connects to each one that is Running with an IP
+(ready or not: vLLM publishes before it is ready), at --discover-endpoint and
+--discover-replay with {ip} the pod's IP, naming it by the pod. A pod that
+goes away is followed for --discover-grace more, then dropped with its
+entries; one whose IP changes is replaced at once. With --listen (bind
+mode) the pods connect to kvindex instead and discovery admits them: each
+pod's name and IP (the topic names one of them) may speak from its IP only,
+besides the --engine-allow rules; other sources' messages are dropped (not
+their connections: an engine may connect before its pod is listed). kvindex needs
+to get, list and watch pods (deploy/kubernetes/components/discovery).
+Readiness counts the --engine streams only.
 
 vLLM's data-parallel rank r uses the event port + r and the replay port + r,
 so an engine's event and replay ports must be at least its rank count apart
@@ -103,8 +117,9 @@ type serveOptions struct {
 	snapshotInterval   time.Duration
 	security           server.Security
 	adminAddr          string
-	picker             *pickerOptions // nil without --picker
-	nats               *natsOptions   // nil without --nats
+	picker             *pickerOptions   // nil without --picker
+	discover           *discoverOptions // nil without --discover-selector
+	nats               *natsOptions     // nil without --nats
 }
 
 // options validates the flags.
@@ -145,18 +160,27 @@ func (f *serveFlags) options() (*serveOptions, error) {
 	if o.engineAllow, err = f.allowRules(); err != nil {
 		return nil, err
 	}
+	if o.discover, err = f.discover.options(); err != nil {
+		return nil, err
+	}
 	if o.nats, err = f.natsOptions(); err != nil {
 		return nil, err
 	}
 	switch {
-	case o.nats != nil && (len(o.engines) > 0 || o.listen != ""):
-		return nil, usagef("--nats replaces --engine and --listen: in NATS mode the engines' events come from relays (kvindex relay) through JetStream")
+	case o.nats != nil && (len(o.engines) > 0 || o.listen != "" || o.discover != nil):
+		return nil, usagef("--nats replaces --engine, --listen and --discover-selector: in NATS mode the engines' events come from relays (kvindex relay) through JetStream")
 	case o.nats != nil && o.stateDir != "":
 		return nil, usagef("--state-dir does not apply with --nats: NATS mode keeps its snapshots in JetStream (--snapshot-bucket)")
 	case o.nats != nil && o.model == "":
 		return nil, usagef("--nats needs --model: a replica consumes one model's events")
-	case len(o.engines) == 0 && o.listen == "" && o.nats == nil:
-		return nil, usagef("no event source: give --engine NAME=ENDPOINT (connect mode), --listen ENDPOINT (bind mode) or --nats URL (NATS mode, fed by kvindex relay)")
+	case len(o.engines) == 0 && o.listen == "" && o.discover == nil && o.nats == nil:
+		return nil, usagef("no event source: give --engine NAME=ENDPOINT (connect mode), --discover-selector LABELS (connect mode, pods found on Kubernetes), --listen ENDPOINT (bind mode) or --nats URL (NATS mode, fed by kvindex relay)")
+	case o.discover != nil && o.listen == "" && o.model == "":
+		return nil, usagef("--discover-selector needs --model: the model of the engines it finds")
+	case o.discover != nil && o.listen != "" && o.discover.connectFlagsSet():
+		return nil, usagef("--discover-endpoint, --discover-replay and --discover-ranks apply to connect mode; with --listen (bind mode) the pods connect to kvindex (see --listen-ranks and --replay-template)")
+	case o.discover != nil && o.listen != "" && !strings.HasPrefix(endpoint(o.listen), "tcp://"):
+		return nil, usagef("--discover-selector in bind mode needs a tcp --listen endpoint, not %q: the discovered pods are allowed by their source address", o.listen)
 	case o.grpcAddr == "" || o.httpAddr == "":
 		return nil, usagef("--grpc-addr and --http-addr must not be empty")
 	case o.grpcAddr == o.httpAddr && !strings.HasSuffix(o.grpcAddr, ":0"):
@@ -181,7 +205,7 @@ func (f *serveFlags) options() (*serveOptions, error) {
 	if o.listen != "" {
 		o.listen = endpoint(o.listen)
 	}
-	if o.picker, err = f.pickerOptions(); err != nil {
+	if o.picker, err = f.pickerOptions(o.discover != nil); err != nil {
 		return nil, err
 	}
 	return o, nil
@@ -260,6 +284,11 @@ func checkServe(w io.Writer, o *serveOptions, log *slog.Logger) error {
 	for _, e := range o.engines {
 		fmt.Fprintf(w, "  engine %s (model %s): %s, replay %s, %d rank(s)\n", e.Name, e.Model, e.Endpoint, cmpOr(e.ReplayEndpoint, "none"), max(e.Ranks, 1))
 	}
+	if d := o.discover; d != nil && o.listen == "" {
+		fmt.Fprintf(w, "  discover pods %s in namespace %s: %s, replay %s, %d rank(s), grace %v\n", d.selector, cmpOr(d.namespace, "(kvindex's own)"), d.endpoint, cmpOr(d.replay, "none"), d.ranks, d.grace)
+	} else if d != nil {
+		fmt.Fprintf(w, "  discover pods %s in namespace %s: admitted from their IPs, grace %v\n", d.selector, cmpOr(d.namespace, "(kvindex's own)"), d.grace)
+	}
 	if o.listen != "" {
 		fmt.Fprintf(w, "  listen %s, %d rank(s), topics %s, replay %s, engine allow rules %d\n", o.listen, o.listenRanks, o.topicPattern, cmpOr(o.replayTemplate, "none"), len(o.engineAllow))
 	}
@@ -329,7 +358,8 @@ func buildParts(o *serveOptions, log *slog.Logger, restore bool) (*parts, error)
 		scfg := zmqtransport.SubscriberConfig{
 			Engines: o.engines, Listen: o.listen, ListenRanks: o.listenRanks, TopicPattern: o.topicPattern,
 			Model: o.model, ReplayTemplate: o.replayTemplate, MaxEngines: o.maxEngines, EngineAllow: o.engineAllow, ForgetAfter: forgetAfter(o.forgetAfter),
-			RcvHWM: memoryLimits(o.index.MemoryBudget, o.streams()).rcvHWM, Resume: resume,
+			EngineAllowDynamic: o.discover != nil && o.listen != "",
+			RcvHWM:             memoryLimits(o.index.MemoryBudget, o.streams()).rcvHWM, Resume: resume,
 		}
 		if zsub, err = zmqtransport.NewSubscriber(scfg, hub, log.With("component", "kvevents")); err != nil {
 			return nil, subscriberConfigError(err)
@@ -442,6 +472,11 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		return fail(err)
 	}
 	opened = append(opened, pk.close)
+	zsub, _ := sub.(*zmqtransport.Subscriber) // discovery is refused in NATS mode
+	discover, err := startDiscovery(o, zsub, pk, log)
+	if err != nil {
+		return fail(err)
+	}
 	hcfg := o.index.Hasher.Config()
 	log.Info("kvindex starting",
 		"hash_algo", string(hcfg.Algo), "hash_seed", hcfg.Seed, "block_size", hcfg.BlockSize,
@@ -490,6 +525,13 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		defer wg.Done()
 		srv.Run(runCtx)
 	}()
+	if discover != nil {
+		wg.Go(func() {
+			if err := discover(runCtx); err != nil && runCtx.Err() == nil {
+				errs <- err
+			}
+		})
+	}
 	if s.state != nil {
 		wg.Add(1)
 		go func() {

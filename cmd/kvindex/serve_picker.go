@@ -39,8 +39,19 @@ func (f *pickFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.pickHold, "pick-hold", gateway.DefaultPickHold, "how long a /v1/pick decision counts as in flight on its pod (its caller never reports the end)")
 }
 
-// config validates the flags into the picker's configuration.
-func (f *pickFlags) config() (gateway.Config, error) {
+// config validates the flags into the picker's configuration. With
+// discovered (--discover-selector) the candidates come from Kubernetes
+// and --endpoint is refused.
+func (f *pickFlags) config(discovered bool) (gateway.Config, error) {
+	if discovered {
+		if len(f.endpoints) > 0 {
+			return gateway.Config{}, errors.New("--endpoint and --discover-selector: give one (the candidates are either listed or discovered)")
+		}
+		if f.extprocAddr == "" {
+			return gateway.Config{}, errors.New("--extproc-addr must not be empty")
+		}
+		return gateway.Config{Dynamic: true, IndexTimeout: f.indexTimeout, MaxBody: f.maxBody, PickHold: f.pickHold}, nil
+	}
 	eps, err := parseEndpoints(f.endpoints)
 	if err != nil {
 		return gateway.Config{}, err
@@ -75,9 +86,10 @@ type servePicker struct {
 	svc    *gateway.Service
 	grpc   *grpc.Server
 	lis    net.Listener
-	addr   string                // resolved ext_proc address
-	scrape func(context.Context) // reads the engines' /metrics until its context ends
-	cancel context.CancelFunc    // ends scrape
+	addr   string                 // resolved ext_proc address
+	sc     *enginemetrics.Scraper // nil without scraping
+	scrape func(context.Context)  // reads the engines' /metrics until its context ends
+	cancel context.CancelFunc     // ends scrape
 }
 
 // listenPicker builds the picker over srv and listens on its ext_proc
@@ -106,7 +118,7 @@ func listenPicker(o *pickerOptions, srv *server.Server, log *slog.Logger) (*serv
 	gs := grpc.NewServer(grpc.MaxRecvMsgSize(svc.MaxBody() + 1<<20))
 	svc.ExtProc().Register(gs)
 	log.Info("picker serving", "extproc", lis.Addr().String(), "endpoints", len(cfg.Endpoints))
-	return &servePicker{svc: svc, grpc: gs, lis: lis, addr: lis.Addr().String(), scrape: scrape, cancel: func() {}}, nil
+	return &servePicker{svc: svc, grpc: gs, lis: lis, addr: lis.Addr().String(), sc: sc, scrape: scrape, cancel: func() {}}, nil
 }
 
 // handler serves POST /v1/pick beside serve's own API, to the callers
@@ -164,14 +176,14 @@ func (p *servePicker) close() {
 
 // pickerOptions validates serve's picker flags: nil without --picker,
 // where giving any of them is a mistake.
-func (f *serveFlags) pickerOptions() (*pickerOptions, error) {
+func (f *serveFlags) pickerOptions(discovered bool) (*pickerOptions, error) {
 	if !f.picker {
 		if len(f.pick.endpoints) > 0 {
 			return nil, usagef("--endpoint needs --picker")
 		}
 		return nil, nil
 	}
-	cfg, err := f.pick.config()
+	cfg, err := f.pick.config(discovered)
 	if err != nil {
 		return nil, usagef("--picker: %v", err)
 	}

@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -63,12 +64,19 @@ type build struct {
 	// relay: the build's engines publish through the relay sidecar, whose
 	// flags are checked against the engine's.
 	relay bool
+	// extraEgress: flows kvindex may open beyond the base's.
+	extraEgress []flow
+	// apiReader: kvindex reads pods from the API server (discovery), so
+	// its pods mount a token bound to exactly that.
+	apiReader bool
 }
 
 var builds = []build{
 	{name: "base", dir: "base", kvindex: true},
 	{name: "base+prometheus", dir: "base", components: []string{"components/prometheus"}, kvindex: true,
 		extraIngress: []flow{{prometheusPeer, "TCP/8080"}}},
+	{name: "base+discovery", dir: "base", components: []string{"components/discovery"}, kvindex: true, apiReader: true,
+		extraEgress: []flow{{"anyone", "TCP/443"}, {"anyone", "TCP/6443"}, {enginePeer, "TCP/5557"}, {enginePeer, "TCP/5558"}}},
 	{name: "vllm", dir: "vllm"},
 	{name: "replicas", dir: "replicas", kvindex: true, replicas: true},
 	{name: "replicas+prometheus+monitoring", dir: "replicas",
@@ -207,6 +215,8 @@ type rendered struct {
 	policies        []*networkingv1.NetworkPolicy
 	budgets         []*policyv1.PodDisruptionBudget
 	monitors        []*monitor
+	roles           []*rbacv1.Role
+	roleBindings    []*rbacv1.RoleBinding
 }
 
 func (r rendered) deepCopy() rendered {
@@ -218,6 +228,8 @@ func (r rendered) deepCopy() rendered {
 		policies:        deepCopyAll(r.policies, (*networkingv1.NetworkPolicy).DeepCopy),
 		budgets:         deepCopyAll(r.budgets, (*policyv1.PodDisruptionBudget).DeepCopy),
 		monitors:        deepCopyAll(r.monitors, (*monitor).deepCopy),
+		roles:           deepCopyAll(r.roles, (*rbacv1.Role).DeepCopy),
+		roleBindings:    deepCopyAll(r.roleBindings, (*rbacv1.RoleBinding).DeepCopy),
 	}
 }
 
@@ -297,6 +309,12 @@ func render(t *testing.T, b build) rendered {
 		case "monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PodMonitor":
 			m := &monitor{}
 			r.monitors, obj = append(r.monitors, m), m
+		case "rbac.authorization.k8s.io/v1/Role":
+			ro := &rbacv1.Role{}
+			r.roles, obj = append(r.roles, ro), ro
+		case "rbac.authorization.k8s.io/v1/RoleBinding":
+			rb := &rbacv1.RoleBinding{}
+			r.roleBindings, obj = append(r.roleBindings, rb), rb
 		default:
 			t.Fatalf("%s: no API type to check it against; add one to render", name)
 		}
@@ -311,11 +329,16 @@ func render(t *testing.T, b build) rendered {
 func problems(r rendered, b build) []string {
 	var out []string
 	for _, d := range r.deployments {
-		for _, p := range podProblems(&d.Spec.Template) {
+		for _, p := range podProblems(&d.Spec.Template, b.apiReader) {
 			out = append(out, "Deployment "+d.Name+": "+p)
 		}
 	}
 	out = append(out, wiringProblems(r)...)
+	if b.apiReader {
+		out = append(out, rbacProblems(r)...)
+	} else if len(r.roles)+len(r.roleBindings) > 0 {
+		out = append(out, "a Role or RoleBinding in a build whose pods call no API")
+	}
 	if b.kvindex {
 		out = append(out, kvindexProblems(r, b)...)
 	}
@@ -330,7 +353,7 @@ func problems(r rendered, b build) []string {
 // controller runs, at the newest policy version it knows.
 var restricted, restrictedErr = policy.NewEvaluator(policy.DefaultChecks(), nil)
 
-func podProblems(tmpl *corev1.PodTemplateSpec) []string {
+func podProblems(tmpl *corev1.PodTemplateSpec, apiReader bool) []string {
 	if restrictedErr != nil {
 		return []string{"Pod Security checks: " + restrictedErr.Error()}
 	}
@@ -342,9 +365,12 @@ func podProblems(tmpl *corev1.PodTemplateSpec) []string {
 		}
 	}
 	// The pod's field wins over the service account's; stating it keeps
-	// the pod token-free whatever account it runs as.
-	if a := tmpl.Spec.AutomountServiceAccountToken; a == nil || *a {
+	// the pod token-free whatever account it runs as (or, for an API
+	// reader, gives it the token whatever the account says).
+	if a := tmpl.Spec.AutomountServiceAccountToken; !apiReader && (a == nil || *a) {
 		out = append(out, "automountServiceAccountToken is not false")
+	} else if apiReader && (a == nil || !*a) {
+		out = append(out, "automountServiceAccountToken is not true (the pod reads the API)")
 	}
 	for _, c := range slices.Concat(tmpl.Spec.InitContainers, tmpl.Spec.Containers) {
 		if sc := c.SecurityContext; sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
@@ -506,7 +532,7 @@ func kvindexProblems(r rendered, b build) []string {
 		wantIn = append(wantIn, flow{enginePeer, p})
 	}
 	wantIn = append(wantIn, b.extraIngress...)
-	var wantOut []flow
+	wantOut := slices.Clone(b.extraEgress)
 	dns := false
 	if cfg.NATS != "" {
 		u, err := url.Parse(cfg.NATS)
@@ -566,6 +592,43 @@ func kvindexProblems(r rendered, b build) []string {
 				out = append(out, fmt.Sprintf("NetworkPolicy %s: %s refused on %s", dir.name, f.peer, f.port))
 			}
 		}
+	}
+	return out
+}
+
+// rbacProblems checks what discovery may do: read (get, list, watch)
+// pods, nothing else, bound to the service account kvindex runs as.
+func rbacProblems(r rendered) []string {
+	d, ok := find(r.deployments, "kvindex", func(d *appsv1.Deployment) string { return d.Name })
+	if !ok {
+		return []string{"no Deployment named kvindex"}
+	}
+	sa := d.Spec.Template.Spec.ServiceAccountName
+	var out []string
+	bound := false
+	for _, rb := range r.roleBindings {
+		ro, ok := find(r.roles, rb.RoleRef.Name, func(ro *rbacv1.Role) string { return ro.Name })
+		if rb.RoleRef.Kind != "Role" || !ok {
+			out = append(out, "RoleBinding "+rb.Name+": binds no Role of this build")
+			continue
+		}
+		for _, s := range rb.Subjects {
+			bound = bound || (s.Kind == rbacv1.ServiceAccountKind && s.Name == sa && s.Namespace == "")
+		}
+		for _, rule := range ro.Rules {
+			if !slices.Equal(rule.APIGroups, []string{""}) || !slices.Equal(rule.Resources, []string{"pods"}) ||
+				len(rule.ResourceNames) > 0 || len(rule.NonResourceURLs) > 0 {
+				out = append(out, fmt.Sprintf("Role %s: rule %v reaches beyond pods", ro.Name, rule))
+			}
+			for _, v := range rule.Verbs {
+				if !slices.Contains([]string{"get", "list", "watch"}, v) {
+					out = append(out, fmt.Sprintf("Role %s: verb %q on %v (want get, list and watch only)", ro.Name, v, rule.Resources))
+				}
+			}
+		}
+	}
+	if !bound {
+		out = append(out, "no RoleBinding binds the service account "+sa+" kvindex runs as")
 	}
 	return out
 }
@@ -712,4 +775,46 @@ func deref(p *int64) any {
 		return "unset"
 	}
 	return *p
+}
+
+// Each change breaks one rule of the discovery component; the checks must
+// report it.
+func TestDiscoveryChecksFail(t *testing.T) {
+	var b build
+	for _, x := range builds {
+		if x.apiReader {
+			b = x
+		}
+	}
+	good := render(t, b)
+	if p := problems(good, b); len(p) > 0 {
+		t.Fatalf("the discovery build itself has problems: %v", p)
+	}
+	cases := []struct {
+		name   string
+		mutate func(*rendered)
+		want   string
+	}{
+		{"no token", func(r *rendered) { r.deployments[0].Spec.Template.Spec.AutomountServiceAccountToken = nil }, "automountServiceAccountToken"},
+		{"may write pods", func(r *rendered) { r.roles[0].Rules[0].Verbs = append(r.roles[0].Rules[0].Verbs, "delete") }, `verb "delete"`},
+		{"reads secrets", func(r *rendered) { r.roles[0].Rules[0].Resources = []string{"pods", "secrets"} }, "beyond pods"},
+		{"bound to another account", func(r *rendered) { r.roleBindings[0].Subjects[0].Name = "default" }, "no RoleBinding binds"},
+		{"API server port closed", func(r *rendered) {
+			for _, p := range r.policies {
+				if p.Name == "kvindex-discovery" {
+					p.Spec.Egress = p.Spec.Egress[1:]
+				}
+			}
+		}, "refused on TCP/443"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := good.deepCopy()
+			c.mutate(&r)
+			got := problems(r, b)
+			if !slices.ContainsFunc(got, func(p string) bool { return strings.Contains(p, c.want) }) {
+				t.Errorf("problems %q, want one mentioning %q", got, c.want)
+			}
+		})
+	}
 }

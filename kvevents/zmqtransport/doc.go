@@ -39,7 +39,9 @@
 // refused at the ZMQ handshake by a ZAP handler, and each message's source
 // address (its Peer-Address) must be allowed for the pod its topic names
 // before it reaches a stream; replays then dial {addr} only (listen_auth.go
-// says why it is built this way).
+// says why it is built this way). Rules that follow discovered engines
+// (EngineAllowDynamic, SetEngineAllow) are checked per message only:
+// libzmq never retries a peer refused at the handshake.
 //
 // # Reconnecting
 //

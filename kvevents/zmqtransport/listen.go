@@ -92,7 +92,7 @@ func (s *Subscriber) startListener() error {
 		ln.rx.wantPeer()
 	}
 	err = l.call(func() error {
-		if ln.allow != nil {
+		if ln.zapOn() {
 			// Before the listen socket exists: libzmq lets a NULL
 			// handshake through when no ZAP handler is bound.
 			if err := ln.openZAP(); err != nil {
@@ -123,13 +123,21 @@ func (s *Subscriber) startListener() error {
 	return nil
 }
 
+// zapOn reports whether connections are checked at the handshake: with
+// static rules. Rules that change (EngineAllowDynamic) are checked per
+// message only, because libzmq does not retry a peer refused at the
+// handshake, and an engine may well connect before its pod is admitted
+// (when kvindex restarts, every engine reconnects before discovery has
+// listed the pods).
+func (ln *listener) zapOn() bool { return ln.allow != nil && !ln.s.cfg.EngineAllowDynamic }
+
 // open binds the SUB socket to endpoint's port + r for each rank r, as
 // vLLM's rank r connects there: one socket may be bound to many
 // endpoints, and the batches' dp_rank tells the ranks apart.
 func (ln *listener) open(endpoint, topic string, ranks int) error {
 	var bound []string
 	sub, mon, err := ln.s.openSUB(topic, zmq.EVENT_ACCEPTED|zmq.EVENT_DISCONNECTED, func(sub *zmq.Socket) error {
-		if ln.allow != nil {
+		if ln.zapOn() {
 			// libzmq asks the ZAP handler about a NULL-mechanism peer
 			// only when the socket has a ZAP domain.
 			if err := sub.SetZapDomain(zapDomain); err != nil {

@@ -192,3 +192,56 @@ func TestListenerReplayForgery(t *testing.T) {
 		})
 	}
 }
+
+// SetEngineAllow changes the rules of a running listener: with
+// EngineAllowDynamic and no rules an engine connects but its messages are
+// refused; once a rule names its pod, its messages on the same connection
+// are taken (libzmq would not retry a connection refused at the
+// handshake); once the rules drop it again, they are refused.
+func TestSetEngineAllow(t *testing.T) {
+	sink := newRecSink()
+	s := startSubscriber(t, SubscriberConfig{Listen: "tcp://127.0.0.1:*", EngineAllowDynamic: true}, sink)
+	ep := s.ListenEndpoint()
+	podA := kvevents.EngineID{Pod: "pod-a", Model: "m"}
+
+	pub := newTestPublisher(t, pubOptions{connect: fromAddr("127.0.0.1", ep), topic: "kv@pod-a@m", noReplay: true})
+	pub.waitSubscribed(1)
+	pub.publishN(3, 0)
+	eventually(t, "refused by source without rules", func() bool { return listenerStats(t, s).RefusedSources >= 3 })
+	if _, ok := streamOf(s, podA); ok {
+		t.Fatal("pod-a has a stream without a rule")
+	}
+
+	if err := s.SetEngineAllow([]AllowRule{allowRule("pod-a=127.0.0.1")}); err != nil {
+		t.Fatal(err)
+	}
+	pub.publishN(8, 0)
+	sink.waitApplied(t, podA, 7)
+
+	// pod-b's rule only: pod-a's next batches are refused by source.
+	if err := s.SetEngineAllow([]AllowRule{allowRule("pod-b=127.0.0.1")}); err != nil {
+		t.Fatal(err)
+	}
+	before := listenerStats(t, s).RefusedSources
+	pub.publishN(11, 0)
+	eventually(t, "pod-a's batches refused", func() bool { return listenerStats(t, s).RefusedSources >= before+3 })
+	if a := sink.applied(podA); len(a) == 0 || a[len(a)-1] != 7 {
+		t.Errorf("pod-a applied %v; want nothing past seq 7 once its rule is gone", a)
+	}
+	if ls := listenerStats(t, s); ls.RefusedHandshakes != 0 {
+		t.Errorf("listener %+v: dynamic rules refused a handshake", ls)
+	}
+
+	if err := s.SetEngineAllow([]AllowRule{{Pod: "x"}}); err == nil {
+		t.Error("a rule without a network: no error")
+	}
+}
+
+// A subscriber built without rules cannot take them later: its listen
+// socket has no handshake check.
+func TestSetEngineAllowWithoutRules(t *testing.T) {
+	s := startSubscriber(t, SubscriberConfig{Listen: "tcp://127.0.0.1:*"}, newRecSink())
+	if err := s.SetEngineAllow([]AllowRule{allowRule("pod-a=127.0.0.1")}); err == nil {
+		t.Error("no error")
+	}
+}

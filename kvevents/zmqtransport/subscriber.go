@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"runtime"
 	"slices"
 	"strconv"
@@ -103,6 +104,14 @@ type SubscriberConfig struct {
 	// that address. It needs a tcp Listen endpoint, and a ReplayTemplate
 	// whose host is {addr}.
 	EngineAllow []AllowRule
+	// EngineAllowDynamic: the rules change at run time (SetEngineAllow,
+	// e.g. as engine pods are discovered), so they are enforced even
+	// while EngineAllow is empty, which then refuses every engine. Same
+	// requirements as EngineAllow. They are enforced on each message's
+	// source only, not at the handshake: libzmq never retries a peer
+	// refused there, and an engine may connect before the rules admit
+	// it (every engine does, when kvindex restarts).
+	EngineAllowDynamic bool
 	// MaxEngines caps the streams (engine ranks) a listen socket
 	// discovers from topics: each costs a sequencer, a replay socket and
 	// metrics series, and topics are whatever peers send. Further engines
@@ -357,6 +366,9 @@ func NewSubscriber(cfg SubscriberConfig, sink kvevents.Sink, log *slog.Logger) (
 	allow, err := compileAllowList(cfg.EngineAllow)
 	if err != nil {
 		return nil, err
+	}
+	if allow == nil && cfg.EngineAllowDynamic {
+		allow = &allowList{exact: map[string][]netip.Prefix{}}
 	}
 	if err := checkSourceBinding(cfg, allow != nil); err != nil {
 		return nil, err
@@ -617,6 +629,44 @@ func (s *Subscriber) RemoveEngine(name string) bool {
 		s.log.Info("zmqtransport: engine removed", "pod", name)
 	}
 	return removed
+}
+
+// SetEngineAllow replaces the engine allow rules (bind mode), on a
+// Subscriber built with rules or with EngineAllowDynamic. Connections
+// stay; their messages are judged by the new rules from the next one on.
+// An empty list refuses every engine. On a Subscriber built with static
+// rules, the handshake check keeps the rules it started with: libzmq
+// does not retry a refused peer, so use EngineAllowDynamic for rules
+// that admit new addresses.
+func (s *Subscriber) SetEngineAllow(rules []AllowRule) error {
+	a, err := compileAllowList(rules)
+	if err != nil {
+		return err
+	}
+	if a == nil {
+		a = &allowList{exact: map[string][]netip.Prefix{}}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return errors.New("zmqtransport: subscriber closed")
+	case s.allow == nil:
+		return errors.New("zmqtransport: engine allow rules cannot be set on a subscriber built without them (set EngineAllow or EngineAllowDynamic)")
+	}
+	s.allow = a
+	s.cfg.EngineAllow = slices.Clone(rules)
+	if ln := s.listener; ln != nil {
+		return ln.loop.call(func() error {
+			ln.allow = a
+			// The verdicts cached per route were the old rules'.
+			for _, rt := range ln.routes {
+				rt.srcOK, rt.srcBad = "", ""
+			}
+			return nil
+		})
+	}
+	return nil
 }
 
 // ListenEndpoint returns the listen socket's bound endpoint (rank 0's

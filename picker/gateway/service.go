@@ -59,9 +59,13 @@ func ParseEndpoint(s string) (Endpoint, error) {
 
 // Config configures a Service.
 type Config struct {
-	// Endpoints are the candidates; at least one, pods and addresses
-	// unique.
+	// Endpoints are the candidates; at least one unless Dynamic, pods
+	// and addresses unique.
 	Endpoints []Endpoint
+	// Dynamic: the candidates change at run time (SetEndpoints), so
+	// Endpoints may start empty; until there are some, every pick
+	// fails with ErrNoEndpoint.
+	Dynamic bool
 	// Scorer configures the scoring (picker.DefaultConfig when zero).
 	Scorer picker.Config
 	// IndexTimeout bounds each index query (DefaultIndexTimeout if 0).
@@ -98,12 +102,45 @@ type Service struct {
 	cfg    Config
 	src    Source
 	scorer *picker.Scorer
-	eps    []*endpoint
-	byAddr map[string]*endpoint
-	pods   []string
+	set    atomic.Pointer[endpointSet]
+	setMu  sync.Mutex // serialises SetEndpoints
 	log    *slog.Logger
 	m      *metrics
 	pool   sync.Pool // *pickState
+}
+
+// endpointSet is the candidates, replaced whole by SetEndpoints so that a
+// pick reads one consistent set without a lock.
+type endpointSet struct {
+	eps    []*endpoint
+	byAddr map[string]*endpoint
+	pods   []string
+}
+
+// newEndpointSet checks eps and builds their set, keeping the endpoints
+// (and so the in-flight counts) of old that are listed again unchanged.
+func newEndpointSet(eps []Endpoint, old *endpointSet) (*endpointSet, error) {
+	set := &endpointSet{byAddr: make(map[string]*endpoint, len(eps))}
+	seen := map[string]bool{}
+	for _, e := range eps {
+		if e.Pod == "" || e.Addr == "" {
+			return nil, fmt.Errorf("gateway: endpoint %+v: pod and address are required", e)
+		}
+		if seen[e.Pod] || set.byAddr[e.Addr] != nil {
+			return nil, fmt.Errorf("gateway: endpoint %s=%s: pod or address listed twice", e.Pod, e.Addr)
+		}
+		seen[e.Pod] = true
+		ep := &endpoint{Endpoint: e}
+		if old != nil {
+			if o := old.byAddr[e.Addr]; o != nil && o.Endpoint == e {
+				ep = o
+			}
+		}
+		set.eps = append(set.eps, ep)
+		set.byAddr[e.Addr] = ep
+		set.pods = append(set.pods, e.Pod)
+	}
+	return set, nil
 }
 
 type pickState struct {
@@ -117,7 +154,7 @@ func New(cfg Config, src Source) (*Service, error) {
 	if src == nil {
 		return nil, errors.New("gateway: no index source")
 	}
-	if len(cfg.Endpoints) == 0 {
+	if len(cfg.Endpoints) == 0 && !cfg.Dynamic {
 		return nil, errors.New("gateway: no endpoints (give at least one POD=HOST:PORT)")
 	}
 	if cfg.Scorer == (picker.Config{}) {
@@ -145,26 +182,34 @@ func New(cfg Config, src Source) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, src: src, scorer: sc, byAddr: map[string]*endpoint{}, log: cfg.Logger}
-	seen := map[string]bool{}
-	for _, e := range cfg.Endpoints {
-		if e.Pod == "" || e.Addr == "" {
-			return nil, fmt.Errorf("gateway: endpoint %+v: pod and address are required", e)
-		}
-		if seen[e.Pod] || s.byAddr[e.Addr] != nil {
-			return nil, fmt.Errorf("gateway: endpoint %s=%s: pod or address listed twice", e.Pod, e.Addr)
-		}
-		seen[e.Pod] = true
-		ep := &endpoint{Endpoint: e}
-		s.eps = append(s.eps, ep)
-		s.byAddr[e.Addr] = ep
-		s.pods = append(s.pods, e.Pod)
+	s := &Service{cfg: cfg, src: src, scorer: sc, log: cfg.Logger}
+	set, err := newEndpointSet(cfg.Endpoints, nil)
+	if err != nil {
+		return nil, err
 	}
+	s.set.Store(set)
 	s.pool.New = func() any { return &pickState{pre: map[string]picker.Prefix{}} }
 	if s.m, err = newMetrics(cfg.Registry); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// SetEndpoints replaces the candidates (Config.Dynamic: discovery). An
+// endpoint listed again with the same pod and address keeps its
+// in-flight counts; requests in flight on a removed one end as usual.
+func (s *Service) SetEndpoints(eps []Endpoint) error {
+	if !s.cfg.Dynamic {
+		return errors.New("gateway: SetEndpoints on a Service whose endpoints are fixed (Config.Dynamic is false)")
+	}
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
+	set, err := newEndpointSet(eps, s.set.Load())
+	if err != nil {
+		return err
+	}
+	s.set.Store(set)
+	return nil
 }
 
 // MaxBody is the largest request body the Service reads.
@@ -193,15 +238,16 @@ func (s *Service) Pick(ctx context.Context, r *Request, subset []string) (d pick
 	}
 	clear(st.pre)
 	var seq uint64
+	set := s.set.Load()
 	if r != nil && r.Prompt != nil {
 		var n int
-		if n, seq = s.query(ctx, r, st); n > 0 {
+		if n, seq = s.query(ctx, r, st, set.pods); n > 0 {
 			preq.Tokens = n
 		}
 	}
 	now := s.cfg.Now()
 	st.cands = st.cands[:0]
-	for _, e := range s.eps {
+	for _, e := range set.eps {
 		c := picker.Candidate{Pod: e.Pod, Endpoint: e.Addr, InFlight: int(e.inFlight.Load()), InFlightInteractive: int(e.interactive.Load()), Prefix: st.pre[e.Pod]}
 		if s.cfg.Metrics != nil {
 			c.Metrics, _ = s.cfg.Metrics.EngineMetrics(e.Pod)
@@ -219,7 +265,7 @@ func (s *Service) Pick(ctx context.Context, r *Request, subset []string) (d pick
 	}
 	s.m.picks.WithLabelValues("ok").Inc()
 	d.IndexSeq = seq
-	ep := s.byAddr[d.Endpoint]
+	ep := set.byAddr[d.Endpoint]
 	interactive := preq.Priority == picker.Interactive
 	ep.inFlight.Add(1)
 	if interactive {
@@ -241,13 +287,13 @@ func (s *Service) Pick(ctx context.Context, r *Request, subset []string) (d pick
 // returns the prompt's length in tokens as the index counted it (0 when
 // unknown) and the index sequence the answer reflects (index_seq; 0
 // without an answer).
-func (s *Service) query(ctx context.Context, r *Request, st *pickState) (tokens int, seq uint64) {
+func (s *Service) query(ctx context.Context, r *Request, st *pickState, pods []string) (tokens int, seq uint64) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.IndexTimeout)
 	defer cancel()
 	start := time.Now()
 	st.req.Model = r.Model
 	st.req.Prompt = r.Prompt
-	st.req.CandidatePods = s.pods
+	st.req.CandidatePods = pods
 	resp, err := s.src.LongestPrefix(ctx, &st.req)
 	st.req.Prompt = nil
 	s.m.indexSeconds.Observe(time.Since(start).Seconds())
@@ -306,7 +352,7 @@ func (s *Service) hold(done func()) { time.AfterFunc(s.cfg.PickHold, done) }
 // InFlight returns the requests the picker counts in flight on the pod
 // at addr.
 func (s *Service) InFlight(addr string) int {
-	if e := s.byAddr[addr]; e != nil {
+	if e := s.set.Load().byAddr[addr]; e != nil {
 		return int(e.inFlight.Load())
 	}
 	return 0

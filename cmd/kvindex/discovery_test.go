@@ -1,0 +1,454 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/internal/kubediscovery"
+	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/zmqtransport"
+)
+
+// portOf is the port of a tcp://HOST:PORT endpoint.
+func portOf(t *testing.T, ep string) string {
+	t.Helper()
+	p := ep[strings.LastIndexByte(ep, ':')+1:]
+	if _, err := strconv.Atoi(p); err != nil {
+		t.Fatalf("endpoint %q has no port", ep)
+	}
+	return p
+}
+
+func enginePod(name, ip string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "llm", Labels: map[string]string{"app": "vllm"}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+	}
+}
+
+// serve in connect mode follows the pods discovery finds: a simulated
+// engine's pod that appears on the (fake) API server is connected to, its
+// events indexed; once the pod is deleted, its entries stay for the
+// grace period and are dropped after it.
+func TestServeDiscoveryFollowsPods(t *testing.T) {
+	eng, err := zmqtransport.NewSimEngine(enginesim.Config{
+		Pod: "vllm-0", Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096,
+	}, zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	const grace = 30 * time.Second
+	x := &e2e{t: t, engines: map[string]*zmqtransport.SimEngine{"vllm-0": eng}, logs: &syncBuffer{}}
+	o, f, err := parseServe(t, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
+		"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16",
+		"--discover-selector", "app=vllm", "--discover-namespace", "llm", "--discover-grace", grace.String(),
+		"--discover-endpoint", "tcp://{ip}:"+portOf(t, eng.PubEndpoint()),
+		"--discover-replay", "tcp://{ip}:"+portOf(t, eng.ReplayEndpoint()),
+		"--picker", "--extproc-addr", "127.0.0.1:0", "--scrape-interval", "0", "--discover-metrics", "http://{ip}:18000/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(time.Now())
+	o.discover.client = func() (kubernetes.Interface, string, error) { return cs, "default", nil }
+	o.discover.clock = clk
+	log, err := newLogger(x.logs, "debug", f.logFormat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	svc, err := startService(ctx, o, log)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	x.svc = svc
+	t.Cleanup(func() {
+		cancel()
+		if err := svc.wait(); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("kvindex logs:\n%s", x.logs.String())
+		}
+	})
+	dctx, dcancel := context.WithTimeout(context.Background(), e2eDeadline)
+	defer dcancel()
+	if x.client, err = client.Dial(dctx, svc.grpcAddr); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.client.Close() })
+
+	// A pod of another app is not followed; the engine's pod is.
+	other := enginePod("web-0", "127.0.0.1")
+	other.Labels = map[string]string{"app": "web"}
+	for _, p := range []*corev1.Pod{other, enginePod("vllm-0", "127.0.0.1")} {
+		if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x.warmUp("vllm-0")
+	prompt := tokensFrom(7000, 4*e2eBlockSize)
+	if _, err := eng.Process(prompt, nil); err != nil {
+		t.Fatal(err)
+	}
+	x.awaitMatched(prompt, map[string]uint32{"vllm-0": 4})
+	if x.pod("web-0", 0) != nil {
+		t.Error("the pod outside the selector is followed")
+	}
+	// The picker's candidates are the Ready pods, at their metrics port
+	// (set in the same report as the engines, just after them).
+	x.await("the pod a candidate", func() bool { code, _ := pick(t, x, prompt); return code == http.StatusOK })
+	if code, d := pick(t, x, prompt); code != http.StatusOK || d.Pod != "vllm-0" || d.Endpoint != "127.0.0.1:18000" {
+		t.Errorf("/v1/pick: %d %+v, want vllm-0 at 127.0.0.1:18000", code, d)
+	}
+
+	// Deleted: kept for the grace period, then dropped with its entries.
+	if err := cs.CoreV1().Pods("llm").Delete(context.Background(), "vllm-0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	x.await("the grace timer armed", clk.HasWaiters)
+	if got := x.matched(prompt); got["vllm-0"] != 4 {
+		t.Fatalf("within the grace period the index answers %v, want vllm-0's 4 blocks", got)
+	}
+	// A pod that went away is no candidate, grace or not.
+	if code, d := pick(t, x, prompt); code != http.StatusServiceUnavailable {
+		t.Errorf("/v1/pick with the pod gone: %d %+v, want 503", code, d)
+	}
+	clk.Step(grace)
+	x.awaitMatched(prompt, map[string]uint32{})
+	x.await("vllm-0 gone from the pods", func() bool { return x.pod("vllm-0", 0) == nil })
+}
+
+// The discovery flags' errors name the flag.
+func TestDiscoveryFlagErrors(t *testing.T) {
+	base := []string{"--model", "m", "--hash-algo", "sha256_cbor", "--hash-seed", "0"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"namespace without selector", []string{"--engine", "a=tcp://10.0.0.1:5557", "--discover-namespace", "llm"}, "--discover-namespace needs --discover-selector"},
+		{"endpoint without selector", []string{"--engine", "a=tcp://10.0.0.1:5557", "--discover-endpoint", "tcp://{ip}:1"}, "need --discover-selector"},
+		{"bad selector", []string{"--discover-selector", "=x"}, "--discover-selector"},
+		{"no {ip}", []string{"--discover-selector", "app=vllm", "--discover-endpoint", "tcp://10.0.0.1:5557"}, "no {ip}"},
+		{"no port", []string{"--discover-selector", "app=vllm", "--discover-endpoint", "tcp://{ip}"}, "--discover-endpoint"},
+		{"ranks overlap replay", []string{"--discover-selector", "app=vllm", "--discover-ranks", "2", "--discover-replay", "tcp://{ip}:5558"}, "--discover-ranks 2"},
+		{"ranks out of range", []string{"--discover-selector", "app=vllm", "--discover-ranks", "0"}, "--discover-ranks 0"},
+		{"negative grace", []string{"--discover-selector", "app=vllm", "--discover-grace", "-1s"}, "--discover-grace"},
+		{"bind mode with connect-mode flags", []string{"--discover-selector", "app=vllm", "--listen", "tcp://*:5557", "--discover-ranks", "2", "--discover-replay", "tcp://{ip}:5567"}, "apply to connect mode"},
+		{"bind mode over ipc", []string{"--discover-selector", "app=vllm", "--listen", "ipc:///tmp/kv"}, "needs a tcp --listen"},
+		{"bad metrics URL", []string{"--discover-selector", "app=vllm", "--discover-metrics", "ftp://{ip}/metrics"}, "--discover-metrics"},
+		{"picker endpoints and discovery", []string{"--discover-selector", "app=vllm", "--picker", "--endpoint", "a=10.0.0.1:8000"}, "--endpoint and --discover-selector"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := parseServe(t, append(base, tc.args...)...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one with %q", err, tc.want)
+			}
+		})
+	}
+	t.Run("no model", func(t *testing.T) {
+		_, _, err := parseServe(t, "--hash-algo", "sha256_cbor", "--hash-seed", "0", "--discover-selector", "app=vllm")
+		if err == nil || !strings.Contains(err.Error(), "needs --model") {
+			t.Errorf("error %v, want one saying discovery needs --model", err)
+		}
+	})
+	t.Run("valid", func(t *testing.T) {
+		o, _, err := parseServe(t, append(base, "--discover-selector", "app=vllm", "--engine", "static=tcp://10.0.0.9:5557", "--picker")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.discover == nil || o.picker == nil || !o.picker.cfg.Dynamic {
+			t.Fatalf("discovery %+v, picker %+v: want both, the picker's endpoints dynamic", o.discover, o.picker)
+		}
+	})
+}
+
+// The engines a discovered pod makes: the templates filled with its IP
+// (bracketed when IPv6); a pod whose IP changes is removed, then added.
+func TestDiscoveredEngineReconciler(t *testing.T) {
+	o := &discoverOptions{endpoint: "tcp://{ip}:5557", replay: "tcp://{ip}:5567", ranks: 2, metrics: defaultDiscoverMetrics}
+	var calls []string
+	apply := o.engineReconciler("m", slog.New(slog.DiscardHandler), func(ec zmqtransport.EngineConfig) error {
+		calls = append(calls, "add "+ec.Name+" "+ec.Endpoint+" "+ec.ReplayEndpoint+" "+strconv.Itoa(ec.Ranks))
+		return nil
+	}, func(name string) { calls = append(calls, "remove "+name) })
+	for _, step := range []struct {
+		name string
+		pods []kubediscovery.Engine
+		want []string
+	}{
+		{"two pods", []kubediscovery.Engine{{Name: "a", IP: "10.0.0.1", Ranks: 2}, {Name: "b", IP: "fd00::2", Ranks: 2}},
+			[]string{"add a tcp://10.0.0.1:5557 tcp://10.0.0.1:5567 2", "add b tcp://[fd00::2]:5557 tcp://[fd00::2]:5567 2"}},
+		{"same set again", []kubediscovery.Engine{{Name: "a", IP: "10.0.0.1", Ranks: 2}, {Name: "b", IP: "fd00::2", Ranks: 2}}, nil},
+		{"a's IP changes, b goes", []kubediscovery.Engine{{Name: "a", IP: "10.0.0.3", Ranks: 2}},
+			[]string{"remove a", "remove b", "add a tcp://10.0.0.3:5557 tcp://10.0.0.3:5567 2"}},
+	} {
+		calls = nil
+		apply(step.pods)
+		if strings.Join(calls, "; ") != strings.Join(step.want, "; ") {
+			t.Errorf("%s: calls %q, want %q", step.name, calls, step.want)
+		}
+	}
+	ep, err := o.endpointOf(kubediscovery.Engine{Name: "a", IP: "fd00::2"})
+	if err != nil || ep.Pod != "a" || ep.Addr != "[fd00::2]:8000" {
+		t.Errorf("picker endpoint %+v, %v; want a=[fd00::2]:8000", ep, err)
+	}
+}
+
+// In bind mode the discovered pods are the engine allow rules: each pod's
+// name and IP may speak only from its IP, besides the static rules; a pod
+// dropped or moved is forgotten under both names.
+func TestDiscoveredAllowReconciler(t *testing.T) {
+	static := []zmqtransport.AllowRule{mustAllow(t, "probe=10.9.0.0/16")}
+	var calls []string
+	apply := allowReconciler(static, slog.New(slog.DiscardHandler), func(rules []zmqtransport.AllowRule) error {
+		var s []string
+		for _, r := range rules {
+			s = append(s, r.String())
+		}
+		calls = append(calls, "allow "+strings.Join(s, " "))
+		return nil
+	}, func(name string) { calls = append(calls, "forget "+name) })
+	for _, step := range []struct {
+		name string
+		pods []kubediscovery.Engine
+		want []string
+	}{
+		{"none", nil, []string{"allow probe=10.9.0.0/16"}},
+		{"two pods", []kubediscovery.Engine{{Name: "a", IP: "10.0.0.1"}, {Name: "b", IP: "fd00::2"}},
+			[]string{"allow probe=10.9.0.0/16 a=10.0.0.1 10.0.0.1=10.0.0.1 b=fd00::2 fd00::2=fd00::2"}},
+		{"a moves, b goes", []kubediscovery.Engine{{Name: "a", IP: "10.0.0.3"}},
+			[]string{"allow probe=10.9.0.0/16 a=10.0.0.3 10.0.0.3=10.0.0.3", "forget a", "forget 10.0.0.1", "forget b", "forget fd00::2"}},
+		{"bad IP skipped", []kubediscovery.Engine{{Name: "a", IP: "10.0.0.3"}, {Name: "c", IP: "nope"}},
+			[]string{"allow probe=10.9.0.0/16 a=10.0.0.3 10.0.0.3=10.0.0.3"}},
+	} {
+		calls = nil
+		apply(step.pods)
+		if strings.Join(calls, "; ") != strings.Join(step.want, "; ") {
+			t.Errorf("%s: calls %q, want %q", step.name, calls, step.want)
+		}
+	}
+}
+
+func mustAllow(t *testing.T, s string) zmqtransport.AllowRule {
+	t.Helper()
+	r, err := zmqtransport.ParseAllowRule(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// serve in bind mode admits the engines discovery finds: a simulated
+// engine connected before its pod is known is refused until the pod is
+// found, then its events are indexed; after the pod
+// is deleted and its grace has passed, its messages are refused and its
+// entries dropped.
+func TestServeDiscoveryBindModeAllows(t *testing.T) {
+	const grace = 30 * time.Second
+	x := &e2e{t: t, engines: map[string]*zmqtransport.SimEngine{}, logs: &syncBuffer{}}
+	o, f, err := parseServe(t, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
+		"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16",
+		"--listen", "tcp://127.0.0.1:*", "--discover-selector", "app=vllm", "--discover-namespace", "llm", "--discover-grace", grace.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(time.Now())
+	o.discover.client = func() (kubernetes.Interface, string, error) { return cs, "default", nil }
+	o.discover.clock = clk
+	log, err := newLogger(x.logs, "debug", f.logFormat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	svc, err := startService(ctx, o, log)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	x.svc = svc
+	t.Cleanup(func() {
+		cancel()
+		if err := svc.wait(); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("kvindex logs:\n%s", x.logs.String())
+		}
+	})
+	dctx, dcancel := context.WithTimeout(context.Background(), e2eDeadline)
+	defer dcancel()
+	if x.client, err = client.Dial(dctx, svc.grpcAddr); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.client.Close() })
+
+	// The engine connects before its pod is known, as every engine does
+	// when kvindex restarts: its batches are refused until discovery
+	// admits the pod, then taken on the same connection.
+	eng, err := zmqtransport.NewSimEngine(enginesim.Config{
+		Pod: "vllm-0", Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096,
+	}, zmqtransport.PublisherConfig{Connect: true, Endpoint: svc.sub.(*zmqtransport.Subscriber).ListenEndpoint(), Topic: "kv@vllm-0@" + e2eModel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	x.engines["vllm-0"] = eng
+	refused := func() uint64 { ls, _ := svc.sub.(*zmqtransport.Subscriber).ListenerStats(); return ls.RefusedSources }
+	x.await("the unknown engine's batches refused", func() bool {
+		if _, err := eng.Process(tokensFrom(100_000+int(x.salt)*100, e2eBlockSize), nil); err != nil {
+			t.Fatal(err)
+		}
+		x.salt++
+		return refused() > 0
+	})
+	if x.pod("vllm-0", 0) != nil {
+		t.Fatal("the engine is followed before its pod is known")
+	}
+	if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), enginePod("vllm-0", "127.0.0.1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	x.warmUp("vllm-0")
+	prompt := tokensFrom(8000, 3*e2eBlockSize)
+	if _, err := eng.Process(prompt, nil); err != nil {
+		t.Fatal(err)
+	}
+	x.awaitMatched(prompt, map[string]uint32{"vllm-0": 3})
+
+	if err := cs.CoreV1().Pods("llm").Delete(context.Background(), "vllm-0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	x.await("the grace timer armed", clk.HasWaiters)
+	clk.Step(grace)
+	x.awaitMatched(prompt, map[string]uint32{})
+	before := refused()
+	x.await("the engine's messages refused", func() bool {
+		if _, err := eng.Process(tokensFrom(9000+int(x.salt), e2eBlockSize), nil); err != nil {
+			t.Fatal(err)
+		}
+		x.salt++
+		return refused() > before
+	})
+	if got := x.matched(prompt); len(got) != 0 {
+		t.Errorf("after the pod was dropped the index answers %v", got)
+	}
+}
+
+// pick asks serve's /v1/pick for a token prompt.
+func pick(t *testing.T, x *e2e, prompt []uint64) (int, struct{ Endpoint, Pod string }) {
+	t.Helper()
+	var d struct{ Endpoint, Pod string }
+	body := fmt.Sprintf(`{"model":%q,"prompt":[%s]}`, e2eModel, idsArg(prompt))
+	resp, err := http.Post("http://"+x.svc.httpAddr+"/v1/pick", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode == http.StatusOK {
+		if err := json.Unmarshal(raw, &d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return resp.StatusCode, d
+}
+
+// A command that follows engines without serve (relay) registers the
+// discovery flags and hands discoveredEngines its add and remove: a pod
+// that appears is added with the templates' endpoints, one deleted is
+// removed (--discover-grace 0: at once).
+func TestDiscoveredEnginesForRelay(t *testing.T) {
+	var f discoverFlags
+	fs := pflag.NewFlagSet("relay", pflag.ContinueOnError)
+	f.register(fs, true, false)
+	if fs.Lookup("discover-metrics") != nil {
+		t.Error("--discover-metrics registered for a command that follows engines only")
+	}
+	if err := fs.Parse([]string{"--discover-selector", "app=vllm", "--discover-namespace", "llm", "--discover-grace", "0", "--discover-replay", ""}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := fake.NewClientset()
+	o.client = func() (kubernetes.Interface, string, error) { return cs, "default", nil }
+	calls := make(chan string, 10)
+	run, err := discoveredEngines(o, "m", slog.New(slog.DiscardHandler), func(ec zmqtransport.EngineConfig) error {
+		calls <- "add " + ec.Name + " " + ec.Model + " " + ec.Endpoint + " replay=" + ec.ReplayEndpoint
+		return nil
+	}, func(name string) { calls <- "remove " + name })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	next := func(want string) {
+		t.Helper()
+		select {
+		case got := <-calls:
+			if got != want {
+				t.Fatalf("call %q, want %q", got, want)
+			}
+		case <-time.After(e2eDeadline):
+			t.Fatalf("no call; want %q", want)
+		}
+	}
+	if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), enginePod("vllm-0", "10.0.0.5"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	next("add vllm-0 m tcp://10.0.0.5:5557 replay=")
+	if err := cs.CoreV1().Pods("llm").Delete(context.Background(), "vllm-0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	next("remove vllm-0")
+}
+
+// kvindex picker takes the discovery flags that concern it: candidates
+// come from the pods' metrics URLs, not from event endpoints, and
+// --endpoint and discovery exclude each other.
+func TestPickerDiscoveryFlags(t *testing.T) {
+	cmd := newPickerCmd()
+	for name, want := range map[string]bool{"discover-selector": true, "discover-namespace": true, "discover-grace": true,
+		"discover-metrics": true, "discover-endpoint": false, "discover-replay": false, "discover-ranks": false} {
+		if got := cmd.Flags().Lookup(name) != nil; got != want {
+			t.Errorf("kvindex picker --%s registered: %v, want %v", name, got, want)
+		}
+	}
+	f := pickFlags{endpoints: []string{"a=10.0.0.1:8000"}, extprocAddr: ":9002"}
+	if _, err := f.config(true); err == nil || !strings.Contains(err.Error(), "--endpoint and --discover-selector") {
+		t.Errorf("--endpoint with discovery: %v", err)
+	}
+	f.endpoints = nil
+	if cfg, err := f.config(true); err != nil || !cfg.Dynamic || len(cfg.Endpoints) != 0 {
+		t.Errorf("discovery: %+v, %v; want dynamic endpoints, none yet", cfg, err)
+	}
+}
