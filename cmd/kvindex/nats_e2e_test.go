@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
@@ -307,5 +310,64 @@ func TestNATSModeEndToEnd(t *testing.T) {
 				t.Errorf("replica reports %s/%d %s, want ok", p.GetPod(), p.GetDpRank(), h)
 			}
 		}
+	}
+}
+
+// A relay that finds its engines on Kubernetes (a fake API server here)
+// follows a pod that appears, and its batches reach the replicas.
+func TestNATSRelayDiscovery(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the test runs nats-server")
+	}
+	url := natsServerProc(t)
+	eng, err := zmqtransport.NewSimEngine(enginesim.Config{
+		Pod: "vllm-0", Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096,
+	}, zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	o := parseRelay(t, "--model", e2eModel, "--nats", url, "--http-addr", "127.0.0.1:0", "--heartbeat", "100ms",
+		"--discover-selector", "app=vllm", "--discover-namespace", "llm",
+		"--discover-endpoint", "tcp://{ip}:"+portOf(t, eng.PubEndpoint()),
+		"--discover-replay", "tcp://{ip}:"+portOf(t, eng.ReplayEndpoint()))
+	cs := fake.NewClientset()
+	o.discover.client = func() (kubernetes.Interface, string, error) { return cs, "default", nil }
+	logs := &syncBuffer{}
+	log, err := newLogger(logs, "debug", "text")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	relay, err := startRelay(ctx, o, log)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		relay.stop()
+		if t.Failed() {
+			t.Logf("relay logs:\n%s", logs.String())
+		}
+	})
+	r := startNATSReplica(t, url)
+	if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), enginePod("vllm-0", "127.0.0.1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	prompt := tokensFrom(4242, 3*e2eBlockSize)
+	if _, err := eng.Process(prompt, nil); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(e2eDeadline)
+	for {
+		got := r.answers(t, [][]uint64{prompt})[0]
+		if got["vllm-0"] == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica answers %v, want vllm-0 holding 3 blocks", got)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

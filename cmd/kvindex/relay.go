@@ -36,6 +36,7 @@ type relayFlags struct {
 	logLevel  string
 	logFormat string
 	check     bool
+	discover  discoverFlags
 }
 
 func (f *relayFlags) register(fs *pflag.FlagSet) {
@@ -48,12 +49,14 @@ func (f *relayFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.httpAddr, "http-addr", ":9300", "HTTP listen address: /metrics, /healthz, /readyz (ready while NATS is connected)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text|json")
+	f.discover.register(fs, true, false)
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables), print them and exit without connecting")
 }
 
 // relayOptions is relay's validated configuration.
 type relayOptions struct {
 	engines  []zmqtransport.EngineConfig
+	discover *discoverOptions // nil without --discover-selector
 	model    string
 	nats     *natsFlags
 	stream   natstransport.StreamConfig
@@ -66,8 +69,15 @@ func (f *relayFlags) options() (*relayOptions, error) {
 	if !f.nats.enabled() {
 		return nil, usagef("--nats is required: the NATS server to publish to, e.g. --nats nats://nats:4222")
 	}
-	if len(f.engines) == 0 {
-		return nil, usagef("no engine: give --engine POD=ENDPOINT (e.g. --engine vllm-0=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558)")
+	var err error
+	if o.discover, err = f.discover.options(); err != nil {
+		return nil, err
+	}
+	switch {
+	case len(f.engines) == 0 && o.discover == nil:
+		return nil, usagef("no engine: give --engine POD=ENDPOINT (e.g. --engine vllm-0=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558) or --discover-selector LABELS (the pods found on Kubernetes, e.g. one relay per node)")
+	case o.discover != nil && f.model == "":
+		return nil, usagef("--discover-selector needs --model: the model of the engines it finds")
 	}
 	seen := map[string]bool{}
 	for _, s := range f.engines {
@@ -85,7 +95,6 @@ func (f *relayFlags) options() (*relayOptions, error) {
 	if err := zmqtransport.CheckLayout(o.engines); errors.As(err, &le) {
 		return nil, usagef("--engine %q: %s", f.engines[le.Index], le.Detail)
 	}
-	var err error
 	if o.stream, err = f.nats.streamConfig(); err != nil {
 		return nil, err
 	}
@@ -148,6 +157,9 @@ func checkRelay(w io.Writer, o *relayOptions) error {
 	fmt.Fprintf(w, "settings ok: NATS %s, stream %s (max age %v, max bytes %s, %d replica(s)), buffer %s, HTTP %s\n",
 		o.nats.url, o.stream.Name, o.stream.MaxAge, formatSize(o.stream.MaxBytes), o.stream.Replicas,
 		formatSize(o.relay.MaxBuffer), o.httpAddr)
+	if d := o.discover; d != nil {
+		fmt.Fprintf(w, "  discovery: pods %q in namespace %q, grace %v\n", d.selector, cmpOr(d.namespace, "(kvindex's own)"), d.grace)
+	}
 	for _, e := range o.engines {
 		fmt.Fprintf(w, "  engine %s (model %s): %s, replay %s, %d rank(s)\n", e.Name, e.Model, e.Endpoint, cmpOr(e.ReplayEndpoint, "none"), max(e.Ranks, 1))
 	}
@@ -199,6 +211,17 @@ func startRelay(ctx context.Context, o *relayOptions, log *slog.Logger) (*runnin
 		return nil, subscriberConfigError(err)
 	}
 	relay.SetStreams(sub.Streams)
+	var discover func(context.Context) error
+	if o.discover != nil {
+		discover, err = discoveredEngines(o.discover, o.model, log.With("component", "discovery"), sub.AddEngine,
+			func(name string) { sub.RemoveEngine(name) })
+		if err != nil {
+			sub.Close()
+			lis.Close()
+			nc.Close()
+			return nil, err
+		}
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfoGauge(buildinfo.Read()))
@@ -225,6 +248,13 @@ func startRelay(ctx context.Context, o *relayOptions, log *slog.Logger) (*runnin
 		lis.Close()
 		nc.Close()
 		return nil, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "zmqtransport: "))
+	}
+	if discover != nil {
+		go func() {
+			if err := discover(ctx); err != nil && ctx.Err() == nil {
+				log.Error("discovery stopped", "err", err)
+			}
+		}()
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
