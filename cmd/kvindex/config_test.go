@@ -229,7 +229,13 @@ func TestServeFlagErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"serve"}, "kvindex: no event source: give --engine NAME=ENDPOINT (connect mode), --discover-selector LABELS (connect mode, pods found on Kubernetes) or --listen ENDPOINT (bind mode)"},
+		{[]string{"serve"}, "kvindex: no event source: give --engine NAME=ENDPOINT (connect mode), --discover-selector LABELS (connect mode, pods found on Kubernetes), --listen ENDPOINT (bind mode) or --nats URL (NATS mode, fed by kvindex relay)"},
+		{[]string{"serve", "--nats", "nats://n:4222", "--model", "m", "--listen", "tcp://*:1"}, "kvindex: --nats replaces --engine, --listen and --discover-selector"},
+		{[]string{"serve", "--nats", "nats://n:4222", "--model", "m", "--state-dir", "/tmp/x"}, "kvindex: --state-dir does not apply with --nats"},
+		{[]string{"serve", "--nats", "nats://n:4222"}, "kvindex: --nats needs --model"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--snapshot-keep", "3"}, "kvindex: --snapshot-bucket and --snapshot-keep apply to NATS mode (--nats) only"},
+		{[]string{"serve", "--nats", "nats://n:4222", "--model", "m", "--snapshot-keep", "0"}, "kvindex: --snapshot-keep 0: want at least 1"},
+		{[]string{"serve", "--nats", "nats://n:4222", "--model", "m", "--nats-max-age", "1m"}, "kvindex: --nats-stream settings: stream duplicate window 2m0s exceeds its max age 1m0s"},
 		{[]string{"serve", "--engine", "a"}, "kvindex: --engine \"a\": missing \"=ENDPOINT\" (want NAME=ENDPOINT[,replay=ENDPOINT][,ranks=N][,model=M])"},
 		{[]string{"serve", "--model", "m", "--engine", "a=tcp://x:1", "--engine", "a=tcp://y:1"}, "kvindex: --engine \"a=tcp://y:1\": the name \"a\" is used twice"},
 		{[]string{"serve", "--listen", "tcp://*:1", "--hash-algo", "md5"}, "kvindex: unknown --hash-algo \"md5\""},
