@@ -14,7 +14,6 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
@@ -51,7 +50,7 @@ type discoverFlags struct {
 	engines, metricsUse bool
 	// client returns the Kubernetes client and its default namespace:
 	// kubediscovery.NewClient unless a test sets it.
-	client func() (kubernetes.Interface, string, error)
+	client func() (kubediscovery.PodClient, string, error)
 }
 
 // register declares the discovery flags: always the namespace, the
@@ -81,7 +80,7 @@ type discoverOptions struct {
 	metrics                 string
 	ranks                   int
 	grace                   time.Duration
-	client                  func() (kubernetes.Interface, string, error)
+	client                  func() (kubediscovery.PodClient, string, error)
 	engines, metricsEnabled bool
 	// clock times the grace period: the real clock unless a test sets it.
 	clock clock.WithTicker

@@ -15,8 +15,8 @@ import (
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kvindex/kvindex/api/client"
@@ -68,7 +68,7 @@ func TestServeDiscoveryFollowsPods(t *testing.T) {
 	}
 	cs := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Now())
-	o.discover.client = func() (kubernetes.Interface, string, error) { return cs, "default", nil }
+	o.discover.client = func() (kubediscovery.PodClient, string, error) { return typedPods{cs.CoreV1()}, "default", nil }
 	o.discover.clock = clk
 	log, err := newLogger(x.logs, "debug", f.logFormat)
 	if err != nil {
@@ -275,7 +275,7 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	}
 	cs := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Now())
-	o.discover.client = func() (kubernetes.Interface, string, error) { return cs, "default", nil }
+	o.discover.client = func() (kubediscovery.PodClient, string, error) { return typedPods{cs.CoreV1()}, "default", nil }
 	o.discover.clock = clk
 	log, err := newLogger(x.logs, "debug", f.logFormat)
 	if err != nil {
@@ -393,7 +393,7 @@ func TestDiscoveredEnginesForRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	cs := fake.NewClientset()
-	o.client = func() (kubernetes.Interface, string, error) { return cs, "default", nil }
+	o.client = func() (kubediscovery.PodClient, string, error) { return typedPods{cs.CoreV1()}, "default", nil }
 	calls := make(chan string, 10)
 	run, err := discoveredEngines(o, "m", slog.New(slog.DiscardHandler), func(ec zmqtransport.EngineConfig) error {
 		calls <- "add " + ec.Name + " " + ec.Model + " " + ec.Endpoint + " replay=" + ec.ReplayEndpoint
@@ -452,3 +452,9 @@ func TestPickerDiscoveryFlags(t *testing.T) {
 		t.Errorf("discovery: %+v, %v; want dynamic endpoints, none yet", cfg, err)
 	}
 }
+
+// typedPods is a typed clientset's pods as a kubediscovery.PodClient: the
+// tests drive discovery through client-go's fake clientset.
+type typedPods struct{ c corev1client.CoreV1Interface }
+
+func (t typedPods) Pods(ns string) kubediscovery.PodInterface { return t.c.Pods(ns) }

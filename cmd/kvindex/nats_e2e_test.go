@@ -13,8 +13,9 @@ import (
 
 	"github.com/spf13/pflag"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kvindex/kvindex/internal/kubediscovery"
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
@@ -332,7 +333,7 @@ func TestNATSRelayDiscovery(t *testing.T) {
 		"--discover-endpoint", "tcp://{ip}:"+portOf(t, eng.PubEndpoint()),
 		"--discover-replay", "tcp://{ip}:"+portOf(t, eng.ReplayEndpoint()))
 	cs := fake.NewClientset()
-	o.discover.client = func() (kubernetes.Interface, string, error) { return cs, "default", nil }
+	o.discover.client = func() (kubediscovery.PodClient, string, error) { return typedPods{cs.CoreV1()}, "default", nil }
 	logs := &syncBuffer{}
 	log, err := newLogger(logs, "debug", "text")
 	if err != nil {

@@ -290,7 +290,7 @@ func scaled(v *intstr.IntOrString, total int, roundUp bool) int {
 
 // memoryProblem says why c's memory limit cannot hold a kvindex with
 // memory-budget budget, or "": README.md ("Reliability") bounds the
-// process by the budget + 10% + 32 MiB.
+// process by the budget + 10% + 48 MiB.
 func memoryProblem(budget string, c corev1.Container) string {
 	if budget == "" {
 		return ""
@@ -299,9 +299,9 @@ func memoryProblem(budget string, c corev1.Container) string {
 	if err != nil {
 		return "memory-budget " + budget + ": " + err.Error()
 	}
-	need := b + b/10 + 32<<20
+	need := b + b/10 + 48<<20
 	if lim := c.Resources.Limits.Memory(); lim.IsZero() || lim.Value() < need {
-		return fmt.Sprintf("memory limit %s is below memory-budget %s + 10%% + 32 MiB (%d B)", lim, budget, need)
+		return fmt.Sprintf("memory limit %s is below memory-budget %s + 10%% + 48 MiB (%d B)", lim, budget, need)
 	}
 	return ""
 }

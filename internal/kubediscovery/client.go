@@ -5,21 +5,21 @@ import (
 	"fmt"
 	"os"
 
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// NewClient returns a clientset and its default namespace: the pod's own
+// NewClient returns a pods client (see PodClient) and its default namespace: the pod's own
 // (service account) when running in a cluster and KUBECONFIG is not set,
 // else the current context of the kubeconfig (KUBECONFIG, or
 // ~/.kube/config). The error says why neither works.
-func NewClient() (kubernetes.Interface, string, error) {
+func NewClient() (PodClient, string, error) {
 	var inClusterErr error
 	if os.Getenv("KUBECONFIG") == "" {
 		cfg, err := rest.InClusterConfig()
 		if err == nil {
-			cs, err := kubernetes.NewForConfig(cfg)
+			dc, err := dynamic.NewForConfig(cfg)
 			if err != nil {
 				return nil, "", fmt.Errorf("kubernetes in-cluster client: %w", err)
 			}
@@ -27,7 +27,7 @@ func NewClient() (kubernetes.Interface, string, error) {
 			if err != nil {
 				return nil, "", err
 			}
-			return cs, ns, nil
+			return DynamicPods(dc), ns, nil
 		}
 		inClusterErr = err
 	}
@@ -44,11 +44,11 @@ func NewClient() (kubernetes.Interface, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("kubeconfig namespace: %w", err)
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
+	dc, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return nil, "", fmt.Errorf("kubeconfig client: %w", err)
 	}
-	return cs, ns, nil
+	return DynamicPods(dc), ns, nil
 }
 
 // namespaceFile is where the service account's namespace is mounted.

@@ -14,8 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
@@ -89,8 +89,8 @@ type Watcher struct {
 	sel      labels.Selector
 	clk      clock.WithTicker
 	log      *slog.Logger
-	factory  informers.SharedInformerFactory
 	lister   listersv1.PodLister
+	stopped  sync.WaitGroup // the informer's goroutine
 	informer cache.SharedIndexInformer
 	onChange func([]Engine)
 
@@ -104,11 +104,11 @@ type Watcher struct {
 	rounds atomic.Int64 // recomputations done, for tests
 }
 
-// New builds a Watcher over client. onChange receives the whole set of
+// New builds a Watcher over client (see PodClient). onChange receives the whole set of
 // engines (sorted by name) each time it changes, first once the
 // informer's initial list is in; it is called from one goroutine at a
 // time and must not block for long.
-func New(client kubernetes.Interface, cfg Config, onChange func([]Engine)) (*Watcher, error) {
+func New(client PodClient, cfg Config, onChange func([]Engine)) (*Watcher, error) {
 	if client == nil {
 		return nil, errors.New("kubediscovery: no Kubernetes client")
 	}
@@ -145,13 +145,22 @@ func New(client kubernetes.Interface, cfg Config, onChange func([]Engine)) (*Wat
 		cfg.Logger = slog.Default()
 	}
 	selector := sel.String()
-	factory := informers.NewSharedInformerFactoryWithOptions(client, cfg.Resync,
-		informers.WithNamespace(cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
-	pi := factory.Core().V1().Pods()
+	pods := client.Pods(cfg.Namespace)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = selector
+			return pods.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = selector
+			return pods.Watch(ctx, o)
+		},
+	}
+	informer := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, listThenWatch{}), &corev1.Pod{}, cfg.Resync,
+		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	w := &Watcher{
 		cfg: cfg, sel: sel, clk: cfg.Clock, log: cfg.Logger,
-		factory: factory, lister: pi.Lister(), informer: pi.Informer(),
+		lister: listersv1.NewPodLister(informer.GetIndexer()), informer: informer,
 		onChange: onChange,
 		dirty:    make(chan struct{}, 1),
 		pods:     map[string]*tracked{},
@@ -178,8 +187,12 @@ func New(client kubernetes.Interface, cfg Config, onChange func([]Engine)) (*Wat
 // informer's initial list does not complete (ctx ended first: the API
 // server refused or was not reached; client-go logs why).
 func (w *Watcher) Run(ctx context.Context) error {
-	w.factory.Start(ctx.Done())
-	defer w.factory.Shutdown()
+	w.stopped.Add(1)
+	go func() {
+		defer w.stopped.Done()
+		w.informer.RunWithContext(ctx)
+	}()
+	defer w.stopped.Wait()
 	// An API server that refuses the list (RBAC) or cannot be reached
 	// leaves the informer retrying; say so in this log, not only in
 	// client-go's.
@@ -319,3 +332,10 @@ func (w *Watcher) engineOf(p *corev1.Pod) (Engine, bool) {
 	}
 	return e, true
 }
+
+// listThenWatch makes the informer list, then watch, rather than stream
+// the initial list through a watch (client-go's watch-list), which the
+// fake clients do not serve and a selector's few pods do not need.
+type listThenWatch struct{}
+
+func (listThenWatch) IsWatchListSemanticsUnSupported() bool { return true }

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -76,7 +77,7 @@ func newFixture(t *testing.T, cfg Config, objs ...runtime.Object) *fixture {
 	}
 	cfg.Clock = f.clock
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	w, err := New(f.client, cfg, func(set []Engine) {
+	w, err := New(typedPods{f.client.CoreV1()}, cfg, func(set []Engine) {
 		f.mu.Lock()
 		f.reports = append(f.reports, set)
 		f.mu.Unlock()
@@ -340,7 +341,7 @@ func TestWatcherConfig(t *testing.T) {
 }
 
 func TestNewErrors(t *testing.T) {
-	client := fake.NewClientset()
+	client := typedPods{fake.NewClientset().CoreV1()}
 	ok := func([]Engine) {}
 	tests := []struct {
 		name string
@@ -406,3 +407,9 @@ current-context: ctx
 		t.Fatalf("NewClient() = %v, %q, %v; want a client for namespace llm", client, gotNS, err)
 	}
 }
+
+// typedPods is a typed clientset's pods as a PodClient: the tests drive
+// the watcher through client-go's fake clientset.
+type typedPods struct{ c corev1client.CoreV1Interface }
+
+func (t typedPods) Pods(ns string) PodInterface { return t.c.Pods(ns) }
