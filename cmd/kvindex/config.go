@@ -90,6 +90,29 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables, --config file, tokenizer file), print them and exit without listening or connecting")
 }
 
+// parseEngines parses the --engine values: each valid, no name twice, and
+// ports that do not overlap (CheckLayout).
+func parseEngines(values []string, defaultModel string) ([]zmqtransport.EngineConfig, error) {
+	var out []zmqtransport.EngineConfig
+	seen := map[string]bool{}
+	for _, s := range values {
+		ec, err := parseEngine(s, defaultModel)
+		if err != nil {
+			return nil, err
+		}
+		if seen[ec.Name] {
+			return nil, usagef("--engine %q: the name %q is used twice", s, ec.Name)
+		}
+		seen[ec.Name] = true
+		out = append(out, ec)
+	}
+	var le *zmqtransport.LayoutError
+	if err := zmqtransport.CheckLayout(out); errors.As(err, &le) {
+		return nil, usagef("--engine %q: %s", values[le.Index], le.Detail)
+	}
+	return out, nil
+}
+
 // parseEngine parses one --engine value:
 // NAME=ENDPOINT[,replay=ENDPOINT][,ranks=N][,model=M][,topic=PREFIX].
 // An endpoint without a scheme is taken as tcp://.

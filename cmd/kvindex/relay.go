@@ -79,21 +79,8 @@ func (f *relayFlags) options() (*relayOptions, error) {
 	case o.discover != nil && f.model == "":
 		return nil, usagef("--discover-selector needs --model: the model of the engines it finds")
 	}
-	seen := map[string]bool{}
-	for _, s := range f.engines {
-		ec, err := parseEngine(s, f.model)
-		if err != nil {
-			return nil, err
-		}
-		if seen[ec.Name] {
-			return nil, usagef("--engine %q: the name %q is used twice", s, ec.Name)
-		}
-		seen[ec.Name] = true
-		o.engines = append(o.engines, ec)
-	}
-	var le *zmqtransport.LayoutError
-	if err := zmqtransport.CheckLayout(o.engines); errors.As(err, &le) {
-		return nil, usagef("--engine %q: %s", f.engines[le.Index], le.Detail)
+	if o.engines, err = parseEngines(f.engines, f.model); err != nil {
+		return nil, err
 	}
 	if o.stream, err = f.nats.streamConfig(); err != nil {
 		return nil, err

@@ -138,21 +138,8 @@ func (f *serveFlags) options() (*serveOptions, error) {
 		maxQueryTokens: f.maxQueryTokens, readyGrace: f.readyGrace,
 		stateDir: f.stateDir, snapshotInterval: f.snapshotEvery,
 	}
-	seen := map[string]bool{}
-	for _, s := range f.engines {
-		ec, err := parseEngine(s, f.model)
-		if err != nil {
-			return nil, err
-		}
-		if seen[ec.Name] {
-			return nil, usagef("--engine %q: the name %q is used twice", s, ec.Name)
-		}
-		seen[ec.Name] = true
-		o.engines = append(o.engines, ec)
-	}
-	var le *zmqtransport.LayoutError
-	if err := zmqtransport.CheckLayout(o.engines); errors.As(err, &le) {
-		return nil, usagef("--engine %q: %s", f.engines[le.Index], le.Detail)
+	if o.engines, err = parseEngines(f.engines, f.model); err != nil {
+		return nil, err
 	}
 	if err := f.checkBindMode(); err != nil {
 		return nil, err
