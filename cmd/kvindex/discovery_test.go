@@ -19,7 +19,6 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/internal/kubediscovery"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -70,32 +69,7 @@ func TestServeDiscoveryFollowsPods(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	o.discover.client = func() (kubediscovery.PodClient, string, error) { return typedPods{cs.CoreV1()}, "default", nil }
 	o.discover.clock = clk
-	log, err := newLogger(x.logs, "debug", f.logFormat)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	svc, err := startService(ctx, o, log)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	x.svc = svc
-	t.Cleanup(func() {
-		cancel()
-		if err := svc.wait(); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("kvindex logs:\n%s", x.logs.String())
-		}
-	})
-	dctx, dcancel := context.WithTimeout(context.Background(), e2eDeadline)
-	defer dcancel()
-	if x.client, err = client.Dial(dctx, svc.grpcAddr); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { x.client.Close() })
+	x.start(o, f.logFormat)
 
 	// A pod of another app is not followed; the engine's pod is.
 	other := enginePod("web-0", "127.0.0.1")
@@ -277,45 +251,20 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	o.discover.client = func() (kubediscovery.PodClient, string, error) { return typedPods{cs.CoreV1()}, "default", nil }
 	o.discover.clock = clk
-	log, err := newLogger(x.logs, "debug", f.logFormat)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	svc, err := startService(ctx, o, log)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	x.svc = svc
-	t.Cleanup(func() {
-		cancel()
-		if err := svc.wait(); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("kvindex logs:\n%s", x.logs.String())
-		}
-	})
-	dctx, dcancel := context.WithTimeout(context.Background(), e2eDeadline)
-	defer dcancel()
-	if x.client, err = client.Dial(dctx, svc.grpcAddr); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { x.client.Close() })
+	x.start(o, f.logFormat)
 
 	// The engine connects before its pod is known, as every engine does
 	// when kvindex restarts: its batches are refused until discovery
 	// admits the pod, then taken on the same connection.
 	eng, err := zmqtransport.NewSimEngine(enginesim.Config{
 		Pod: "vllm-0", Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096,
-	}, zmqtransport.PublisherConfig{Connect: true, Endpoint: svc.sub.(*zmqtransport.Subscriber).ListenEndpoint(), Topic: "kv@vllm-0@" + e2eModel})
+	}, zmqtransport.PublisherConfig{Connect: true, Endpoint: x.svc.sub.(*zmqtransport.Subscriber).ListenEndpoint(), Topic: "kv@vllm-0@" + e2eModel})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { eng.Close() })
 	x.engines["vllm-0"] = eng
-	refused := func() uint64 { ls, _ := svc.sub.(*zmqtransport.Subscriber).ListenerStats(); return ls.RefusedSources }
+	refused := func() uint64 { ls, _ := x.svc.sub.(*zmqtransport.Subscriber).ListenerStats(); return ls.RefusedSources }
 	x.await("the unknown engine's batches refused", func() bool {
 		if _, err := eng.Process(tokensFrom(100_000+int(x.salt)*100, e2eBlockSize), nil); err != nil {
 			t.Fatal(err)

@@ -91,33 +91,7 @@ func startE2EDial(t *testing.T, opts []grpc.DialOption, pods []string, extra ...
 	if err != nil {
 		t.Fatal(err)
 	}
-	log, err := newLogger(x.logs, "debug", f.logFormat)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	svc, err := startService(ctx, o, log)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	x.svc = svc
-	t.Cleanup(func() {
-		cancel()
-		if err := svc.wait(); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("kvindex logs:\n%s", x.logs.String())
-		}
-	})
-	dctx, dcancel := context.WithTimeout(context.Background(), e2eDeadline)
-	defer dcancel()
-	x.client, err = client.Dial(dctx, svc.grpcAddr, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { x.client.Close() })
+	x.start(o, f.logFormat, opts...)
 	// Ready once every engine's socket is connected.
 	x.await("ready", func() bool {
 		ok, err := x.client.Ready(context.Background())
@@ -127,6 +101,38 @@ func startE2EDial(t *testing.T, opts []grpc.DialOption, pods []string, extra ...
 		x.warmUp(pod)
 	}
 	return x
+}
+
+// start runs the serve wiring with o (stopped when the test ends, its
+// logs shown if it failed) and dials it with opts.
+func (x *e2e) start(o *serveOptions, logFormat string, opts ...grpc.DialOption) {
+	x.t.Helper()
+	log, err := newLogger(x.logs, "debug", logFormat)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	svc, err := startService(ctx, o, log)
+	if err != nil {
+		cancel()
+		x.t.Fatal(err)
+	}
+	x.svc = svc
+	x.t.Cleanup(func() {
+		cancel()
+		if err := svc.wait(); err != nil {
+			x.t.Errorf("shutdown: %v", err)
+		}
+		if x.t.Failed() {
+			x.t.Logf("kvindex logs:\n%s", x.logs.String())
+		}
+	})
+	dctx, dcancel := context.WithTimeout(context.Background(), e2eDeadline)
+	defer dcancel()
+	if x.client, err = client.Dial(dctx, svc.grpcAddr, opts...); err != nil {
+		x.t.Fatal(err)
+	}
+	x.t.Cleanup(func() { x.client.Close() })
 }
 
 // await polls cond until it holds, failing the test after e2eDeadline.
