@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -298,19 +299,37 @@ func TestNATSModeEndToEnd(t *testing.T) {
 		}
 		return seqs[a] == seqs[c] && seqs[a] > 0
 	})
-	for _, r := range []*natsReplicaProc{a, c} {
-		listed, err := r.client.ListPods(context.Background(), "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(listed) != len(pods) {
-			t.Errorf("replica lists %d engines, want %d", len(listed), len(pods))
-		}
-		for _, p := range listed {
-			if h := p.GetHealth().String(); !strings.HasSuffix(h, "_OK") {
-				t.Errorf("replica reports %s/%d %s, want ok", p.GetPod(), p.GetDpRank(), h)
+
+	// The lease holder (a: it wrote the snapshot c started from) writes a
+	// last one when it stops, covering everything: the next replica starts
+	// from it with no tail to read.
+	a.stop(t)
+	if !strings.Contains(a.logs.String(), fmt.Sprintf(`msg="final snapshot written" component=nats stream_seq=%d `, seqs[a])) {
+		t.Errorf("the stopping lease holder wrote no final snapshot at stream_seq %d:\n%s", seqs[a], a.logs.String())
+	}
+	d := startNATSReplica(t, url)
+	await("a replica started from the final snapshot", func() bool {
+		return strings.Contains(d.logs.String(), fmt.Sprintf(`msg="snapshot restored" component=nats stream_seq=%d `, seqs[a]))
+	})
+	agree(c, d)
+	// Every engine ok on both, once the new replica has heard the relay's
+	// heartbeat (until then it cannot vouch that the relay is alive).
+	for _, r := range []*natsReplicaProc{c, d} {
+		await("every engine ok", func() bool {
+			listed, err := r.client.ListPods(context.Background(), "")
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
+			if len(listed) != len(pods) {
+				return false
+			}
+			for _, p := range listed {
+				if !strings.HasSuffix(p.GetHealth().String(), "_OK") {
+					return false
+				}
+			}
+			return true
+		})
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,10 @@ import (
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 )
+
+// finalSnapshotTimeout bounds the snapshot a stopping lease holder
+// writes: a stop must not hang on an unreachable NATS.
+const finalSnapshotTimeout = 20 * time.Second
 
 // natsOptions is serve's validated NATS mode configuration.
 type natsOptions struct {
@@ -56,6 +61,7 @@ type natsReplica struct {
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 
+	final       atomic.Pointer[finalSnapshot] // set once snapshots are written
 	restoredSeq prometheus.Gauge
 	// reg takes the metrics of the parts made once NATS answers (the
 	// snapshot store's); set before Start.
@@ -66,8 +72,10 @@ func newNATSReplica(o *natsOptions, model string, hc blockhash.Config, ix *index
 	host, _ := os.Hostname()
 	return &natsReplica{
 		o: o, model: model, log: log, index: ix, sink: sink, host: host,
-		hashing:  statefile.Hashing{Algo: string(hc.Algo), Seed: hc.Seed, BlockSize: hc.BlockSize},
-		id:       fmt.Sprintf("%s-%d", host, os.Getpid()),
+		hashing: statefile.Hashing{Algo: string(hc.Algo), Seed: hc.Seed, BlockSize: hc.BlockSize},
+		// Unique per replica even when several share a host and process
+		// (tests): the lease tells holders apart by it.
+		id:       fmt.Sprintf("%s-%d-%08x", host, os.Getpid(), rand.Uint32()),
 		caughtUp: make(chan struct{}),
 		restoredSeq: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvindex_nats_snapshot_restored_stream_sequence",
@@ -197,12 +205,39 @@ func (r *natsReplica) writeSnapshots(ctx context.Context, store *snapstore.Store
 		r.log.Error("snapshots disabled", "err", err)
 		return
 	}
-	sn.Run(ctx, func(_ context.Context, put snapstore.PutFunc) error {
+	take := func(_ context.Context, put snapstore.PutFunc) error {
 		return c.Checkpoint(func(seq uint64, pos []kvevents.Position) error {
 			return put(&statefile.Header{Written: time.Now().UTC(), Version: buildinfo.Read().Version,
 				Hashing: r.hashing, Positions: statefile.FromPositions(pos), Stream: r.o.stream.Name, StreamSeq: seq}, r.index.Snapshot)
 		})
-	})
+	}
+	r.final.Store(&finalSnapshot{sn: sn, take: take})
+	sn.Run(ctx, take)
+}
+
+// finalSnapshot is what Close needs to write the last snapshot.
+type finalSnapshot struct {
+	sn   *snapstore.Snapshotter
+	take snapstore.TakeFunc
+}
+
+// writeFinal writes a last snapshot if this replica holds the writer
+// lease, so that the next replica to start (a rolling update's) resumes
+// from here rather than from the last periodic one.
+func (r *natsReplica) writeFinal() {
+	f := r.final.Load()
+	if f == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), finalSnapshotTimeout)
+	defer cancel()
+	info, stored, err := f.sn.Snapshot(ctx, f.take)
+	switch {
+	case err != nil:
+		r.log.Warn("final snapshot not written; the previous one stays", "err", err)
+	case stored:
+		r.log.Info("final snapshot written", "stream_seq", info.StreamSeq, "bytes", info.Size)
+	}
 }
 
 // Streams implements server.StreamSource.
@@ -264,6 +299,7 @@ func (cc consumerCollector) Collect(ch chan<- prometheus.Metric) {
 
 // Close stops consuming and writing snapshots, and closes the connection.
 func (r *natsReplica) Close() error {
+	r.writeFinal()
 	if r.cancel != nil {
 		r.cancel()
 	}
