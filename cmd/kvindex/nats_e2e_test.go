@@ -74,11 +74,11 @@ type natsReplicaProc struct {
 	logs   *syncBuffer
 }
 
-func startNATSReplica(t *testing.T, url string) *natsReplicaProc {
+func startNATSReplica(t *testing.T, url string, extra ...string) *natsReplicaProc {
 	t.Helper()
-	o, f, err := parseServe(t, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
+	o, f, err := parseServe(t, append([]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
 		"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16",
-		"--nats", url, "--snapshot-interval", "200ms")
+		"--nats", url}, extra...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +194,10 @@ func TestNATSModeEndToEnd(t *testing.T) {
 		}
 	})
 
-	a, b := startNATSReplica(t, url), startNATSReplica(t, url)
+	// No periodic snapshots within the test: the snapshots a replica
+	// starts from are the ones a stopping lease holder writes.
+	noPeriodic := []string{"--snapshot-interval", "1h"}
+	a, b := startNATSReplica(t, url, noPeriodic...), startNATSReplica(t, url, noPeriodic...)
 	await := func(what string, cond func() bool) {
 		t.Helper()
 		deadline := time.Now().Add(e2eDeadline)
@@ -205,12 +208,16 @@ func TestNATSModeEndToEnd(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	for _, r := range []*natsReplicaProc{a, b} {
-		await("replica ready", func() bool {
-			ok, err := r.client.Ready(context.Background())
-			return err == nil && ok
-		})
+	ready := func(rs ...*natsReplicaProc) {
+		t.Helper()
+		for _, r := range rs {
+			await("replica ready", func() bool {
+				ok, err := r.client.Ready(context.Background())
+				return err == nil && ok
+			})
+		}
 	}
+	ready(a, b)
 	// Each engine serves its own prompts; the first ones also warm up
 	// the ZMQ subscription (a SUB socket misses what precedes it).
 	var prompts [][]uint64
@@ -251,30 +258,67 @@ func TestNATSModeEndToEnd(t *testing.T) {
 			return true
 		})
 	}
-	// The relay's subscription settles once an engine's batches flow: the
-	// engines' replay buffers (and the relay's verification) fill what a
-	// slow subscription missed.
+	indexSeq := func(r *natsReplicaProc) uint64 {
+		t.Helper()
+		res, err := r.client.LongestPrefixTokens(context.Background(), e2eModel, prompts[0], nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.GetIndexSeq()
+	}
+	// holder waits until exactly one of rs holds the snapshot lease and
+	// returns it and the others.
+	holder := func(rs ...*natsReplicaProc) (h *natsReplicaProc, rest []*natsReplicaProc) {
+		t.Helper()
+		await("one lease holder", func() bool {
+			h, rest = nil, nil
+			n := 0
+			for _, r := range rs {
+				l := r.logs.String()
+				if i := strings.LastIndex(l, "writer lease acquired"); i >= 0 && !strings.Contains(l[i:], "writer lease released") {
+					h, n = r, n+1
+				} else {
+					rest = append(rest, r)
+				}
+			}
+			return n == 1
+		})
+		return h, rest
+	}
+	// stopHolder stops the lease holder, which writes a last snapshot of
+	// everything it applied, and returns the sequence it covers and the
+	// replicas left.
+	stopHolder := func(rs ...*natsReplicaProc) (uint64, []*natsReplicaProc) {
+		t.Helper()
+		h, rest := holder(rs...)
+		seq := indexSeq(h)
+		h.stop(t)
+		if !strings.Contains(h.logs.String(), fmt.Sprintf(`msg="final snapshot written" component=nats stream_seq=%d `, seq)) {
+			t.Fatalf("the stopping lease holder wrote no final snapshot at stream_seq %d:\n%s", seq, h.logs.String())
+		}
+		return seq, rest
+	}
+	restoredFrom := func(r *natsReplicaProc, seq uint64) {
+		t.Helper()
+		if !strings.Contains(r.logs.String(), fmt.Sprintf(`msg="snapshot restored" component=nats stream_seq=%d `, seq)) {
+			t.Errorf("the new replica did not start from the snapshot at stream_seq %d:\n%s", seq, r.logs.String())
+		}
+	}
+
 	process(8)
 	agree(a, b)
 
-	// A replica stops; the fleet moves on; a snapshot is written by
-	// whichever replica holds the lease.
-	b.stop(t)
+	// The lease holder stops; the fleet moves on; a new replica starts
+	// from the holder's last snapshot and reads the tail after it.
+	seq, rest := stopHolder(a, b)
+	live := rest[0]
 	process(8)
-	agree(a)
-	await("a snapshot of the newest events", func() bool {
-		return strings.Contains(a.logs.String(), "snapshot written")
-	})
-	c := startNATSReplica(t, url)
-	await("restarted replica ready", func() bool {
-		ok, err := c.client.Ready(context.Background())
-		return err == nil && ok
-	})
-	if !strings.Contains(c.logs.String(), "snapshot restored") {
-		t.Errorf("the new replica did not start from a snapshot:\n%s", c.logs.String())
-	}
+	agree(live)
+	c := startNATSReplica(t, url, noPeriodic...)
+	ready(c)
+	restoredFrom(c, seq)
 	process(4)
-	agree(a, c)
+	agree(live, c)
 	// The replica's metrics say what it read.
 	resp, err := http.Get("http://" + c.svc.httpAddr + "/metrics")
 	if err != nil {
@@ -288,33 +332,21 @@ func TestNATSModeEndToEnd(t *testing.T) {
 		}
 	}
 	// Caught up with the same stream, both say so: the same index sequence.
-	seqs := map[*natsReplicaProc]uint64{}
 	await("the same index sequence on both replicas", func() bool {
-		for _, r := range []*natsReplicaProc{a, c} {
-			res, err := r.client.LongestPrefixTokens(context.Background(), e2eModel, prompts[0], nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			seqs[r] = res.GetIndexSeq()
-		}
-		return seqs[a] == seqs[c] && seqs[a] > 0
+		s1, s2 := indexSeq(live), indexSeq(c)
+		return s1 == s2 && s1 > seq
 	})
 
-	// The lease holder (a: it wrote the snapshot c started from) writes a
-	// last one when it stops, covering everything: the next replica starts
-	// from it with no tail to read.
-	a.stop(t)
-	if !strings.Contains(a.logs.String(), fmt.Sprintf(`msg="final snapshot written" component=nats stream_seq=%d `, seqs[a])) {
-		t.Errorf("the stopping lease holder wrote no final snapshot at stream_seq %d:\n%s", seqs[a], a.logs.String())
-	}
-	d := startNATSReplica(t, url)
-	await("a replica started from the final snapshot", func() bool {
-		return strings.Contains(d.logs.String(), fmt.Sprintf(`msg="snapshot restored" component=nats stream_seq=%d `, seqs[a]))
-	})
-	agree(c, d)
+	// Once more, with nothing after the snapshot: the next replica starts
+	// from exactly where the stopping holder was.
+	seq, rest = stopHolder(live, c)
+	d := startNATSReplica(t, url, noPeriodic...)
+	ready(d)
+	restoredFrom(d, seq)
+	agree(rest[0], d)
 	// Every engine ok on both, once the new replica has heard the relay's
 	// heartbeat (until then it cannot vouch that the relay is alive).
-	for _, r := range []*natsReplicaProc{c, d} {
+	for _, r := range []*natsReplicaProc{rest[0], d} {
 		await("every engine ok", func() bool {
 			listed, err := r.client.ListPods(context.Background(), "")
 			if err != nil {
