@@ -84,7 +84,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.picker, "picker", false, "also serve the endpoint picker (as kvindex picker does) over the index in this process: ext_proc on --extproc-addr, POST /v1/pick on --http-addr")
 	f.pick.register(fs)
 	f.nats.register(fs, "NATS mode: consume the KV events relays publish to JetStream (kvindex relay) instead of following engines over ZMQ, e.g. nats://nats:4222 (comma-separated for a cluster); replicas start from the newest snapshot in JetStream and are ready once caught up")
-	fs.StringVar(&f.snapshotBucket, "snapshot-bucket", snapstore.DefaultBucket, "NATS mode: JetStream object store bucket of index snapshots; one replica at a time (a lease in a KV bucket of the same name) writes one every --snapshot-interval")
+	fs.StringVar(&f.snapshotBucket, "snapshot-bucket", snapstore.DefaultBucket, "NATS mode: JetStream object store bucket of index snapshots (with KV buckets BUCKET-meta, the newest snapshot per model, and BUCKET-lease, the writer lease); one replica at a time writes one every --snapshot-interval and when it stops")
 	fs.IntVar(&f.snapshotKeep, "snapshot-keep", snapstore.DefaultKeep, "NATS mode: snapshots kept in the bucket; older ones are deleted (a newest one that cannot be read falls back to the one before)")
 	f.discover.register(fs, true, true)
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables, --config file, tokenizer file), print them and exit without listening or connecting")
