@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -95,20 +96,31 @@ func (f *natsFlags) connect(name string, log *slog.Logger) (*nats.Conn, jetstrea
 // ensureStream creates the events stream if missing, retrying while NATS
 // is unreachable until ctx ends: relay and serve may start before NATS.
 func ensureStream(ctx context.Context, js jetstream.JetStream, cfg natstransport.StreamConfig, log *slog.Logger) error {
-	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+	return retryNATS(ctx, log, "JetStream stream not ready; retrying", []any{"stream", cfg.Name}, func(ctx context.Context) error {
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
 		_, err := natstransport.EnsureStream(actx, js, cfg, log)
-		cancel()
+		return err
+	})
+}
+
+// retryNATS calls attempt until it succeeds or ctx ends, backing off from
+// 250 ms to 5 s and logging each failure (msg, attrs and the error), for
+// the steps that need a NATS server that may not be up yet. It returns
+// ctx's error once ctx ends.
+func retryNATS(ctx context.Context, log *slog.Logger, msg string, attrs []any, attempt func(context.Context) error) error {
+	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		err := attempt(ctx)
 		if err == nil {
 			return nil
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		log.Warn("JetStream stream not ready; retrying", "stream", cfg.Name, "err", err, "retry_in", wait.String())
+		log.Warn(msg, append(slices.Clip(attrs), "err", err, "retry_in", wait.String())...)
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("JetStream stream %s: %w", cfg.Name, err)
+			return ctx.Err()
 		case <-time.After(wait):
 		}
 	}

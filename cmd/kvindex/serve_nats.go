@@ -146,18 +146,13 @@ func (r *natsReplica) bootstrap(ctx context.Context) error {
 
 // openStore opens the snapshot buckets, retrying while NATS is away.
 func (r *natsReplica) openStore(ctx context.Context) (*snapstore.Store, error) {
-	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-		store, err := snapstore.Open(ctx, r.js, r.o.snapshot, r.log.With("component", "snapshots"))
-		if err == nil {
-			return store, nil
-		}
-		r.log.Warn("snapshot store not ready; retrying", "bucket", r.o.snapshot.Bucket, "err", err, "retry_in", wait.String())
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(wait):
-		}
-	}
+	var store *snapstore.Store
+	err := retryNATS(ctx, r.log, "snapshot store not ready; retrying", []any{"bucket", r.o.snapshot.Bucket}, func(ctx context.Context) error {
+		var err error
+		store, err = snapstore.Open(ctx, r.js, r.o.snapshot, r.log.With("component", "snapshots"))
+		return err
+	})
+	return store, err
 }
 
 // restore loads the newest usable snapshot into the index (an older kept
