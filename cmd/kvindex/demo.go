@@ -13,7 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvindex/kvindex/demo"
+	"github.com/kvindex/kvindex/internal/demo"
 	"github.com/spf13/cobra"
 )
 

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvindex/kvindex/demo"
+	"github.com/kvindex/kvindex/internal/demo"
 )
 
 // tiny keeps CLI runs quick: two pods, two conversations, a few turns.

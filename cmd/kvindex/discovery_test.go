@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/kubediscovery"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
@@ -47,7 +48,7 @@ func enginePod(name, ip string) *corev1.Pod {
 // events indexed; once the pod is deleted, its entries stay for the
 // grace period and are dropped after it.
 func TestServeDiscoveryFollowsPods(t *testing.T) {
-	eng, err := zmqtransport.NewSimEngine(enginesim.Config{
+	eng, err := simzmq.New(enginesim.Config{
 		Pod: "vllm-0", Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096,
 	}, zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
 	if err != nil {
@@ -55,7 +56,7 @@ func TestServeDiscoveryFollowsPods(t *testing.T) {
 	}
 	t.Cleanup(func() { eng.Close() })
 	const grace = 30 * time.Second
-	x := &e2e{t: t, engines: map[string]*zmqtransport.SimEngine{"vllm-0": eng}, logs: &syncBuffer{}}
+	x := &e2e{t: t, engines: map[string]*simzmq.Engine{"vllm-0": eng}, logs: &syncBuffer{}}
 	o, f, err := parseServe(t, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
 		"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16",
 		"--discover-selector", "app=vllm", "--discover-namespace", "llm", "--discover-grace", grace.String(),
@@ -240,7 +241,7 @@ func mustAllow(t *testing.T, s string) zmqtransport.AllowRule {
 // entries dropped.
 func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	const grace = 30 * time.Second
-	x := &e2e{t: t, engines: map[string]*zmqtransport.SimEngine{}, logs: &syncBuffer{}}
+	x := &e2e{t: t, engines: map[string]*simzmq.Engine{}, logs: &syncBuffer{}}
 	o, f, err := parseServe(t, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
 		"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16",
 		"--listen", "tcp://127.0.0.1:*", "--discover-selector", "app=vllm", "--discover-namespace", "llm", "--discover-grace", grace.String())
@@ -256,7 +257,7 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	// The engine connects before its pod is known, as every engine does
 	// when kvindex restarts: its batches are refused until discovery
 	// admits the pod, then taken on the same connection.
-	eng, err := zmqtransport.NewSimEngine(enginesim.Config{
+	eng, err := simzmq.New(enginesim.Config{
 		Pod: "vllm-0", Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096,
 	}, zmqtransport.PublisherConfig{Connect: true, Endpoint: x.svc.sub.(*zmqtransport.Subscriber).ListenEndpoint(), Topic: "kv@vllm-0@" + e2eModel})
 	if err != nil {

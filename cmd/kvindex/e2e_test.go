@@ -20,6 +20,7 @@ import (
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/internal/buildinfo"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/tokenizer"
 )
@@ -58,7 +59,7 @@ type e2e struct {
 	t       *testing.T
 	svc     *service
 	client  *client.Client
-	engines map[string]*zmqtransport.SimEngine
+	engines map[string]*simzmq.Engine
 	logs    *syncBuffer
 	salt    uint64 // makes warm-up prompts unique
 }
@@ -73,11 +74,11 @@ func startE2E(t *testing.T, pods []string, extra ...string) *e2e {
 // startE2EDial is startE2E whose client dials with opts (TLS, tokens).
 func startE2EDial(t *testing.T, opts []grpc.DialOption, pods []string, extra ...string) *e2e {
 	t.Helper()
-	x := &e2e{t: t, engines: map[string]*zmqtransport.SimEngine{}, logs: &syncBuffer{}}
+	x := &e2e{t: t, engines: map[string]*simzmq.Engine{}, logs: &syncBuffer{}}
 	args := []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
 		"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16", "--ready-grace", "1m"}
 	for _, pod := range pods {
-		e, err := zmqtransport.NewSimEngine(enginesim.Config{
+		e, err := simzmq.New(enginesim.Config{
 			Pod: pod, Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096,
 		}, zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
 		if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
@@ -160,10 +161,10 @@ func TestNATSModeEndToEnd(t *testing.T) {
 	}
 	url := natsServerProc(t)
 	pods := []string{"vllm-a", "vllm-b"}
-	engines := map[string]*zmqtransport.SimEngine{}
+	engines := map[string]*simzmq.Engine{}
 	args := []string{"--model", e2eModel, "--nats", url, "--http-addr", "127.0.0.1:0", "--heartbeat", "100ms"}
 	for _, pod := range pods {
-		e, err := zmqtransport.NewSimEngine(enginesim.Config{
+		e, err := simzmq.New(enginesim.Config{
 			Pod: pod, Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096,
 		}, zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
 		if err != nil {
@@ -372,7 +373,7 @@ func TestNATSRelayDiscovery(t *testing.T) {
 		t.Skip("-short: the test runs nats-server")
 	}
 	url := natsServerProc(t)
-	eng, err := zmqtransport.NewSimEngine(enginesim.Config{
+	eng, err := simzmq.New(enginesim.Config{
 		Pod: "vllm-0", Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096,
 	}, zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
 	if err != nil {

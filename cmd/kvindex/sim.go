@@ -21,10 +21,11 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/blockhash"
-	"github.com/kvindex/kvindex/demo"
+	"github.com/kvindex/kvindex/internal/demo"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simhttp"
+	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/tokenizer"
 )
@@ -88,7 +89,7 @@ func (f *simFlags) register(fs *pflag.FlagSet) {
 type simEngine struct {
 	pod  string
 	rank int
-	*zmqtransport.SimEngine
+	*simzmq.Engine
 }
 
 // name prints the engine as the CLI does everywhere: pod, or pod/rank.
@@ -461,14 +462,14 @@ func (p *simPlan) run(ctx context.Context, w io.Writer) (err error) {
 			if p.replay {
 				pcfg.ReplayEndpoint = p.replays[i][rank]
 			}
-			e, err := zmqtransport.NewSimEngine(enginesim.Config{
+			e, err := simzmq.New(enginesim.Config{
 				Pod: p.pods[i], Model: f.model, DPRank: rank, Hasher: p.hasher, CapacityBlocks: f.capacity,
 			}, pcfg)
 			if err != nil {
 				return fmt.Errorf("%s: %s (another program holds the port? choose others with --port and --replay-port)",
 					client.EngineName(p.pods[i], uint32(rank)), strings.TrimPrefix(err.Error(), "zmqtransport: "))
 			}
-			r.engines = append(r.engines, &simEngine{pod: p.pods[i], rank: rank, SimEngine: e})
+			r.engines = append(r.engines, &simEngine{pod: p.pods[i], rank: rank, Engine: e})
 		}
 	}
 	if err := p.startHTTP(r, tok, w); err != nil {
@@ -524,7 +525,7 @@ func (p *simPlan) startHTTP(r *simRun, tok *tokenizer.Local, w io.Writer) error 
 			cfg.Tokenizer = tok
 		}
 		for _, e := range ranks {
-			cfg.Ranks = append(cfg.Ranks, e.Engine)
+			cfg.Ranks = append(cfg.Ranks, e.Engine.Engine)
 		}
 		s, err := simhttp.New(cfg)
 		if err == nil {

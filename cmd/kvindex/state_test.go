@@ -15,6 +15,7 @@ import (
 	"github.com/kvindex/kvindex/internal/statefile"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
@@ -25,7 +26,7 @@ type stateRun struct {
 }
 
 // startStateRun starts serve with --state-dir dir following engines.
-func startStateRun(t *testing.T, dir string, engines map[string]*zmqtransport.SimEngine) *stateRun {
+func startStateRun(t *testing.T, dir string, engines map[string]*simzmq.Engine) *stateRun {
 	t.Helper()
 	x := &e2e{t: t, engines: engines, logs: &syncBuffer{}}
 	args := []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
@@ -70,9 +71,9 @@ func startStateRun(t *testing.T, dir string, engines map[string]*zmqtransport.Si
 	return r
 }
 
-func newStateEngine(t *testing.T, pod string) *zmqtransport.SimEngine {
+func newStateEngine(t *testing.T, pod string) *simzmq.Engine {
 	t.Helper()
-	e, err := zmqtransport.NewSimEngine(enginesim.Config{Pod: pod, Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096},
+	e, err := simzmq.New(enginesim.Config{Pod: pod, Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096},
 		zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +97,7 @@ func (x *e2e) awaitHealth(pod string, want kvindexv1.EngineHealth) {
 func TestStateDirRestart(t *testing.T) {
 	dir := t.TempDir()
 	a := newStateEngine(t, "pod-a")
-	engines := map[string]*zmqtransport.SimEngine{"pod-a": a}
+	engines := map[string]*simzmq.Engine{"pod-a": a}
 	prompt := tokensFrom(7000, 6*e2eBlockSize)
 
 	r1 := startStateRun(t, dir, engines)
@@ -131,7 +132,7 @@ func TestStateDirRestart(t *testing.T) {
 
 	// The engine restarts (a new process, same name) while kvindex is away.
 	a2 := newStateEngine(t, "pod-a")
-	r3 := startStateRun(t, dir, map[string]*zmqtransport.SimEngine{"pod-a": a2})
+	r3 := startStateRun(t, dir, map[string]*simzmq.Engine{"pod-a": a2})
 	r3.warmUp("pod-a")
 	r3.awaitHealth("pod-a", kvindexv1.EngineHealth_ENGINE_HEALTH_OK)
 	r3.awaitMatched(prompt, map[string]uint32{"pod-a": 0})

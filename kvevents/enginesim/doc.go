@@ -7,7 +7,7 @@
 // benchmarked and demonstrated end to end without GPUs. The model has no
 // sockets and no cgo: each batch goes to the Config's Publisher, and
 // Engine.Buffered is what a replay request is answered with.
-// zmqtransport.NewSimEngine puts an engine on real ZMQ sockets (a PUB and
+// Package simzmq puts an engine on real ZMQ sockets (a PUB and
 // a replay ROUTER); a test then connects a subscriber to its endpoints,
 // drives requests through Engine.Process, and compares what the index
 // believes with Engine.Lookup, the engine's true cache state.

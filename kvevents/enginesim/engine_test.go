@@ -169,7 +169,7 @@ func TestNewErrors(t *testing.T) {
 func ExampleEngine() {
 	h := blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "0", BlockSize: 16})
 	// No Publisher: batches only go to the replay buffer.
-	// zmqtransport.NewSimEngine publishes them over ZMQ.
+	// simzmq.New publishes them over ZMQ.
 	e, err := enginesim.New(enginesim.Config{Pod: "pod-a", Model: "m", Hasher: h, CapacityBlocks: 1024})
 	if err != nil {
 		fmt.Println(err)

@@ -87,7 +87,8 @@
 // # Publishing
 //
 // Publisher is the engine side: a PUB socket and an optional replay ROUTER
-// answering from a ReplaySource. SimEngine wires a simulated engine
-// (package kvevents/enginesim) to its own Publisher, so tests, benchmarks
-// and the demo drive real sockets byte for byte as vLLM would.
+// answering from a ReplaySource. Package kvevents/enginesim/simzmq wires a
+// simulated engine (package kvevents/enginesim) to its own Publisher, so
+// tests, benchmarks and the demo drive real sockets byte for byte as vLLM
+// would.
 package zmqtransport

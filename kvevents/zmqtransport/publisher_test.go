@@ -8,16 +8,17 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/kvindex/kvindex/internal/testutil/zmqtest"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
 // sliceSource is a ReplaySource over a fixed list of batches.
-type sliceSource []replayed
+type sliceSource []zmqtest.Replayed
 
 func (s sliceSource) Buffered(from uint64) iter.Seq2[uint64, []byte] {
 	return func(yield func(uint64, []byte) bool) {
 		for _, r := range s {
-			if r.seq >= from && !yield(r.seq, r.payload) {
+			if r.Seq >= from && !yield(r.Seq, r.Payload) {
 				return
 			}
 		}
@@ -32,17 +33,17 @@ func TestPublisherReplayWaitsForSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	d := dealerAt(t, p.ReplayEndpoint())
+	d := zmqtest.Dealer(t, p.ReplayEndpoint())
 	var sb [8]byte
 	binary.BigEndian.PutUint64(sb[:], 1)
 	if _, err := d.SendMessage("", sb[:]); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.ServeReplay(sliceSource{{0, []byte("p0")}, {1, []byte("p1")}, {2, []byte("p2")}}); err != nil {
+	if err := p.ServeReplay(sliceSource{{Seq: 0, Payload: []byte("p0")}, {Seq: 1, Payload: []byte("p1")}, {Seq: 2, Payload: []byte("p2")}}); err != nil {
 		t.Fatal(err)
 	}
-	got := readReplay(t, d, "t", true)
-	if len(got) != 2 || got[0].seq != 1 || string(got[0].payload) != "p1" || got[1].seq != 2 || string(got[1].payload) != "p2" {
+	got := zmqtest.ReadReplay(t, d, "t", true)
+	if len(got) != 2 || got[0].Seq != 1 || string(got[0].Payload) != "p1" || got[1].Seq != 2 || string(got[1].Payload) != "p2" {
 		t.Fatalf("replay from 1: %v", got)
 	}
 	if err := p.ServeReplay(sliceSource{}); err == nil {
@@ -125,7 +126,7 @@ func TestPublisherConnect(t *testing.T) {
 	}
 	// A PUB drops what it sends before the subscription reaches it, so
 	// publish until a batch arrives.
-	deadline := time.Now().Add(recvTimeout)
+	deadline := time.Now().Add(zmqtest.RecvTimeout)
 	for seq := uint64(0); ; seq++ {
 		if err := p.Publish(seq, []byte("payload")); err != nil {
 			t.Fatal(err)

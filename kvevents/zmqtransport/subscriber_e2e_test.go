@@ -10,6 +10,7 @@ import (
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
@@ -76,7 +77,7 @@ func (m *mirrorSink) caughtUp(e kvevents.EngineID, seq uint64) bool {
 }
 
 // check compares the mirror with the engine's true cache.
-func (m *mirrorSink) check(t *testing.T, eng *zmqtransport.SimEngine) {
+func (m *mirrorSink) check(t *testing.T, eng *simzmq.Engine) {
 	t.Helper()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -134,9 +135,9 @@ func TestSubscriberWithEngineSim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var engines []*zmqtransport.SimEngine
+	var engines []*simzmq.Engine
 	for i, shape := range []kvevents.Shape{kvevents.ShapeMap, kvevents.ShapeArray} {
-		eng, err := zmqtransport.NewSimEngine(enginesim.Config{
+		eng, err := simzmq.New(enginesim.Config{
 			Pod: fmt.Sprintf("sim-%d", i), Model: "m", Hasher: h, CapacityBlocks: 96, Shape: shape,
 			BytesHashes: i == 1,
 		}, zmqtransport.PublisherConfig{Topic: "kv-events", ReplayEndpoint: "tcp://127.0.0.1:*", ReplayWithTopic: i == 0})
@@ -207,7 +208,7 @@ func TestSubscriberWithEngineSim(t *testing.T) {
 	// published and no replay is outstanding. Before a restart this
 	// matters: a replay the old process has not served yet would be
 	// answered by the new one, and the old batches would be lost.
-	catchUp := func(eng *zmqtransport.SimEngine) {
+	catchUp := func(eng *simzmq.Engine) {
 		waitFor(t, "caught up", func() bool { return sink.caughtUp(eng.EngineID(), eng.Seq()-1) })
 		settledStats(t, s, eng.EngineID())
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
@@ -29,7 +30,7 @@ func (p printSink) Reset(e kvevents.EngineID, reason kvevents.ResetReason) {
 // engine's replay buffer as soon as it connects.
 func ExampleSubscriber() {
 	h := blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "0", BlockSize: 16})
-	eng, err := zmqtransport.NewSimEngine(enginesim.Config{
+	eng, err := simzmq.New(enginesim.Config{
 		Pod: "pod-a", Model: "llama", Hasher: h, CapacityBlocks: 64,
 	}, zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simhttp"
+	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/picker"
 	"github.com/kvindex/kvindex/picker/enginemetrics"
@@ -45,7 +46,7 @@ type fleet struct {
 	ix        *indexer.Index
 	srv       *server.Server
 	indexAddr string
-	engines   map[string]*zmqtransport.SimEngine
+	engines   map[string]*simzmq.Engine
 	endpoints []gateway.Endpoint
 	podOf     map[string]string // endpoint address -> pod
 }
@@ -60,10 +61,10 @@ func newFleet(t *testing.T, pods ...string) *fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fleet{ix: ix, engines: map[string]*zmqtransport.SimEngine{}, podOf: map[string]string{}}
+	f := &fleet{ix: ix, engines: map[string]*simzmq.Engine{}, podOf: map[string]string{}}
 	var ecs []zmqtransport.EngineConfig
 	for _, pod := range pods {
-		eng, err := zmqtransport.NewSimEngine(enginesim.Config{Pod: pod, Model: testModel, Hasher: h, CapacityBlocks: 512},
+		eng, err := simzmq.New(enginesim.Config{Pod: pod, Model: testModel, Hasher: h, CapacityBlocks: 512},
 			zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
 		if err != nil {
 			t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simhttp"
+	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
@@ -18,7 +19,7 @@ import (
 // is what the engine's next answer reports as cached.
 func TestEventsReachIndex(t *testing.T) {
 	h := hasher(t)
-	eng, err := zmqtransport.NewSimEngine(enginesim.Config{Pod: "pod-0", Model: testModel, Hasher: h, CapacityBlocks: 256},
+	eng, err := simzmq.New(enginesim.Config{Pod: "pod-0", Model: testModel, Hasher: h, CapacityBlocks: 256},
 		zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/picker"
 )
@@ -26,7 +27,7 @@ func podName(i int) string { return "pod-" + strconv.Itoa(i) }
 // event path: engines' PUB sockets -> zmqtransport.Subscriber -> delay
 // line -> indexer.Index.
 type fleet struct {
-	sims    []*zmqtransport.SimEngine
+	sims    []*simzmq.Engine
 	engines []engine
 	names   []string
 
@@ -38,7 +39,7 @@ type fleet struct {
 // simEngine adapts an enginesim engine to the simulation and, when the
 // event path is on, tells the delay line when each batch was published.
 type simEngine struct {
-	e    *zmqtransport.SimEngine
+	e    *simzmq.Engine
 	id   kvevents.EngineID
 	bs   int
 	line *delayLine
@@ -91,7 +92,7 @@ func newFleet(h *blockhash.Hasher, n, capacity int, events bool, timeout time.Du
 			pcfg.ReplayEndpoint = "tcp://127.0.0.1:*"
 			cfg.BufferSteps = 1024
 		}
-		e, err := zmqtransport.NewSimEngine(cfg, pcfg)
+		e, err := simzmq.New(cfg, pcfg)
 		if err != nil {
 			return nil, fmt.Errorf("engine %s: %w", podName(i), err)
 		}

@@ -1,28 +1,29 @@
-package zmqtransport
+package simzmq
 
 import (
 	"errors"
 
 	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
-// SimEngine is a simulated vLLM engine (an enginesim.Engine) whose KV
+// Engine is a simulated vLLM engine (an enginesim.Engine) whose KV
 // events go out over ZMQ through its own Publisher, byte for byte as a
 // vLLM engine sends them: live on the PUB socket, and from the engine's
 // replay buffer on the replay socket. All of enginesim.Engine's methods
 // are promoted.
-type SimEngine struct {
+type Engine struct {
 	*enginesim.Engine
-	pub *Publisher
+	pub *zmqtransport.Publisher
 }
 
-// NewSimEngine binds a Publisher configured by pcfg and builds an engine
+// New binds a Publisher configured by pcfg and builds an engine
 // that publishes through it and answers its replay requests. cfg.Publisher
 // must be nil: it is set to the new Publisher. A zero pcfg.ReplayHWM is
 // sized to the engine's replay buffer.
-func NewSimEngine(cfg enginesim.Config, pcfg PublisherConfig) (*SimEngine, error) {
+func New(cfg enginesim.Config, pcfg zmqtransport.PublisherConfig) (*Engine, error) {
 	if cfg.Publisher != nil {
-		return nil, errors.New("zmqtransport: enginesim.Config.Publisher is set; NewSimEngine sets it")
+		return nil, errors.New("simzmq: enginesim.Config.Publisher is set; New sets it")
 	}
 	if pcfg.ReplayHWM <= 0 {
 		steps := cfg.BufferSteps
@@ -31,7 +32,7 @@ func NewSimEngine(cfg enginesim.Config, pcfg PublisherConfig) (*SimEngine, error
 		}
 		pcfg.ReplayHWM = steps + 16
 	}
-	pub, err := NewPublisher(pcfg)
+	pub, err := zmqtransport.NewPublisher(pcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -45,23 +46,23 @@ func NewSimEngine(cfg enginesim.Config, pcfg PublisherConfig) (*SimEngine, error
 		pub.Close()
 		return nil, err
 	}
-	return &SimEngine{Engine: e, pub: pub}, nil
+	return &Engine{Engine: e, pub: pub}, nil
 }
 
 // PubEndpoint returns the connectable address of the engine's PUB socket,
 // e.g. "tcp://127.0.0.1:40123".
-func (s *SimEngine) PubEndpoint() string { return s.pub.Endpoint() }
+func (s *Engine) PubEndpoint() string { return s.pub.Endpoint() }
 
 // ReplayEndpoint returns the connectable address of the engine's replay
 // socket, or "" when it has none.
-func (s *SimEngine) ReplayEndpoint() string { return s.pub.ReplayEndpoint() }
+func (s *Engine) ReplayEndpoint() string { return s.pub.ReplayEndpoint() }
 
 // Publisher returns the engine's Publisher.
-func (s *SimEngine) Publisher() *Publisher { return s.pub }
+func (s *Engine) Publisher() *zmqtransport.Publisher { return s.pub }
 
 // Close stops the engine, then its replay service, and closes the
 // sockets. It is safe to call more than once.
-func (s *SimEngine) Close() error {
+func (s *Engine) Close() error {
 	s.Engine.Close()
 	return s.pub.Close()
 }

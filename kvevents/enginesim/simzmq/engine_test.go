@@ -1,4 +1,4 @@
-package zmqtransport_test
+package simzmq_test
 
 import (
 	"encoding/binary"
@@ -15,14 +15,16 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/testutil/zmqtest"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
 // recvTimeout bounds every receive, so a missing message fails the test
 // instead of hanging it.
-const recvTimeout = 10 * time.Second
+const recvTimeout = zmqtest.RecvTimeout
 
 func hasher(t testing.TB, bs int) *blockhash.Hasher {
 	t.Helper()
@@ -35,7 +37,7 @@ func hasher(t testing.TB, bs int) *blockhash.Hasher {
 
 // newEngine starts a simulated engine publishing over ZMQ, with the test
 // defaults for what cfg leaves zero.
-func newEngine(t testing.TB, cfg enginesim.Config, pcfg zmqtransport.PublisherConfig) *zmqtransport.SimEngine {
+func newEngine(t testing.TB, cfg enginesim.Config, pcfg zmqtransport.PublisherConfig) *simzmq.Engine {
 	t.Helper()
 	if cfg.Hasher == nil {
 		cfg.Hasher = hasher(t, 4)
@@ -43,7 +45,7 @@ func newEngine(t testing.TB, cfg enginesim.Config, pcfg zmqtransport.PublisherCo
 	if cfg.CapacityBlocks == 0 {
 		cfg.CapacityBlocks = 64
 	}
-	e, err := zmqtransport.NewSimEngine(cfg, pcfg)
+	e, err := simzmq.New(cfg, pcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +77,7 @@ type subscriber struct {
 	sock *zmq.Socket
 }
 
-func subscribe(t testing.TB, e *zmqtransport.SimEngine, topic string) *subscriber {
+func subscribe(t testing.TB, e *simzmq.Engine, topic string) *subscriber {
 	t.Helper()
 	ctx, err := zmq.NewContext()
 	if err != nil {
@@ -101,7 +103,7 @@ func subscribe(t testing.TB, e *zmqtransport.SimEngine, topic string) *subscribe
 // joiner), so it publishes AllBlocksCleared probes (harmless: the cache
 // is still empty) until one arrives, then consumes the probes up to the
 // last one sent. The engine's next batch is then the next message.
-func (s *subscriber) sync(e *zmqtransport.SimEngine) {
+func (s *subscriber) sync(e *simzmq.Engine) {
 	s.t.Helper()
 	poller := zmq.NewPoller()
 	poller.Add(s.sock, zmq.POLLIN)
@@ -176,7 +178,7 @@ func chain(t testing.TB, h *blockhash.Hasher, toks []uint64, x *blockhash.Extras
 	return hs
 }
 
-func process(t testing.TB, e *zmqtransport.SimEngine, toks []uint64, x *blockhash.Extras, wantCached int) {
+func process(t testing.TB, e *simzmq.Engine, toks []uint64, x *blockhash.Extras, wantCached int) {
 	t.Helper()
 	got, err := e.Process(toks, x)
 	if err != nil {
@@ -338,91 +340,18 @@ func TestRestart(t *testing.T) {
 	}
 	// The replay buffer starts over too.
 	got := replay(t, e, 0, false)
-	if len(got) != 1 || got[0].seq != 0 {
+	if len(got) != 1 || got[0].Seq != 0 {
 		t.Fatalf("replay after restart: %d batches", len(got))
 	}
 }
 
-// replayed is one batch received over replay.
-type replayed struct {
-	seq     uint64
-	payload []byte
-}
-
 // replay asks the engine's ROUTER for every batch from start with a
 // DEALER, as a consumer does, and checks the reply layout.
-func replay(t testing.TB, e *zmqtransport.SimEngine, start uint64, withTopic bool) []replayed {
+func replay(t testing.TB, e *simzmq.Engine, start uint64, withTopic bool) []zmqtest.Replayed {
 	t.Helper()
-	d := dealer(t, e)
-	var sb [8]byte
-	binary.BigEndian.PutUint64(sb[:], start)
-	if _, err := d.SendMessage("", sb[:]); err != nil {
-		t.Fatal(err)
-	}
-	return readReplay(t, d, e.Publisher().Topic(), withTopic)
-}
-
-func dealer(t testing.TB, e *zmqtransport.SimEngine) *zmq.Socket {
-	t.Helper()
-	return dealerAt(t, e.ReplayEndpoint())
-}
-
-// dealerAt connects a DEALER, on its own context, to a replay endpoint.
-func dealerAt(t testing.TB, endpoint string) *zmq.Socket {
-	t.Helper()
-	ctx, err := zmq.NewContext()
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := ctx.NewSocket(zmq.DEALER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, err := range []error{d.SetLinger(0), d.SetRcvtimeo(recvTimeout), d.Connect(endpoint)} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() { d.Close(); ctx.Term() })
-	return d
-}
-
-func readReplay(t testing.TB, d *zmq.Socket, topic string, withTopic bool) []replayed {
-	t.Helper()
-	var out []replayed
-	for {
-		f, err := d.RecvMessageBytes(0)
-		if err != nil {
-			t.Fatalf("replay receive: %v", err)
-		}
-		if len(f) == 0 || len(f[0]) != 0 {
-			t.Fatalf("reply without the empty delimiter: %x", f)
-		}
-		f = f[1:]
-		if withTopic {
-			if len(f) != 3 {
-				t.Fatalf("reply of %d frames after the delimiter, want 3 (topic layout): %x", len(f), f)
-			}
-			end := len(f[1]) == 8 && binary.BigEndian.Uint64(f[1]) == 1<<64-1
-			if (end && len(f[0]) != 0) || (!end && string(f[0]) != topic) {
-				t.Fatalf("reply topic %q", f[0])
-			}
-			f = f[1:]
-		} else if len(f) != 2 {
-			t.Fatalf("reply of %d frames after the delimiter, want 2: %x", len(f), f)
-		}
-		if len(f[0]) != 8 {
-			t.Fatalf("sequence frame %x", f[0])
-		}
-		seq := binary.BigEndian.Uint64(f[0])
-		if seq == 1<<64-1 {
-			if len(f[1]) != 0 {
-				t.Fatalf("end marker with payload %x", f[1])
-			}
-			return out
-		}
-		out = append(out, replayed{seq, f[1]})
-	}
+	d := zmqtest.Dealer(t, e.ReplayEndpoint())
+	zmqtest.Request(t, d, start)
+	return zmqtest.ReadReplay(t, d, e.Publisher().Topic(), withTopic)
 }
 
 // TestDropNextAndReplay loses batches on the live stream and recovers
@@ -446,18 +375,18 @@ func TestDropNextAndReplay(t *testing.T) {
 				t.Fatalf("replayed %d batches, want 3", len(got))
 			}
 			for i, r := range got {
-				if r.seq != seq+uint64(i) {
-					t.Fatalf("replayed seq %d at %d", r.seq, i)
+				if r.Seq != seq+uint64(i) {
+					t.Fatalf("replayed seq %d at %d", r.Seq, i)
 				}
 				var b kvevents.Batch
-				if err := (&kvevents.Decoder{}).Decode(r.payload, &b); err != nil {
+				if err := (&kvevents.Decoder{}).Decode(r.Payload, &b); err != nil {
 					t.Fatal(err)
 				}
 				if b.Events[0].Kind != kvevents.BlockStored || b.Events[0].TokenIDs[0] != uint64(100*i) {
 					t.Fatalf("replayed batch %d: %+v", i, b.Events[0])
 				}
 			}
-			if string(got[2].payload) != string(live.raw) {
+			if string(got[2].Payload) != string(live.raw) {
 				t.Fatal("the replayed copy of a live batch differs from it")
 			}
 			// Nothing at or after a future seq: just the end marker.
@@ -476,7 +405,7 @@ func TestReplayRequests(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		process(t, e, tokens(100*i, 4), nil, 0)
 	}
-	d := dealer(t, e)
+	d := zmqtest.Dealer(t, e.ReplayEndpoint())
 	// Two malformed requests (ROUTER sees 2 and 4 frames), then a valid one
 	// with a 1-byte start: the only reply is the valid one's.
 	for _, req := range [][]any{{""}, {"", []byte{0}, []byte{1}}, {"", []byte{3}}} {
@@ -484,13 +413,13 @@ func TestReplayRequests(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got := readReplay(t, d, "", false)
-	if len(got) != 2 || got[0].seq != 3 || got[1].seq != 4 {
+	got := zmqtest.ReadReplay(t, d, "", false)
+	if len(got) != 2 || got[0].Seq != 3 || got[1].Seq != 4 {
 		t.Fatalf("replay from 3: %v", got)
 	}
 	// From 0: the oldest buffered batch is 2, so a consumer sees the gap.
-	if got := replay(t, e, 0, false); len(got) != 3 || got[0].seq != 2 {
-		t.Fatalf("replay from 0 returned %d batches starting at %d", len(got), got[0].seq)
+	if got := replay(t, e, 0, false); len(got) != 3 || got[0].Seq != 2 {
+		t.Fatalf("replay from 0 returned %d batches starting at %d", len(got), got[0].Seq)
 	}
 }
 
@@ -617,10 +546,10 @@ func TestStreamMirrorsCache(t *testing.T) {
 	var b kvevents.Batch
 	removes := 0
 	for i, r := range batches {
-		if r.seq != uint64(i) {
-			t.Fatalf("batch %d has seq %d", i, r.seq)
+		if r.Seq != uint64(i) {
+			t.Fatalf("batch %d has seq %d", i, r.Seq)
 		}
-		if err := d.Decode(r.payload, &b); err != nil {
+		if err := d.Decode(r.Payload, &b); err != nil {
 			t.Fatal(err)
 		}
 		for _, ev := range b.Events {
@@ -691,15 +620,15 @@ func TestNewErrors(t *testing.T) {
 		{"publisher already set", enginesim.Config{Hasher: h, CapacityBlocks: 1, Publisher: &zmqtransport.Publisher{}}, zmqtransport.PublisherConfig{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if e, err := zmqtransport.NewSimEngine(tc.cfg, tc.pcfg); err == nil {
+			if e, err := simzmq.New(tc.cfg, tc.pcfg); err == nil {
 				e.Close()
-				t.Fatal("NewSimEngine succeeded")
+				t.Fatal("New succeeded")
 			}
 		})
 	}
 	// Two engines cannot bind one port.
 	a := newEngine(t, enginesim.Config{}, zmqtransport.PublisherConfig{})
-	if _, err := zmqtransport.NewSimEngine(enginesim.Config{Hasher: h, CapacityBlocks: 1}, zmqtransport.PublisherConfig{Endpoint: a.PubEndpoint()}); err == nil {
+	if _, err := simzmq.New(enginesim.Config{Hasher: h, CapacityBlocks: 1}, zmqtransport.PublisherConfig{Endpoint: a.PubEndpoint()}); err == nil {
 		t.Fatal("second bind to one port succeeded")
 	}
 }
@@ -723,9 +652,9 @@ func settledGoroutines() int {
 // engine refuses work afterwards.
 func TestCloseReleasesEverything(t *testing.T) {
 	before := settledGoroutines()
-	var engines []*zmqtransport.SimEngine
+	var engines []*simzmq.Engine
 	for i := 0; i < 4; i++ {
-		e, err := zmqtransport.NewSimEngine(enginesim.Config{Hasher: hasher(t, 4), CapacityBlocks: 8},
+		e, err := simzmq.New(enginesim.Config{Hasher: hasher(t, 4), CapacityBlocks: 8},
 			zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
 		if err != nil {
 			t.Fatal(err)
@@ -764,9 +693,9 @@ func TestCloseReleasesEverything(t *testing.T) {
 	}
 }
 
-func ExampleSimEngine() {
+func Example() {
 	h := blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "0", BlockSize: 16})
-	e, err := zmqtransport.NewSimEngine(enginesim.Config{Pod: "pod-a", Model: "m", Hasher: h, CapacityBlocks: 1024},
+	e, err := simzmq.New(enginesim.Config{Pod: "pod-a", Model: "m", Hasher: h, CapacityBlocks: 1024},
 		zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
 	if err != nil {
 		fmt.Println(err)

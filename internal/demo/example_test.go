@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"log"
 
-	"github.com/kvindex/kvindex/demo"
+	"github.com/kvindex/kvindex/internal/demo"
 )
 
 // ExampleRun compares round-robin with kvindex's precise routing on a

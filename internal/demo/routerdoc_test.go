@@ -14,9 +14,9 @@ import (
 // README.md's generated lists sit between begin and end markers; the hint
 // tells whoever edits README.md where the text comes from.
 const (
-	readmePath        = "../README.md"
-	readmeRoutersHint = "<!-- Generated from demo/routerdoc.go: edit the text there, then run\n" +
-		"     go test ./demo -run TestREADMERouters -update -->\n"
+	readmePath        = "../../README.md"
+	readmeRoutersHint = "<!-- Generated from internal/demo/routerdoc.go: edit the text there, then run\n" +
+		"     go test ./internal/demo -run TestREADMERouters -update -->\n"
 )
 
 // TestREADMERouters checks that README.md lists the routers exactly as
@@ -24,7 +24,7 @@ const (
 // gateway replicas as GatewaysMarkdown does. After editing routerDocs,
 // rewrite README.md's blocks with
 //
-//	go test ./demo -run TestREADMERouters -update
+//	go test ./internal/demo -run TestREADMERouters -update
 func TestREADMERouters(t *testing.T) {
 	for _, tc := range []struct {
 		block string
@@ -47,7 +47,7 @@ func TestREADMERouters(t *testing.T) {
 		want := readmeRoutersHint + tc.text()
 		if got := string(readme[i:j]); got != want {
 			if !*update {
-				t.Fatalf("README.md's %s list differs from routerDocs (go test ./demo -run TestREADMERouters -update rewrites it)\n"+
+				t.Fatalf("README.md's %s list differs from routerDocs (go test ./internal/demo -run TestREADMERouters -update rewrites it)\n"+
 					"README.md:\n%s\nrouterDocs:\n%s", tc.block, got, want)
 			}
 			out := slices.Concat(readme[:i], []byte(want), readme[j:])
