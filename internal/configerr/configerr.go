@@ -1,0 +1,84 @@
+// Package configerr is the one shape of a configuration error in kvindex:
+// which setting is wrong and why, said in the terms of the package that
+// checked it, so that each front end names the setting its own way.
+//
+// A library never names a command-line flag. It returns an *Error whose
+// Field is the setting in its own configuration (a Go field name such as
+// "MaxTokensInFlight"), and whose message may refer to further settings
+// as Field values among its arguments. The kvindex command maps each Field
+// to its flag when it prints the error (Render), so that the library's
+// message and the command's agree word for word except for the names:
+//
+//	configerr.New("MaxTokensInFlight", "%v %d is below %v %d", configerr.Field("MaxTokensInFlight"), 999, configerr.Field("MaxTokens"), 1000)
+//
+// reads "MaxTokensInFlight 999 is below MaxTokens 1000" from Error and
+// "--max-tokens-in-flight 999 is below --max-query-tokens 1000" from the
+// command.
+package configerr
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Field names a setting as the package that checks it spells it: a field
+// of its configuration, "Engines" or "Limits.MaxWatchers".
+type Field string
+
+// Error is a setting that cannot work. It wraps the errors among its
+// arguments (as fmt.Errorf's %w does), so errors.Is and errors.As see
+// through it.
+type Error struct {
+	// Field is the setting at fault.
+	Field Field
+	// format and args make the message; Field arguments are names.
+	format string
+	args   []any
+}
+
+// New returns the configuration error of field, whose message is format
+// with args as fmt.Errorf formats them; an argument of type Field is
+// written as the setting's name (Render chooses it). %w wraps an error.
+func New(field Field, format string, args ...any) *Error {
+	return &Error{Field: field, format: format, args: args}
+}
+
+// Error writes the message with each setting under its own name.
+func (e *Error) Error() string { return e.Render(nil) }
+
+// Render writes the message with each setting named by name (nil: by its
+// Field). A name of "" keeps the Field.
+func (e *Error) Render(name func(Field) string) string {
+	args := make([]any, len(e.args))
+	for i, a := range e.args {
+		if f, ok := a.(Field); ok {
+			s := string(f)
+			if name != nil {
+				if n := name(f); n != "" {
+					s = n
+				}
+			}
+			a = s
+		}
+		args[i] = a
+	}
+	return fmt.Errorf(e.format, args...).Error()
+}
+
+// Unwrap returns the errors the message wraps (%w), as fmt.Errorf does.
+func (e *Error) Unwrap() []error {
+	switch w := fmt.Errorf(e.format, e.args...).(type) {
+	case interface{ Unwrap() error }:
+		return []error{w.Unwrap()}
+	case interface{ Unwrap() []error }:
+		return w.Unwrap()
+	}
+	return nil
+}
+
+// As finds the configuration error in err's chain, if any.
+func As(err error) (*Error, bool) {
+	var ce *Error
+	ok := errors.As(err, &ce)
+	return ce, ok
+}
