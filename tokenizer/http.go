@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/kvindex/kvindex/internal/configerr"
 )
 
 // HTTPConfig configures an HTTP tokenizer.
@@ -89,10 +91,10 @@ type HTTP struct {
 func NewHTTP(cfg HTTPConfig) (*HTTP, error) {
 	u, err := url.Parse(cfg.BaseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("tokenizer: base URL %q: want http(s)://host[:port][/path]", cfg.BaseURL)
+		return nil, configerr.New("BaseURL", "base URL %q: want http(s)://host[:port][/path]", cfg.BaseURL)
 	}
 	if u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("tokenizer: base URL %q: no query or fragment allowed", cfg.BaseURL)
+		return nil, configerr.New("BaseURL", "base URL %q: no query or fragment allowed", cfg.BaseURL)
 	}
 	if cfg.Timeout < 0 || cfg.CacheBytes < 0 || cfg.MaxResponseBytes < 0 {
 		return nil, errors.New("tokenizer: negative timeout or size limit")

@@ -46,7 +46,7 @@ func TestCLIQueryExtrasMatchLookup(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			args := append([]string{"--server", x.svc.grpcAddr, "--tokens", idsArg(prompt), "--json"}, tc.flags...)
+			args := append([]string{"--server", x.svc.GRPCAddr(), "--tokens", idsArg(prompt), "--json"}, tc.flags...)
 			out, errOut, code := runCLI(t, append([]string{"query"}, args...)...)
 			var q client.LongestPrefixJSON
 			if err := json.Unmarshal([]byte(out), &q); code != 0 || err != nil {
@@ -82,23 +82,29 @@ func TestCLIQueryExtrasMatchLookup(t *testing.T) {
 // could not tokenize the prompt, naming the URL, rather than that kvindex
 // cannot be reached.
 func TestCLITokenizerDown(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	// A port nothing listens on; the service's own listeners, bound
+	// after it is freed, may get it: then try another.
+	var x *e2e
+	var down string
+	for x == nil || down == x.svc.GRPCAddr() || down == x.svc.HTTPAddr() {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		down = lis.Addr().String()
+		lis.Close()
+		x = startE2E(t, []string{"pod-a"}, "--tokenize-url", "http://"+down)
 	}
-	down := lis.Addr().String()
-	lis.Close()
-	x := startE2E(t, []string{"pod-a"}, "--tokenize-url", "http://"+down)
-	want := "kvindex: kvindex at " + x.svc.grpcAddr + " could not tokenize the prompt: the engine's /tokenize at http://" + down +
+	want := "kvindex: kvindex at " + x.svc.GRPCAddr() + " could not tokenize the prompt: the engine's /tokenize at http://" + down +
 		" is unreachable: dial tcp " + down + ": connect: connection refused\n"
 	for _, cmd := range []string{"query", "lookup"} {
-		_, errOut, code := runCLI(t, cmd, "--server", x.svc.grpcAddr, "--prompt", "hello")
+		_, errOut, code := runCLI(t, cmd, "--server", x.svc.GRPCAddr(), "--prompt", "hello")
 		if code != 1 || errOut != want {
 			t.Errorf("%s: exit %d %q, want exit 1 %q", cmd, code, errOut, want)
 		}
 	}
 	// Token ids need no tokenizer.
-	if _, errOut, code := runCLI(t, "query", "--server", x.svc.grpcAddr, "--tokens", "1,2,3"); code != 0 || strings.Contains(errOut, "tokenize") {
+	if _, errOut, code := runCLI(t, "query", "--server", x.svc.GRPCAddr(), "--tokens", "1,2,3"); code != 0 || strings.Contains(errOut, "tokenize") {
 		t.Errorf("tokens: exit %d %q", code, errOut)
 	}
 }

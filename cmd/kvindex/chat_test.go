@@ -125,7 +125,7 @@ func TestE2EChatRequestFile(t *testing.T) {
 	}
 	x.awaitMatched(tok.ids, map[string]uint32{"pod-a": 3})
 
-	out, errOut, code := runCLI(t, "query", "--server", x.svc.grpcAddr, "--messages-file", writeFile(t, "agent.json", chatRequest), "--json")
+	out, errOut, code := runCLI(t, "query", "--server", x.svc.GRPCAddr(), "--messages-file", writeFile(t, "agent.json", chatRequest), "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}

@@ -72,14 +72,14 @@ func TestServerTarget(t *testing.T) {
 func TestCLIServerAndPodChecks(t *testing.T) {
 	x := startE2E(t, []string{"pod-a", "pod-b"})
 
-	out, errOut, code := runCLI(t, "pods", "--server", "http://"+x.svc.grpcAddr)
+	out, errOut, code := runCLI(t, "pods", "--server", "http://"+x.svc.GRPCAddr())
 	if code != 0 || !strings.Contains(out, "pod-a") {
-		t.Errorf("--server http://%s: exit %d, %q %q", x.svc.grpcAddr, code, out, errOut)
+		t.Errorf("--server http://%s: exit %d, %q %q", x.svc.GRPCAddr(), code, out, errOut)
 	}
 
 	for _, cmd := range [][]string{{"pods"}, {"query", "--tokens", "1,2,3"}, {"tail"}} {
-		_, errOut, code = runCLI(t, append(cmd, "--server", x.svc.httpAddr)...)
-		want := "kvindex: --server " + x.svc.httpAddr + " answers HTTP/1.1, not gRPC: that looks like kvindex's HTTP port (--http-addr); the gRPC API is on --grpc-addr (default :50051)\n"
+		_, errOut, code = runCLI(t, append(cmd, "--server", x.svc.HTTPAddr())...)
+		want := "kvindex: --server " + x.svc.HTTPAddr() + " answers HTTP/1.1, not gRPC: that looks like kvindex's HTTP port (--http-addr); the gRPC API is on --grpc-addr (default :50051)\n"
 		if code != exitRuntime || errOut != want {
 			t.Errorf("%s at the HTTP port: exit %d, %q; want %q", cmd[0], code, errOut, want)
 		}
@@ -87,12 +87,12 @@ func TestCLIServerAndPodChecks(t *testing.T) {
 
 	// Bounded: a tail that accepted the pod would wait for its events.
 	root := newRootCmd()
-	root.SetArgs([]string{"tail", "--server", x.svc.grpcAddr, "--pod", "pod-a", "--pod", "nosuch"})
+	root.SetArgs([]string{"tail", "--server", x.svc.GRPCAddr(), "--pod", "pod-a", "--pod", "nosuch"})
 	root.SetOut(io.Discard)
 	ctx, cancel := context.WithTimeout(context.Background(), e2eDeadline)
 	defer cancel()
 	err := root.ExecuteContext(ctx)
-	want := `--pod "nosuch": kvindex at ` + x.svc.grpcAddr + " follows no such pod; known pods: pod-a, pod-b"
+	want := `--pod "nosuch": kvindex at ` + x.svc.GRPCAddr() + " follows no such pod; known pods: pod-a, pod-b"
 	if err == nil || err.Error() != want {
 		t.Errorf("tail --pod nosuch: %v; want %q", err, want)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -92,13 +94,20 @@ func serverTarget(s string) (target string, useTLS bool, err error) {
 	return net.JoinHostPort(host, port), useTLS, nil
 }
 
-// dial connects within the timeout.
-func (f *clientFlags) dial(ctx context.Context) (*client.Client, error) {
+// target is the gRPC target --server names and the dial options the
+// flags ask for.
+func (f *clientFlags) target() (string, []grpc.DialOption, error) {
 	addr, useTLS, err := serverTarget(f.server)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	opts, err := f.sec.dialOptions(useTLS)
+	return addr, opts, err
+}
+
+// dial connects within the timeout.
+func (f *clientFlags) dial(ctx context.Context) (*client.Client, error) {
+	addr, opts, err := f.target()
 	if err != nil {
 		return nil, err
 	}
@@ -532,7 +541,7 @@ window, overall and per model, then each engine's own.`,
 					age = (time.Duration(*p.LastEventAgeSeconds * float64(time.Second))).Round(time.Second/10).String() + " ago"
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s\n",
-					client.EngineName(p.Pod, p.DPRank), p.Model, cmpOr(p.Endpoint, "-"), yesNo(p.Connected), p.Health,
+					client.EngineName(p.Pod, p.DPRank), p.Model, cmp.Or(p.Endpoint, "-"), yesNo(p.Connected), p.Health,
 					p.LastSeq, p.Gaps, p.ReplaysOK, p.ReplaysFailed, p.Resets, p.Blocks, p.HashCheck, age)
 			}
 			if err := tw.Flush(); err != nil {

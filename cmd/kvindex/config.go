@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,8 +12,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/internal/snapstore"
-	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
@@ -69,14 +68,14 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.maxEngines, "max-engines", zmqtransport.DefaultMaxEngines, "bind mode: most engine ranks to follow; further topics are refused and counted (kvindex_listener_refused_engines_total)")
 	fs.DurationVar(&f.forgetAfter, "forget-after", zmqtransport.DefaultForgetAfter, "bind mode: forget an engine whose connection has been gone this long (its entries dropped, counted in kvindex_listener_forgotten_engines_total); it returns as new if it publishes again; 0: never")
 	f.hash.register(fs)
-	fs.Var(&f.memoryBudget, "memory-budget", "cap on the index's memory, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited. It also bounds the process: Go memory limit of the budget + "+formatSize(goOverhead)+" (unless GOMEMLIMIT is set), event queues sized from 1/"+strconv.Itoa(queueShareDiv)+" of it")
+	fs.Var(&f.memoryBudget, "memory-budget", "cap on the index's memory, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited. It also bounds the process: Go memory limit of the budget + "+formatSize(service.GoOverhead)+" (unless GOMEMLIMIT is set), event queues sized from 1/"+strconv.Itoa(service.QueueShareDiv)+" of it")
 	fs.StringVar(&f.tokenizeURL, "tokenize-url", "", "engine server root whose /tokenize tokenizes text and chat prompts, e.g. http://vllm:8000")
 	fs.StringVar(&f.tokenizer, "tokenizer", "", "local tokenizer.json (or .json.gz) for text prompts (completion form only)")
 	fs.IntVar(&f.maxQueryTokens, "max-query-tokens", server.DefaultMaxTokens, "largest prompt a query may carry, in tokens")
 	fs.DurationVar(&f.readyGrace, "ready-grace", server.DefaultReadyGrace, "report ready after this long even if some engines never connected")
 	fs.BoolVar(&f.pprof, "pprof", false, "removed: Go profiles are served on the admin listener, see --admin-addr")
 	fs.StringVar(&f.stateDir, "state-dir", "", "directory where kvindex keeps its index and the engines' positions across restarts (created if missing; default: none, a restart starts empty)")
-	fs.DurationVar(&f.snapshotEvery, "snapshot-interval", defaultSnapshotInterval, "with --state-dir: how often the state is saved (also when serve stops); ingest pauses while the index is copied, queries go on")
+	fs.DurationVar(&f.snapshotEvery, "snapshot-interval", service.DefaultSnapshotInterval, "with --state-dir: how often the state is saved (also when serve stops); ingest pauses while the index is copied, queries go on")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text|json")
 	f.limits.register(fs)
@@ -90,129 +89,10 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables, --config file, tokenizer file), print them and exit without listening or connecting")
 }
 
-// parseEngines parses the --engine values: each valid, no name twice, and
-// ports that do not overlap (CheckLayout).
+// parseEngines parses the --engine values (zmqtransport.ParseEngines).
 func parseEngines(values []string, defaultModel string) ([]zmqtransport.EngineConfig, error) {
-	var out []zmqtransport.EngineConfig
-	seen := map[string]bool{}
-	for _, s := range values {
-		ec, err := parseEngine(s, defaultModel)
-		if err != nil {
-			return nil, err
-		}
-		if seen[ec.Name] {
-			return nil, usagef("--engine %q: the name %q is used twice", s, ec.Name)
-		}
-		seen[ec.Name] = true
-		out = append(out, ec)
-	}
-	var le *zmqtransport.LayoutError
-	if err := zmqtransport.CheckLayout(out); errors.As(err, &le) {
-		return nil, usagef("--engine %q: %s", values[le.Index], le.Detail)
-	}
-	return out, nil
-}
-
-// parseEngine parses one --engine value:
-// NAME=ENDPOINT[,replay=ENDPOINT][,ranks=N][,model=M][,topic=PREFIX].
-// An endpoint without a scheme is taken as tcp://.
-func parseEngine(s, defaultModel string) (zmqtransport.EngineConfig, error) {
-	var ec zmqtransport.EngineConfig
-	name, rest, ok := strings.Cut(s, "=")
-	if !ok || rest == "" {
-		return ec, usagef("--engine %q: missing \"=ENDPOINT\" (want NAME=ENDPOINT[,replay=ENDPOINT][,ranks=N][,model=M])", s)
-	}
-	if name == "" || strings.ContainsAny(name, ", \t") {
-		return ec, usagef("--engine %q: the name must be non-empty, without commas or spaces", s)
-	}
-	parts := strings.Split(rest, ",")
-	ec.Name, ec.Endpoint, ec.Model, ec.Ranks = name, endpoint(parts[0]), defaultModel, 1
-	if parts[0] == "" {
-		return ec, usagef("--engine %q: empty endpoint", s)
-	}
-	for _, opt := range parts[1:] {
-		k, v, ok := strings.Cut(opt, "=")
-		if !ok || v == "" {
-			return ec, usagef("--engine %q: option %q: want KEY=VALUE (replay, ranks, model or topic)", s, opt)
-		}
-		switch k {
-		case "replay":
-			ec.ReplayEndpoint = endpoint(v)
-		case "ranks":
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > kvevents.MaxDPRank {
-				return ec, usagef("--engine %q: ranks=%s: want an integer in 1..%d", s, v, kvevents.MaxDPRank)
-			}
-			ec.Ranks = n
-		case "model":
-			ec.Model = v
-		case "topic":
-			ec.Topic = v
-		default:
-			return ec, usagef("--engine %q: unknown option %q (want replay, ranks, model or topic)", s, k)
-		}
-	}
-	if ec.Model == "" {
-		return ec, usagef("--engine %q: no model: add ,model=M or set --model", s)
-	}
-	if err := zmqtransport.CheckConnectEndpoint(ec.Endpoint, ec.Ranks); err != nil {
-		return ec, engineEndpointError(s, ec, false, err)
-	}
-	if ec.ReplayEndpoint != "" {
-		if err := zmqtransport.CheckConnectEndpoint(ec.ReplayEndpoint, ec.Ranks); err != nil {
-			return ec, engineEndpointError(s, ec, true, err)
-		}
-	}
-	var le *zmqtransport.LayoutError
-	if err := zmqtransport.CheckLayout([]zmqtransport.EngineConfig{ec}); errors.As(err, &le) {
-		return ec, usagef("--engine %q: %s", s, le.Detail)
-	}
-	return ec, nil
-}
-
-// engineEndpointError explains why kvindex cannot connect to an --engine
-// value's event (or replay) endpoint. A "*" host is what the engine's own
-// configuration says where it binds; kvindex needs the engine's address,
-// or bind mode.
-func engineEndpointError(s string, ec zmqtransport.EngineConfig, replay bool, err error) error {
-	var ee *zmqtransport.EndpointError
-	if !errors.As(err, &ee) {
-		return usagef("--engine %q: %v", s, err)
-	}
-	which := ""
-	if replay {
-		which = "replay "
-	}
-	if !ee.Wildcard {
-		return usagef("--engine %q: %s%v", s, which, ee)
-	}
-	port := ee.Endpoint[strings.LastIndexByte(ee.Endpoint, ':')+1:]
-	if !replay {
-		return usagef("--engine %q: a connect-mode endpoint needs the engine's host, e.g. tcp://10.0.0.5:%s; %q binds — for engines that connect to kvindex, use --listen 'tcp://*:%s' (bind mode)",
-			s, port, hostOf(ee.Endpoint), port)
-	}
-	example := "tcp://10.0.0.5:" + port
-	if zmqtransport.CheckConnectEndpoint(ec.Endpoint, 1) == nil && strings.HasPrefix(ec.Endpoint, "tcp://") {
-		example = "tcp://" + hostOf(ec.Endpoint) + ":" + port
-	}
-	return usagef("--engine %q: the replay endpoint needs the engine's host, e.g. replay=%s (%q is where the engine binds it)", s, example, hostOf(ee.Endpoint))
-}
-
-// hostOf returns the host of a tcp://HOST:PORT endpoint.
-func hostOf(ep string) string {
-	rest := strings.TrimPrefix(ep, "tcp://")
-	if i := strings.LastIndexByte(rest, ':'); i >= 0 {
-		return rest[:i]
-	}
-	return rest
-}
-
-// endpoint adds tcp:// to a bare host:port.
-func endpoint(s string) string {
-	if s == "" || strings.Contains(s, "://") {
-		return s
-	}
-	return "tcp://" + s
+	engines, err := zmqtransport.ParseEngines(values, defaultModel)
+	return engines, configUsage(err, serveFlagNames)
 }
 
 // parseSize parses a memory size: plain bytes, or a number (fractions

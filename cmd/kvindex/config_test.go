@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/blockhash"
-	"github.com/kvindex/kvindex/kvevents/zmqtransport"
+	"github.com/kvindex/kvindex/internal/service"
 )
 
 func TestParseSize(t *testing.T) {
@@ -61,63 +61,15 @@ func TestFormatSize(t *testing.T) {
 	}
 }
 
-func TestParseEngine(t *testing.T) {
-	tests := []struct {
-		in    string
-		model string
-		want  zmqtransport.EngineConfig
-		err   string
-	}{
-		{"a=tcp://10.0.0.5:5557", "m", zmqtransport.EngineConfig{Name: "a", Model: "m", Endpoint: "tcp://10.0.0.5:5557", Ranks: 1}, ""},
-		{"a=10.0.0.5:5557,replay=10.0.0.5:5567,ranks=4,model=x,topic=kv@", "",
-			zmqtransport.EngineConfig{Name: "a", Model: "x", Endpoint: "tcp://10.0.0.5:5557", ReplayEndpoint: "tcp://10.0.0.5:5567", Ranks: 4, Topic: "kv@"}, ""},
-		{"a=ipc:///tmp/kv.sock", "m", zmqtransport.EngineConfig{Name: "a", Model: "m", Endpoint: "ipc:///tmp/kv.sock", Ranks: 1}, ""},
-		{"a", "m", zmqtransport.EngineConfig{}, `--engine "a": missing "=ENDPOINT"`},
-		{"a=", "m", zmqtransport.EngineConfig{}, `--engine "a=": missing "=ENDPOINT"`},
-		{"=tcp://x:1", "m", zmqtransport.EngineConfig{}, "the name must be non-empty"},
-		{"a=tcp://x:1", "", zmqtransport.EngineConfig{}, "no model: add ,model=M or set --model"},
-		{"a=tcp://x:1,ranks=0", "m", zmqtransport.EngineConfig{}, "ranks=0: want an integer in 1..1024"},
-		{"a=tcp://x:1,ranks=two", "m", zmqtransport.EngineConfig{}, "ranks=two"},
-		{"a=tcp://x:1,replay", "m", zmqtransport.EngineConfig{}, `option "replay": want KEY=VALUE`},
-		{"a=tcp://x:1,color=red", "m", zmqtransport.EngineConfig{}, `unknown option "color"`},
-		{"a=,replay=tcp://x:2", "m", zmqtransport.EngineConfig{}, "empty endpoint"},
-		// Endpoints kvindex cannot connect to, and overlapping rank layouts.
-		{"a=tcp://*:5557", "m", zmqtransport.EngineConfig{}, `--engine "a=tcp://*:5557": a connect-mode endpoint needs the engine's host, e.g. tcp://10.0.0.5:5557; "*" binds — for engines that connect to kvindex, use --listen 'tcp://*:5557' (bind mode)`},
-		{"a=*:5557", "m", zmqtransport.EngineConfig{}, `--engine "a=*:5557": a connect-mode endpoint needs the engine's host`},
-		{"a=tcp://10.0.0.5:5557,replay=tcp://*:5558", "m", zmqtransport.EngineConfig{}, `--engine "a=tcp://10.0.0.5:5557,replay=tcp://*:5558": the replay endpoint needs the engine's host, e.g. replay=tcp://10.0.0.5:5558 ("*" is where the engine binds it)`},
-		{"a=127.0.0.1", "m", zmqtransport.EngineConfig{}, `--engine "a=127.0.0.1": endpoint "tcp://127.0.0.1": no port (want tcp://HOST:PORT, e.g. tcp://10.0.0.5:5557)`},
-		{"a=tcp://h:1,replay=h", "m", zmqtransport.EngineConfig{}, `--engine "a=tcp://h:1,replay=h": replay endpoint "tcp://h": no port`},
-		{"a=tcp://h:99999", "m", zmqtransport.EngineConfig{}, `endpoint "tcp://h:99999": port "99999" is not in 1..65535`},
-		{"a=udp://h:1", "m", zmqtransport.EngineConfig{}, `unknown transport "udp" (want tcp://HOST:PORT, ipc://PATH or inproc://NAME)`},
-		{"a=tcp://h:65535,ranks=2", "m", zmqtransport.EngineConfig{}, "port 65535 cannot be offset by 2 data-parallel ranks"},
-		{"pod-b=tcp://10.0.0.6:5557,replay=tcp://10.0.0.6:5558,ranks=2", "m", zmqtransport.EngineConfig{},
-			`--engine "pod-b=tcp://10.0.0.6:5557,replay=tcp://10.0.0.6:5558,ranks=2": ranks=2 uses event ports 5557-5558 and replay ports 5558-5559, which overlap at 5558; vLLM offsets both by the rank, so leave a gap: replay=tcp://10.0.0.6:5567`},
-		{"a=tcp://h:5557,replay=tcp://h:5557", "m", zmqtransport.EngineConfig{}, "the event and replay ports are both 5557"},
-	}
-	for _, tc := range tests {
-		got, err := parseEngine(tc.in, tc.model)
-		switch {
-		case tc.err != "":
-			if err == nil || !strings.Contains(err.Error(), tc.err) {
-				t.Errorf("parseEngine(%q) error %v, want %q", tc.in, err, tc.err)
-			}
-		case err != nil:
-			t.Errorf("parseEngine(%q): %v", tc.in, err)
-		case got != tc.want:
-			t.Errorf("parseEngine(%q) = %+v, want %+v", tc.in, got, tc.want)
-		}
-	}
-}
-
 // parseServe parses serve's flags, environment and config file the way
 // the command does, without starting anything.
-func parseServe(t *testing.T, args ...string) (*serveOptions, *serveFlags, error) {
+func parseServe(t *testing.T, args ...string) (*service.Options, *serveFlags, error) {
 	t.Helper()
 	return parseServeEnv(t, nil, args...)
 }
 
 // parseServeEnv is parseServe with environment variables env.
-func parseServeEnv(t *testing.T, env map[string]string, args ...string) (*serveOptions, *serveFlags, error) {
+func parseServeEnv(t *testing.T, env map[string]string, args ...string) (*service.Options, *serveFlags, error) {
 	t.Helper()
 	var f serveFlags
 	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
@@ -162,26 +114,26 @@ log-format: json
 	if err != nil {
 		t.Fatal(err)
 	}
-	hc := o.index.Hasher.Config()
+	hc := o.Index.Hasher.Config()
 	switch {
-	case o.grpcAddr != ":6000":
-		t.Errorf("grpc-addr %q from the file", o.grpcAddr)
-	case o.httpAddr != ":7001":
-		t.Errorf("http-addr %q: the flag must override the file", o.httpAddr)
+	case o.GRPCAddr != ":6000":
+		t.Errorf("grpc-addr %q from the file", o.GRPCAddr)
+	case o.HTTPAddr != ":7001":
+		t.Errorf("http-addr %q: the flag must override the file", o.HTTPAddr)
 	case hc.Seed != "7" || hc.Algo != blockhash.SHA256CBOR || hc.BlockSize != 32:
 		t.Errorf("hasher %+v", hc)
-	case o.index.MemoryBudget != 1536<<20:
-		t.Errorf("memory budget %d", o.index.MemoryBudget)
-	case len(o.engines) != 2 || o.engines[1].Ranks != 2 || o.engines[0].ReplayEndpoint != "tcp://10.0.0.5:5558" || o.engines[0].Model != "qwen":
-		t.Errorf("engines %+v", o.engines)
-	case o.readyGrace != 5*time.Second || o.adminAddr != "127.0.0.1:6060" || f.logFormat != "json":
-		t.Errorf("grace %v admin %q log format %q", o.readyGrace, o.adminAddr, f.logFormat)
+	case o.Index.MemoryBudget != 1536<<20:
+		t.Errorf("memory budget %d", o.Index.MemoryBudget)
+	case len(o.Engines) != 2 || o.Engines[1].Ranks != 2 || o.Engines[0].ReplayEndpoint != "tcp://10.0.0.5:5558" || o.Engines[0].Model != "qwen":
+		t.Errorf("engines %+v", o.Engines)
+	case o.ReadyGrace != 5*time.Second || o.AdminAddr != "127.0.0.1:6060" || f.logFormat != "json":
+		t.Errorf("grace %v admin %q log format %q", o.ReadyGrace, o.AdminAddr, f.logFormat)
 	}
 
 	// Engines on the command line replace the file's list.
 	o, _, err = parseServe(t, "--config", cfg, "--engine", "c=tcp://h:1")
-	if err != nil || len(o.engines) != 1 || o.engines[0].Name != "c" {
-		t.Errorf("engines from flags: %+v %v", o.engines, err)
+	if err != nil || len(o.Engines) != 1 || o.Engines[0].Name != "c" {
+		t.Errorf("engines from flags: %+v %v", o.Engines, err)
 	}
 }
 
@@ -304,16 +256,16 @@ func TestServeSettingsPrecedence(t *testing.T) {
 		t.Fatal(err)
 	}
 	switch {
-	case o.grpcAddr != ":6000":
-		t.Errorf("grpc-addr %q, want the file's", o.grpcAddr)
-	case o.httpAddr != ":7001":
-		t.Errorf("http-addr %q, want the environment's over the file's", o.httpAddr)
-	case o.model != "from-flag":
-		t.Errorf("model %q, want the command line's over the environment's", o.model)
-	case o.index.MemoryBudget != 1<<30:
-		t.Errorf("memory budget %d, want the file's 1GiB", o.index.MemoryBudget)
-	case len(o.engines) != 2 || o.engines[1].Name != "b" || o.engines[1].Ranks != 2 || o.engines[0].Model != "from-flag":
-		t.Errorf("engines %+v, want a and b from KVINDEX_ENGINE", o.engines)
+	case o.GRPCAddr != ":6000":
+		t.Errorf("grpc-addr %q, want the file's", o.GRPCAddr)
+	case o.HTTPAddr != ":7001":
+		t.Errorf("http-addr %q, want the environment's over the file's", o.HTTPAddr)
+	case o.Model != "from-flag":
+		t.Errorf("model %q, want the command line's over the environment's", o.Model)
+	case o.Index.MemoryBudget != 1<<30:
+		t.Errorf("memory budget %d, want the file's 1GiB", o.Index.MemoryBudget)
+	case len(o.Engines) != 2 || o.Engines[1].Name != "b" || o.Engines[1].Ranks != 2 || o.Engines[0].Model != "from-flag":
+		t.Errorf("engines %+v, want a and b from KVINDEX_ENGINE", o.Engines)
 	}
 
 	_, _, err = parseServeEnv(t, map[string]string{"KVINDEX_BLOCK_SIZE": "big"}, "--listen", "tcp://*:1")

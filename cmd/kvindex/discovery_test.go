@@ -5,21 +5,19 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kvindex/kvindex/internal/kubediscovery"
+	"github.com/kvindex/kvindex/internal/kubediscovery/kubetest"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -33,14 +31,6 @@ func portOf(t *testing.T, ep string) string {
 		t.Fatalf("endpoint %q has no port", ep)
 	}
 	return p
-}
-
-func enginePod(name, ip string) *corev1.Pod {
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "llm", Labels: map[string]string{"app": "vllm"}},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip,
-			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
-	}
 }
 
 // serve in connect mode follows the pods discovery finds: a simulated
@@ -68,14 +58,16 @@ func TestServeDiscoveryFollowsPods(t *testing.T) {
 	}
 	cs := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Now())
-	o.discover.client = func() (kubediscovery.PodClient, string, error) { return typedPods{cs.CoreV1()}, "default", nil }
-	o.discover.clock = clk
+	o.Discover.Client = func() (kubediscovery.PodClient, string, error) {
+		return kubetest.TypedPods(cs.CoreV1()), "default", nil
+	}
+	o.Discover.Clock = clk
 	x.start(o, f.logFormat)
 
 	// A pod of another app is not followed; the engine's pod is.
-	other := enginePod("web-0", "127.0.0.1")
+	other := kubetest.EnginePod("web-0", "127.0.0.1")
 	other.Labels = map[string]string{"app": "web"}
-	for _, p := range []*corev1.Pod{other, enginePod("vllm-0", "127.0.0.1")} {
+	for _, p := range []*corev1.Pod{other, kubetest.EnginePod("vllm-0", "127.0.0.1")} {
 		if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -152,86 +144,10 @@ func TestDiscoveryFlagErrors(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if o.discover == nil || o.picker == nil || !o.picker.cfg.Dynamic {
-			t.Fatalf("discovery %+v, picker %+v: want both, the picker's endpoints dynamic", o.discover, o.picker)
+		if o.Discover == nil || o.Picker == nil || !o.Picker.Gateway.Dynamic {
+			t.Fatalf("discovery %+v, picker %+v: want both, the picker's endpoints dynamic", o.Discover, o.Picker)
 		}
 	})
-}
-
-// The engines a discovered pod makes: the templates filled with its IP
-// (bracketed when IPv6); a pod whose IP changes is removed, then added.
-func TestDiscoveredEngineReconciler(t *testing.T) {
-	o := &discoverOptions{endpoint: "tcp://{ip}:5557", replay: "tcp://{ip}:5567", ranks: 2, metrics: defaultDiscoverMetrics}
-	var calls []string
-	apply := o.engineReconciler("m", slog.New(slog.DiscardHandler), func(ec zmqtransport.EngineConfig) error {
-		calls = append(calls, "add "+ec.Name+" "+ec.Endpoint+" "+ec.ReplayEndpoint+" "+strconv.Itoa(ec.Ranks))
-		return nil
-	}, func(name string) { calls = append(calls, "remove "+name) })
-	for _, step := range []struct {
-		name string
-		pods []kubediscovery.Engine
-		want []string
-	}{
-		{"two pods", []kubediscovery.Engine{{Name: "a", IP: "10.0.0.1", Ranks: 2}, {Name: "b", IP: "fd00::2", Ranks: 2}},
-			[]string{"add a tcp://10.0.0.1:5557 tcp://10.0.0.1:5567 2", "add b tcp://[fd00::2]:5557 tcp://[fd00::2]:5567 2"}},
-		{"same set again", []kubediscovery.Engine{{Name: "a", IP: "10.0.0.1", Ranks: 2}, {Name: "b", IP: "fd00::2", Ranks: 2}}, nil},
-		{"a's IP changes, b goes", []kubediscovery.Engine{{Name: "a", IP: "10.0.0.3", Ranks: 2}},
-			[]string{"remove a", "remove b", "add a tcp://10.0.0.3:5557 tcp://10.0.0.3:5567 2"}},
-	} {
-		calls = nil
-		apply(step.pods)
-		if strings.Join(calls, "; ") != strings.Join(step.want, "; ") {
-			t.Errorf("%s: calls %q, want %q", step.name, calls, step.want)
-		}
-	}
-	ep, err := o.endpointOf(kubediscovery.Engine{Name: "a", IP: "fd00::2"})
-	if err != nil || ep.Pod != "a" || ep.Addr != "[fd00::2]:8000" {
-		t.Errorf("picker endpoint %+v, %v; want a=[fd00::2]:8000", ep, err)
-	}
-}
-
-// In bind mode the discovered pods are the engine allow rules: each pod's
-// name and IP may speak only from its IP, besides the static rules; a pod
-// dropped or moved is forgotten under both names.
-func TestDiscoveredAllowReconciler(t *testing.T) {
-	static := []zmqtransport.AllowRule{mustAllow(t, "probe=10.9.0.0/16")}
-	var calls []string
-	apply := allowReconciler(static, slog.New(slog.DiscardHandler), func(rules []zmqtransport.AllowRule) error {
-		var s []string
-		for _, r := range rules {
-			s = append(s, r.String())
-		}
-		calls = append(calls, "allow "+strings.Join(s, " "))
-		return nil
-	}, func(name string) { calls = append(calls, "forget "+name) })
-	for _, step := range []struct {
-		name string
-		pods []kubediscovery.Engine
-		want []string
-	}{
-		{"none", nil, []string{"allow probe=10.9.0.0/16"}},
-		{"two pods", []kubediscovery.Engine{{Name: "a", IP: "10.0.0.1"}, {Name: "b", IP: "fd00::2"}},
-			[]string{"allow probe=10.9.0.0/16 a=10.0.0.1 10.0.0.1=10.0.0.1 b=fd00::2 fd00::2=fd00::2"}},
-		{"a moves, b goes", []kubediscovery.Engine{{Name: "a", IP: "10.0.0.3"}},
-			[]string{"allow probe=10.9.0.0/16 a=10.0.0.3 10.0.0.3=10.0.0.3", "forget a", "forget 10.0.0.1", "forget b", "forget fd00::2"}},
-		{"bad IP skipped", []kubediscovery.Engine{{Name: "a", IP: "10.0.0.3"}, {Name: "c", IP: "nope"}},
-			[]string{"allow probe=10.9.0.0/16 a=10.0.0.3 10.0.0.3=10.0.0.3"}},
-	} {
-		calls = nil
-		apply(step.pods)
-		if strings.Join(calls, "; ") != strings.Join(step.want, "; ") {
-			t.Errorf("%s: calls %q, want %q", step.name, calls, step.want)
-		}
-	}
-}
-
-func mustAllow(t *testing.T, s string) zmqtransport.AllowRule {
-	t.Helper()
-	r, err := zmqtransport.ParseAllowRule(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
 }
 
 // serve in bind mode admits the engines discovery finds: a simulated
@@ -250,8 +166,10 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	}
 	cs := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Now())
-	o.discover.client = func() (kubediscovery.PodClient, string, error) { return typedPods{cs.CoreV1()}, "default", nil }
-	o.discover.clock = clk
+	o.Discover.Client = func() (kubediscovery.PodClient, string, error) {
+		return kubetest.TypedPods(cs.CoreV1()), "default", nil
+	}
+	o.Discover.Clock = clk
 	x.start(o, f.logFormat)
 
 	// The engine connects before its pod is known, as every engine does
@@ -259,13 +177,13 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	// admits the pod, then taken on the same connection.
 	eng, err := simzmq.New(enginesim.Config{
 		Pod: "vllm-0", Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096,
-	}, zmqtransport.PublisherConfig{Connect: true, Endpoint: x.svc.sub.(*zmqtransport.Subscriber).ListenEndpoint(), Topic: "kv@vllm-0@" + e2eModel})
+	}, zmqtransport.PublisherConfig{Connect: true, Endpoint: x.svc.Subscriber().ListenEndpoint(), Topic: "kv@vllm-0@" + e2eModel})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { eng.Close() })
 	x.engines["vllm-0"] = eng
-	refused := func() uint64 { ls, _ := x.svc.sub.(*zmqtransport.Subscriber).ListenerStats(); return ls.RefusedSources }
+	refused := func() uint64 { ls, _ := x.svc.Subscriber().ListenerStats(); return ls.RefusedSources }
 	x.await("the unknown engine's batches refused", func() bool {
 		if _, err := eng.Process(tokensFrom(100_000+int(x.salt)*100, e2eBlockSize), nil); err != nil {
 			t.Fatal(err)
@@ -276,7 +194,7 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	if x.pod("vllm-0", 0) != nil {
 		t.Fatal("the engine is followed before its pod is known")
 	}
-	if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), enginePod("vllm-0", "127.0.0.1"), metav1.CreateOptions{}); err != nil {
+	if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), kubetest.EnginePod("vllm-0", "127.0.0.1"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	x.warmUp("vllm-0")
@@ -310,7 +228,7 @@ func pick(t *testing.T, x *e2e, prompt []uint64) (int, struct{ Endpoint, Pod str
 	t.Helper()
 	var d struct{ Endpoint, Pod string }
 	body := fmt.Sprintf(`{"model":%q,"prompt":[%s]}`, e2eModel, idsArg(prompt))
-	resp, err := http.Post("http://"+x.svc.httpAddr+"/v1/pick", "application/json", strings.NewReader(body))
+	resp, err := http.Post("http://"+x.svc.HTTPAddr()+"/v1/pick", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,64 +240,6 @@ func pick(t *testing.T, x *e2e, prompt []uint64) (int, struct{ Endpoint, Pod str
 		}
 	}
 	return resp.StatusCode, d
-}
-
-// A command that follows engines without serve (relay) registers the
-// discovery flags and hands discoveredEngines its add and remove: a pod
-// that appears is added with the templates' endpoints, one deleted is
-// removed (--discover-grace 0: at once).
-func TestDiscoveredEnginesForRelay(t *testing.T) {
-	var f discoverFlags
-	fs := pflag.NewFlagSet("relay", pflag.ContinueOnError)
-	f.register(fs, true, false)
-	if fs.Lookup("discover-metrics") != nil {
-		t.Error("--discover-metrics registered for a command that follows engines only")
-	}
-	if err := fs.Parse([]string{"--discover-selector", "app=vllm", "--discover-namespace", "llm", "--discover-grace", "0", "--discover-replay", ""}); err != nil {
-		t.Fatal(err)
-	}
-	o, err := f.options()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs := fake.NewClientset()
-	o.client = func() (kubediscovery.PodClient, string, error) { return typedPods{cs.CoreV1()}, "default", nil }
-	calls := make(chan string, 10)
-	run, err := discoveredEngines(o, "m", slog.New(slog.DiscardHandler), func(ec zmqtransport.EngineConfig) error {
-		calls <- "add " + ec.Name + " " + ec.Model + " " + ec.Endpoint + " replay=" + ec.ReplayEndpoint
-		return nil
-	}, func(name string) { calls <- "remove " + name })
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
-	next := func(want string) {
-		t.Helper()
-		select {
-		case got := <-calls:
-			if got != want {
-				t.Fatalf("call %q, want %q", got, want)
-			}
-		case <-time.After(e2eDeadline):
-			t.Fatalf("no call; want %q", want)
-		}
-	}
-	if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), enginePod("vllm-0", "10.0.0.5"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	next("add vllm-0 m tcp://10.0.0.5:5557 replay=")
-	if err := cs.CoreV1().Pods("llm").Delete(context.Background(), "vllm-0", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	next("remove vllm-0")
 }
 
 // kvindex picker takes the discovery flags that concern it: candidates
@@ -402,9 +262,3 @@ func TestPickerDiscoveryFlags(t *testing.T) {
 		t.Errorf("discovery: %+v, %v; want dynamic endpoints, none yet", cfg, err)
 	}
 }
-
-// typedPods is a typed clientset's pods as a kubediscovery.PodClient: the
-// tests drive discovery through client-go's fake clientset.
-type typedPods struct{ c corev1client.CoreV1Interface }
-
-func (t typedPods) Pods(ns string) kubediscovery.PodInterface { return t.c.Pods(ns) }

@@ -186,7 +186,7 @@ func TestDocsExamples(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	env := append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"), "KVINDEX_SERVER="+x.svc.grpcAddr)
+	env := append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"), "KVINDEX_SERVER="+x.svc.GRPCAddr())
 
 	examples := docExamples(t, "../../README.md", "../../api/README.md")
 	if len(examples) < 8 {
@@ -274,7 +274,7 @@ func runTailExample(t *testing.T, x *e2e, bash, dir string, env []string, ex doc
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	x.await("the tail's Watch stream", func() bool { return x.svc.hub.Watchers() > 0 })
+	x.await("the tail's Watch stream", func() bool { return x.svc.Hub().Watchers() > 0 })
 	pod := strings.Fields(ex.output[0])[1]
 	if _, err := x.engines[pod].Process(tokensFrom(7_000_000, 3*e2eBlockSize), nil); err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/internal/buildinfo"
+	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -57,7 +59,7 @@ func (s *syncBuffer) String() string {
 
 type e2e struct {
 	t       *testing.T
-	svc     *service
+	svc     *service.Service
 	client  *client.Client
 	engines map[string]*simzmq.Engine
 	logs    *syncBuffer
@@ -106,7 +108,7 @@ func startE2EDial(t *testing.T, opts []grpc.DialOption, pods []string, extra ...
 
 // start runs the serve wiring with o (stopped when the test ends, its
 // logs shown if it failed) and dials it with opts.
-func (x *e2e) start(o *serveOptions, logFormat string, opts ...grpc.DialOption) {
+func (x *e2e) start(o *service.Options, logFormat string, opts ...grpc.DialOption) {
 	x.t.Helper()
 	log, err := newLogger(x.logs, "debug", logFormat)
 	if err != nil {
@@ -121,7 +123,7 @@ func (x *e2e) start(o *serveOptions, logFormat string, opts ...grpc.DialOption) 
 	x.svc = svc
 	x.t.Cleanup(func() {
 		cancel()
-		if err := svc.wait(); err != nil {
+		if err := svc.Wait(); err != nil {
 			x.t.Errorf("shutdown: %v", err)
 		}
 		if x.t.Failed() {
@@ -130,7 +132,7 @@ func (x *e2e) start(o *serveOptions, logFormat string, opts ...grpc.DialOption) 
 	})
 	dctx, dcancel := context.WithTimeout(context.Background(), e2eDeadline)
 	defer dcancel()
-	if x.client, err = client.Dial(dctx, svc.grpcAddr, opts...); err != nil {
+	if x.client, err = client.Dial(dctx, svc.GRPCAddr(), opts...); err != nil {
 		x.t.Fatal(err)
 	}
 	x.t.Cleanup(func() { x.client.Close() })
@@ -272,7 +274,7 @@ func TestE2E(t *testing.T) {
 
 	t.Run("http", func(t *testing.T) {
 		body := fmt.Sprintf(`{"model":%q,"tokens":[%s]}`, e2eModel, idsArg(prompt))
-		resp, err := http.Post("http://"+x.svc.httpAddr+"/v1/longest-prefix", "application/json", strings.NewReader(body))
+		resp, err := http.Post("http://"+x.svc.HTTPAddr()+"/v1/longest-prefix", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -285,7 +287,7 @@ func TestE2E(t *testing.T) {
 			t.Errorf("HTTP answer %+v", got)
 		}
 		for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
-			resp, err := http.Get("http://" + x.svc.httpAddr + path)
+			resp, err := http.Get("http://" + x.svc.HTTPAddr() + path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -304,7 +306,7 @@ func TestE2E(t *testing.T) {
 	})
 
 	t.Run("cli query", func(t *testing.T) {
-		out, errOut, code := runCLI(t, "query", "--server", x.svc.grpcAddr, "--model", e2eModel, "--tokens", idsArg(prompt), "--json")
+		out, errOut, code := runCLI(t, "query", "--server", x.svc.GRPCAddr(), "--model", e2eModel, "--tokens", idsArg(prompt), "--json")
 		if code != 0 {
 			t.Fatalf("exit %d: %s", code, errOut)
 		}
@@ -328,7 +330,7 @@ func TestE2E(t *testing.T) {
 			t.Errorf("query --json: %s", out)
 		}
 
-		out, errOut, code = runCLI(t, "query", "--server", x.svc.grpcAddr, "--tokens", idsArg(prompt))
+		out, errOut, code = runCLI(t, "query", "--server", x.svc.GRPCAddr(), "--tokens", idsArg(prompt))
 		if code != 0 {
 			t.Fatalf("exit %d: %s", code, errOut)
 		}
@@ -341,7 +343,7 @@ func TestE2E(t *testing.T) {
 	})
 
 	t.Run("cli lookup and pods", func(t *testing.T) {
-		out, errOut, code := runCLI(t, "lookup", "--server", x.svc.grpcAddr, "--tokens", idsArg(prompt[:4*e2eBlockSize]))
+		out, errOut, code := runCLI(t, "lookup", "--server", x.svc.GRPCAddr(), "--tokens", idsArg(prompt[:4*e2eBlockSize]))
 		if code != 0 {
 			t.Fatalf("exit %d: %s", code, errOut)
 		}
@@ -353,13 +355,13 @@ func TestE2E(t *testing.T) {
 		}
 
 		// --pod keeps only that pod's holders.
-		out, errOut, code = runCLI(t, "lookup", "--server", x.svc.grpcAddr, "--tokens", idsArg(prompt[:4*e2eBlockSize]), "--pod", "pod-b")
+		out, errOut, code = runCLI(t, "lookup", "--server", x.svc.GRPCAddr(), "--tokens", idsArg(prompt[:4*e2eBlockSize]), "--pod", "pod-b")
 		lines = strings.Split(strings.TrimSpace(out), "\n")
 		if code != 0 || len(lines) != 6 || !regexpLine(lines[2], "0", fmt.Sprint(hs[0].Key), "pod-b[GPU]") || !regexpLine(lines[5], "3", fmt.Sprint(hs[3].Key), "-") {
 			t.Errorf("lookup --pod pod-b: exit %d %s\n%s", code, errOut, out)
 		}
 
-		out, errOut, code = runCLI(t, "pods", "--server", x.svc.grpcAddr, "--json")
+		out, errOut, code = runCLI(t, "pods", "--server", x.svc.GRPCAddr(), "--json")
 		if code != 0 {
 			t.Fatalf("exit %d: %s", code, errOut)
 		}
@@ -375,11 +377,11 @@ func TestE2E(t *testing.T) {
 				t.Errorf("pod %+v", p)
 			}
 		}
-		out, _, code = runCLI(t, "pods", "--server", x.svc.grpcAddr)
+		out, _, code = runCLI(t, "pods", "--server", x.svc.GRPCAddr())
 		if code != 0 || !strings.Contains(out, "HASH CHECK") || !strings.Contains(out, "pod-b") || !strings.Contains(out, "verified") {
 			t.Errorf("pods table:\n%s", out)
 		}
-		out, _, code = runCLI(t, "pods", "--server", x.svc.grpcAddr, "--pod", "pod-b")
+		out, _, code = runCLI(t, "pods", "--server", x.svc.GRPCAddr(), "--pod", "pod-b")
 		if lines := strings.Split(strings.TrimSpace(out), "\n"); code != 0 || len(lines) != 2 || !strings.HasPrefix(lines[1], "pod-b ") {
 			t.Errorf("pods --pod pod-b:\n%s", out)
 		}
@@ -423,14 +425,14 @@ func TestE2E(t *testing.T) {
 	t.Run("cli tail", func(t *testing.T) {
 		out := &syncBuffer{}
 		root := newRootCmd()
-		root.SetArgs([]string{"tail", "--server", x.svc.grpcAddr, "--pod", "pod-b"})
+		root.SetArgs([]string{"tail", "--server", x.svc.GRPCAddr(), "--pod", "pod-b"})
 		root.SetOut(out)
 		root.SetErr(out)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		done := make(chan error, 1)
 		go func() { done <- root.ExecuteContext(ctx) }()
-		x.await("the watcher", func() bool { return x.svc.api != nil && watchers(x) == 1 })
+		x.await("the watcher", func() bool { return x.svc.API() != nil && watchers(x) == 1 })
 		if _, err := a.Process(tokensFrom(50000, 32), nil); err != nil { // filtered out
 			t.Fatal(err)
 		}
@@ -451,7 +453,7 @@ func TestE2E(t *testing.T) {
 
 // watchers reads the open Watch streams from the metrics.
 func watchers(x *e2e) int {
-	resp, err := http.Get("http://" + x.svc.httpAddr + "/metrics")
+	resp, err := http.Get("http://" + x.svc.HTTPAddr() + "/metrics")
 	if err != nil {
 		return -1
 	}
@@ -493,11 +495,11 @@ func TestE2ETokenizer(t *testing.T) {
 	want := uint32(len(ids) / e2eBlockSize)
 	x.awaitMatched(ids, map[string]uint32{"pod-a": want})
 
-	byText, errOut, code := runCLI(t, "query", "--server", x.svc.grpcAddr, "--prompt", text, "--json")
+	byText, errOut, code := runCLI(t, "query", "--server", x.svc.GRPCAddr(), "--prompt", text, "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	byIDs, errOut, code := runCLI(t, "query", "--server", x.svc.grpcAddr, "--tokens", idsArg(ids), "--json")
+	byIDs, errOut, code := runCLI(t, "query", "--server", x.svc.GRPCAddr(), "--tokens", idsArg(ids), "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
@@ -515,7 +517,7 @@ func TestE2ETokenizer(t *testing.T) {
 
 	// Chat needs the engine's /tokenize.
 	msgs := writeFile(t, "chat.json", `[{"role":"user","content":"hi"}]`)
-	_, errOut, code = runCLI(t, "query", "--server", x.svc.grpcAddr, "--messages-file", msgs)
+	_, errOut, code = runCLI(t, "query", "--server", x.svc.GRPCAddr(), "--messages-file", msgs)
 	if code != 1 || !strings.HasPrefix(errOut, "kvindex: cannot tokenize the prompt: local tokenizer: tokenizer: the local tokenizer encodes completion prompts only; it cannot render chat templates, so chat messages, tools and chat_template_kwargs need the engine's /tokenize (--tokenize-url)") ||
 		!strings.HasSuffix(errOut, "(FailedPrecondition)\n") {
 		t.Errorf("chat with a local tokenizer: %q", errOut)
@@ -524,7 +526,7 @@ func TestE2ETokenizer(t *testing.T) {
 
 func TestE2EMissingTokenizer(t *testing.T) {
 	x := startE2E(t, []string{"pod-a"})
-	_, errOut, code := runCLI(t, "query", "--server", x.svc.grpcAddr, "--prompt", "hello")
+	_, errOut, code := runCLI(t, "query", "--server", x.svc.GRPCAddr(), "--prompt", "hello")
 	if code != 1 || !strings.HasPrefix(errOut, "kvindex: text and chat prompts need a tokenizer: start kvindex with --tokenize-url") || strings.Count(errOut, "\n") != 1 {
 		t.Errorf("no tokenizer: %q", errOut)
 	}
@@ -586,7 +588,7 @@ func TestE2EHashMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	x.awaitMatched(prompt, map[string]uint32{"pod-a": 4})
-	out, errOut, code := runCLI(t, "pods", "--server", x.svc.grpcAddr, "--json")
+	out, errOut, code := runCLI(t, "pods", "--server", x.svc.GRPCAddr(), "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
@@ -597,7 +599,7 @@ func TestE2EHashMismatch(t *testing.T) {
 	if p := pods.Pods[0]; p.HashCheck != "mismatch" || !strings.Contains(p.Message, "hash mismatch") {
 		t.Errorf("pod %+v", p)
 	}
-	out, _, _ = runCLI(t, "pods", "--server", x.svc.grpcAddr)
+	out, _, _ = runCLI(t, "pods", "--server", x.svc.GRPCAddr())
 	if !strings.Contains(out, "mismatch") || !strings.Contains(out, "pod-a: hash mismatch") {
 		t.Errorf("pods table:\n%s", out)
 	}
@@ -605,4 +607,14 @@ func TestE2EHashMismatch(t *testing.T) {
 		logs := x.logs.String()
 		return strings.Contains(logs, `msg="engine flagged" component=api pod=pod-a`) && strings.Contains(logs, "hash_check=mismatch")
 	})
+}
+
+// startService builds and starts the service as kvindex serve runs it;
+// it stops when ctx ends (Wait reports how).
+func startService(ctx context.Context, o *service.Options, log *slog.Logger) (*service.Service, error) {
+	s, err := service.New(o, log)
+	if err != nil {
+		return nil, configUsage(err, serveFlagNames)
+	}
+	return s, configUsage(s.Start(ctx), serveFlagNames)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"strings"
 
+	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
@@ -17,7 +18,7 @@ func (f *serveFlags) allowRules() ([]zmqtransport.AllowRule, error) {
 	if f.listen == "" {
 		return nil, usagef("--engine-allow applies to bind mode (--listen) only; in connect mode kvindex chooses the address it reads each engine from")
 	}
-	if ep := endpoint(f.listen); !strings.HasPrefix(ep, "tcp://") {
+	if ep := zmqtransport.TCPEndpoint(f.listen); !strings.HasPrefix(ep, "tcp://") {
 		return nil, usagef("--engine-allow needs a tcp --listen endpoint, not %q: only tcp connections have a source address", f.listen)
 	}
 	rules := make([]zmqtransport.AllowRule, 0, len(f.engineAllow))
@@ -35,7 +36,7 @@ func (f *serveFlags) allowRules() ([]zmqtransport.AllowRule, error) {
 	}
 	if f.replayTemplate != "" {
 		if err := zmqtransport.CheckSourceReplayTemplate(f.replayTemplate); err != nil {
-			return nil, usagef("--replay-template %q: %s", f.replayTemplate, endpointReason(err))
+			return nil, usagef("--replay-template %q: %s", f.replayTemplate, service.EndpointReason(err))
 		}
 	}
 	return rules, nil

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"log/slog"
-
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/api/server"
@@ -70,13 +68,4 @@ func (f *limitFlags) limits(maxQueryTokens int) (server.Limits, error) {
 		return l, usagef("%v", err)
 	}
 	return l, nil
-}
-
-// logLimits logs the bounds serve runs with.
-func logLimits(log *slog.Logger, l server.Limits) {
-	log.Info("limits",
-		"http_timeouts", l.HTTPReadHeaderTimeout.String()+"/"+l.HTTPReadTimeout.String()+"/"+l.HTTPWriteTimeout.String()+"/"+l.HTTPIdleTimeout.String(),
-		"http_max_conns", l.HTTPMaxConns, "grpc_max_streams", l.GRPCMaxStreams, "grpc_max_conn_idle", l.GRPCMaxConnIdle.String(),
-		"max_tokens_in_flight", l.MaxTokensInFlight, "max_watchers", l.MaxWatchers,
-		"watch_queue", formatSize(l.WatchQueueBytes), "watch_queue_events", l.WatchQueueEvents)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os/exec"
@@ -13,10 +14,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/kvindex/kvindex/internal/kubediscovery"
+	"github.com/kvindex/kvindex/internal/service"
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
@@ -69,7 +68,7 @@ func natsServerProc(t *testing.T) string {
 
 // natsReplicaProc is one serve --nats replica started in-process.
 type natsReplicaProc struct {
-	svc    *service
+	svc    *service.Service
 	cancel context.CancelFunc
 	client *client.Client
 	logs   *syncBuffer
@@ -102,7 +101,7 @@ func startNATSReplica(t *testing.T, url string, extra ...string) *natsReplicaPro
 	})
 	dctx, dcancel := context.WithTimeout(context.Background(), e2eDeadline)
 	defer dcancel()
-	if r.client, err = client.Dial(dctx, r.svc.grpcAddr); err != nil {
+	if r.client, err = client.Dial(dctx, r.svc.GRPCAddr()); err != nil {
 		t.Fatal(err)
 	}
 	return r
@@ -116,7 +115,7 @@ func (r *natsReplicaProc) stop(t *testing.T) {
 	r.cancel()
 	r.cancel = nil
 	r.client.Close()
-	if err := r.svc.wait(); err != nil {
+	if err := r.svc.Wait(); err != nil {
 		t.Errorf("replica shutdown: %v", err)
 	}
 }
@@ -139,8 +138,18 @@ func (r *natsReplicaProc) answers(t *testing.T, prompts [][]uint64) []map[string
 	return out
 }
 
+// startRelay builds and starts the relay as kvindex relay runs it; it
+// stops when ctx ends (Wait reports how).
+func startRelay(ctx context.Context, o *service.RelayOptions, log *slog.Logger) (*service.Relay, error) {
+	r, err := service.NewRelay(o, log)
+	if err != nil {
+		return nil, err
+	}
+	return r, r.Start(ctx)
+}
+
 // parseRelay parses relay flags as the command line does.
-func parseRelay(t *testing.T, args ...string) *relayOptions {
+func parseRelay(t *testing.T, args ...string) *service.RelayOptions {
 	t.Helper()
 	var f relayFlags
 	fs := pflag.NewFlagSet("relay", pflag.ContinueOnError)
@@ -187,7 +196,7 @@ func TestNATSModeEndToEnd(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		rcancel()
-		if err := relay.stop(); err != nil {
+		if err := relay.Wait(); err != nil {
 			t.Errorf("relay stop: %v", err)
 		}
 		if t.Failed() {
@@ -321,7 +330,7 @@ func TestNATSModeEndToEnd(t *testing.T) {
 	process(4)
 	agree(live, c)
 	// The replica's metrics say what it read.
-	resp, err := http.Get("http://" + c.svc.httpAddr + "/metrics")
+	resp, err := http.Get("http://" + c.svc.HTTPAddr() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,64 +372,5 @@ func TestNATSModeEndToEnd(t *testing.T) {
 			}
 			return true
 		})
-	}
-}
-
-// A relay that finds its engines on Kubernetes (a fake API server here)
-// follows a pod that appears, and its batches reach the replicas.
-func TestNATSRelayDiscovery(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: the test runs nats-server")
-	}
-	url := natsServerProc(t)
-	eng, err := simzmq.New(enginesim.Config{
-		Pod: "vllm-0", Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096,
-	}, zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close() })
-	o := parseRelay(t, "--model", e2eModel, "--nats", url, "--http-addr", "127.0.0.1:0", "--heartbeat", "100ms",
-		"--discover-selector", "app=vllm", "--discover-namespace", "llm",
-		"--discover-endpoint", "tcp://{ip}:"+portOf(t, eng.PubEndpoint()),
-		"--discover-replay", "tcp://{ip}:"+portOf(t, eng.ReplayEndpoint()))
-	cs := fake.NewClientset()
-	o.discover.client = func() (kubediscovery.PodClient, string, error) { return typedPods{cs.CoreV1()}, "default", nil }
-	logs := &syncBuffer{}
-	log, err := newLogger(logs, "debug", "text")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	relay, err := startRelay(ctx, o, log)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		relay.stop()
-		if t.Failed() {
-			t.Logf("relay logs:\n%s", logs.String())
-		}
-	})
-	r := startNATSReplica(t, url)
-	if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), enginePod("vllm-0", "127.0.0.1"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	prompt := tokensFrom(4242, 3*e2eBlockSize)
-	if _, err := eng.Process(prompt, nil); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(e2eDeadline)
-	for {
-		got := r.answers(t, [][]uint64{prompt})[0]
-		if got["vllm-0"] == 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the replica answers %v, want vllm-0 holding 3 blocks", got)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -1,18 +1,14 @@
 package main
 
 import (
-	"context"
-	"fmt"
-	"log/slog"
 	"net/url"
-	"slices"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/pflag"
 
+	"github.com/kvindex/kvindex/internal/service"
+	"github.com/kvindex/kvindex/internal/snapstore"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 )
 
@@ -45,13 +41,18 @@ func (f *natsFlags) register(fs *pflag.FlagSet, urlHelp string) {
 // enabled reports whether --nats was given.
 func (f *natsFlags) enabled() bool { return f.url != "" }
 
+// conn is how to reach NATS.
+func (f *natsFlags) conn() service.NATSConn {
+	return service.NATSConn{URL: f.url, Creds: f.creds, TLSCA: f.tlsCA}
+}
+
 // streamConfig validates the stream settings.
 func (f *natsFlags) streamConfig() (natstransport.StreamConfig, error) {
 	c := natstransport.StreamConfig{
 		Name: f.stream, MaxAge: f.maxAge, MaxBytes: int64(f.maxBytes), Replicas: f.replicas, Duplicates: f.duplicates,
 	}
 	if err := c.Validate(); err != nil {
-		return c, usagef("--nats-stream settings: %s", strings.TrimPrefix(err.Error(), "natstransport: "))
+		return c, usagef("--nats-stream settings: %v", err)
 	}
 	if _, err := url.Parse(strings.Split(f.url, ",")[0]); err != nil {
 		return c, usagef("--nats %q: %v", f.url, err)
@@ -59,69 +60,24 @@ func (f *natsFlags) streamConfig() (natstransport.StreamConfig, error) {
 	return c, nil
 }
 
-// connect dials NATS. A server that is not up yet is retried in the
-// background (the caller's readiness reflects it), and so is every later
-// disconnection; both are logged.
-func (f *natsFlags) connect(name string, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
-	opts := []nats.Option{
-		nats.Name(name),
-		nats.RetryOnFailedConnect(true),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(time.Second),
-		nats.ConnectHandler(func(c *nats.Conn) { log.Info("NATS connected", "server", c.ConnectedUrlRedacted()) }),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			log.Warn("NATS disconnected; reconnecting", "err", err)
-		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "server", c.ConnectedUrlRedacted()) }),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("NATS error", "err", err) }),
+// natsOptions validates the NATS mode flags; nil without --nats.
+func (f *serveFlags) natsOptions() (*service.NATSOptions, error) {
+	if !f.nats.enabled() {
+		if f.snapshotBucket != snapstore.DefaultBucket || f.snapshotKeep != snapstore.DefaultKeep {
+			return nil, usagef("--snapshot-bucket and --snapshot-keep apply to NATS mode (--nats) only")
+		}
+		return nil, nil
 	}
-	if f.creds != "" {
-		opts = append(opts, nats.UserCredentials(f.creds))
-	}
-	if f.tlsCA != "" {
-		opts = append(opts, nats.RootCAs(f.tlsCA))
-	}
-	nc, err := nats.Connect(f.url, opts...)
+	sc, err := f.nats.streamConfig()
 	if err != nil {
-		return nil, nil, fmt.Errorf("--nats %s: %w", f.url, err)
+		return nil, err
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, nil, fmt.Errorf("--nats %s: %w", f.url, err)
+	snap := snapstore.Config{Bucket: f.snapshotBucket, Model: f.model, Keep: f.snapshotKeep, Replicas: f.nats.replicas}
+	switch {
+	case f.snapshotBucket == "":
+		return nil, usagef("--snapshot-bucket must not be empty")
+	case f.snapshotKeep < 1:
+		return nil, usagef("--snapshot-keep %d: want at least 1", f.snapshotKeep)
 	}
-	return nc, js, nil
-}
-
-// ensureStream creates the events stream if missing, retrying while NATS
-// is unreachable until ctx ends: relay and serve may start before NATS.
-func ensureStream(ctx context.Context, js jetstream.JetStream, cfg natstransport.StreamConfig, log *slog.Logger) error {
-	return retryNATS(ctx, log, "JetStream stream not ready; retrying", []any{"stream", cfg.Name}, func(ctx context.Context) error {
-		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		_, err := natstransport.EnsureStream(actx, js, cfg, log)
-		return err
-	})
-}
-
-// retryNATS calls attempt until it succeeds or ctx ends, backing off from
-// 250 ms to 5 s and logging each failure (msg, attrs and the error), for
-// the steps that need a NATS server that may not be up yet. It returns
-// ctx's error once ctx ends.
-func retryNATS(ctx context.Context, log *slog.Logger, msg string, attrs []any, attempt func(context.Context) error) error {
-	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-		err := attempt(ctx)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		log.Warn(msg, append(slices.Clip(attrs), "err", err, "retry_in", wait.String())...)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
-	}
+	return &service.NATSOptions{Conn: f.nats.conn(), Stream: sc, Snapshot: snap, Interval: f.snapshotEvery}, nil
 }

@@ -1,24 +1,18 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os/signal"
-	"sync"
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"google.golang.org/grpc"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/picker/gateway"
 )
 
@@ -83,49 +77,17 @@ flags on the command line override the file.`,
       -d '{"model":"Qwen/Qwen2.5-7B","messages":[{"role":"user","content":"hi"}]}'`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			o, err := f.options()
+			if err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			disc, err := f.discover.options()
-			if err != nil {
-				return err
+			p, err := service.NewPicker(o, slog.Default())
+			if err == nil {
+				err = p.Run(ctx)
 			}
-			cfg, err := f.pick.config(disc != nil)
-			if err != nil {
-				return err
-			}
-			cf := clientFlags{server: f.index, timeout: 10 * time.Second, sec: f.sec}
-			c, err := cf.dial(ctx)
-			if err != nil {
-				return fmt.Errorf("--index %s: %w", f.index, err)
-			}
-			defer c.Close()
-			log := slog.Default()
-			reg := prometheus.NewRegistry()
-			cfg.Registry, cfg.Logger = reg, log
-			scrape, sc, err := withEngineMetrics(f.pick.scrapeInterval, &cfg, reg, log)
-			if err != nil {
-				return err
-			}
-			go scrape(ctx)
-			svc, err := gateway.New(cfg, gateway.Remote{Client: c})
-			if err != nil {
-				return err
-			}
-			if disc != nil {
-				run, err := disc.watchPods(log, disc.candidateSetter(log, setCandidates(svc, sc, log)))
-				if err != nil {
-					return err
-				}
-				go func() {
-					if err := run(ctx); err != nil {
-						log.Error("discovery stopped", "err", err)
-					}
-				}()
-			}
-			// Logged and counted by Warm; the picker serves regardless,
-			// routing by load until the index answers.
-			_ = svc.Warm(ctx, 0)
-			return runPicker(ctx, svc, reg, f.pick.extprocAddr, f.httpAddr, log)
+			return configUsage(err, serveFlagNames)
 		},
 	}
 	f.register(cmd.Flags())
@@ -147,60 +109,21 @@ func parseEndpoints(specs []string) ([]gateway.Endpoint, error) {
 	return eps, nil
 }
 
-// runPicker serves svc's ext_proc front on extprocAddr and its HTTP front
-// (with reg's metrics) on httpAddr until ctx ends.
-func runPicker(ctx context.Context, svc *gateway.Service, reg *prometheus.Registry, extprocAddr, httpAddr string, log *slog.Logger) error {
-	lis, err := net.Listen("tcp", extprocAddr)
+// options turns the flags into the picker service's options.
+func (f *pickerFlags) options() (*service.PickerServiceOptions, error) {
+	disc, err := f.discover.options()
 	if err != nil {
-		return fmt.Errorf("--extproc-addr: %w", err)
+		return nil, err
 	}
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(svc.MaxBody() + 1<<20))
-	svc.ExtProc().Register(gs)
-	var hs *http.Server
-	var hlis net.Listener
-	if httpAddr != "" {
-		if hlis, err = net.Listen("tcp", httpAddr); err != nil {
-			lis.Close()
-			return fmt.Errorf("--http-addr: %w", err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/v1/pick", svc.Handler())
-		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		hs = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	cfg, err := f.pick.config(disc != nil)
+	if err != nil {
+		return nil, err
 	}
-	log.Info("picker serving", "extproc", lis.Addr().String(), "http", addrOf(hlis))
-	errs := make(chan error, 2)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := gs.Serve(lis); err != nil {
-			errs <- fmt.Errorf("ext_proc server: %w", err)
-		}
-	})
-	if hs != nil {
-		wg.Go(func() {
-			if err := hs.Serve(hlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errs <- fmt.Errorf("HTTP server: %w", err)
-			}
-		})
+	cf := clientFlags{server: f.index, sec: f.sec}
+	target, dial, err := cf.target()
+	if err != nil {
+		return nil, err
 	}
-	var cause error
-	select {
-	case <-ctx.Done():
-	case cause = <-errs:
-	}
-	if hs != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-		cause = errors.Join(cause, hs.Shutdown(sctx))
-		cancel()
-	}
-	gs.GracefulStop()
-	wg.Wait()
-	return cause
-}
-
-func addrOf(l net.Listener) string {
-	if l == nil {
-		return "none"
-	}
-	return l.Addr().String()
+	return &service.PickerServiceOptions{Picker: *f.pick.options(cfg), Index: target, Dial: dial, DialTimeout: 10 * time.Second,
+		HTTPAddr: f.httpAddr, Discover: disc}, nil
 }

@@ -29,7 +29,7 @@ func TestPodsFleetCachedFraction(t *testing.T) {
 	_, _, svc := followSimService(t, sim, append(extra, "--picker", "--extproc-addr", "127.0.0.1:0", "--scrape-interval", "20ms")...)
 	pods := func(args ...string) string {
 		t.Helper()
-		out, errOut, code := runCLI(t, append([]string{"pods", "--server", svc.grpcAddr}, args...)...)
+		out, errOut, code := runCLI(t, append([]string{"pods", "--server", svc.GRPCAddr()}, args...)...)
 		if code != 0 {
 			t.Fatalf("kvindex pods %v: exit %d: %s", args, code, errOut)
 		}
@@ -39,8 +39,8 @@ func TestPodsFleetCachedFraction(t *testing.T) {
 	// A pod's first scrape sets its baseline: wait for both before any
 	// request, so that every request lands in the window.
 	deadline := time.Now().Add(e2eDeadline)
-	for m := simGet(t, "http://"+svc.httpAddr+"/metrics"); !strings.Contains(m, `kvindex_engine_requests_waiting{pod="pod-0"}`) ||
-		!strings.Contains(m, `kvindex_engine_requests_waiting{pod="pod-1"}`); m = simGet(t, "http://"+svc.httpAddr+"/metrics") {
+	for m := simGet(t, "http://"+svc.HTTPAddr()+"/metrics"); !strings.Contains(m, `kvindex_engine_requests_waiting{pod="pod-0"}`) ||
+		!strings.Contains(m, `kvindex_engine_requests_waiting{pod="pod-1"}`); m = simGet(t, "http://"+svc.HTTPAddr()+"/metrics") {
 		if time.Now().After(deadline) {
 			t.Fatalf("the engines were never scraped:\n%s", m)
 		}

@@ -1,14 +1,6 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"log/slog"
-	"net"
-	"net/http"
-	"sync"
-
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 
@@ -44,101 +36,6 @@ func (f *securityFlags) options(pprof bool) (server.Security, string, error) {
 		return sec, "", usagef("%v", err)
 	}
 	return sec, f.adminAddr, nil
-}
-
-// listenAdmin opens the admin listener, or returns nil without
-// --admin-addr.
-func listenAdmin(addr string) (net.Listener, error) {
-	if addr == "" {
-		return nil, nil
-	}
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--admin-addr %s: %w", addr, err)
-	}
-	return lis, nil
-}
-
-func closeAdmin(lis net.Listener) {
-	if lis != nil {
-		lis.Close()
-	}
-}
-
-// adminAddr is the admin listener's resolved address, "" when off.
-func (s *service) adminAddr() string {
-	if s.adminLis == nil {
-		return ""
-	}
-	return s.adminLis.Addr().String()
-}
-
-// serveAdmin serves the admin listener, if any, until shutdownAdmin.
-func (s *service) serveAdmin(wg *sync.WaitGroup, errs chan<- error) {
-	if s.adminLis == nil {
-		return
-	}
-	s.admin = s.api.NewAdminServer()
-	lis := s.api.AdminListener(s.adminLis)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := s.admin.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			errs <- fmt.Errorf("admin server: %w", err)
-		}
-	}()
-}
-
-func (s *service) shutdownAdmin(ctx context.Context) error {
-	if s.admin == nil {
-		return nil
-	}
-	return s.admin.Shutdown(ctx)
-}
-
-// logSecurity logs how serve authenticates callers, and warns when a
-// listener reachable from other hosts has no authentication.
-func logSecurity(log *slog.Logger, sec server.Security, addrs ...string) {
-	mode := "none"
-	switch {
-	case sec.ClientCAFile != "":
-		mode = "mutual TLS"
-	case sec.TLS():
-		mode = "TLS"
-	}
-	auth := "none"
-	switch {
-	case sec.AuthFile != "":
-		auth = "auth file " + sec.AuthFile
-	case sec.ClientCAFile != "":
-		auth = "any certificate of --tls-client-ca"
-	}
-	log.Info("security", "tls", mode, "auth", auth)
-	if sec.AuthFile != "" && !sec.TLS() {
-		log.Warn("bearer tokens without TLS cross the network in the clear: give --tls-cert and --tls-key (kvindex's own client sends tokens over TLS only)")
-	}
-	if sec.AuthFile != "" || sec.ClientCAFile != "" {
-		return
-	}
-	for _, a := range addrs {
-		if a != "" && !loopback(a) {
-			log.Warn("listening beyond loopback without authentication: any host that reaches this address may query, watch every tenant's block hashes and read metrics; see --auth-tokens and --tls-client-ca", "addr", a)
-		}
-	}
-}
-
-// loopback reports whether a listen address only accepts local
-// connections.
-func loopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // clientSecurityFlags are the TLS and token settings of the commands

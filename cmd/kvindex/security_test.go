@@ -53,7 +53,7 @@ func TestE2EMutualTLS(t *testing.T) {
 	if !strings.Contains(x.logs.String(), "tls=\"mutual TLS\"") {
 		t.Errorf("serve did not log its TLS mode:\n%s", x.logs.String())
 	}
-	addr := x.svc.grpcAddr
+	addr := x.svc.GRPCAddr()
 	tests := []struct {
 		name  string
 		args  []string
@@ -93,7 +93,7 @@ func TestE2EMutualTLS(t *testing.T) {
 // went.
 func TestE2EAdminListener(t *testing.T) {
 	x := startE2E(t, []string{"pod-a"}, "--admin-addr", "127.0.0.1:0")
-	admin := "http://" + x.svc.adminAddr()
+	admin := "http://" + x.svc.AdminAddr()
 	tests := []struct {
 		url  string
 		want int
@@ -102,7 +102,7 @@ func TestE2EAdminListener(t *testing.T) {
 		{admin + "/metrics", http.StatusOK},
 		{admin + "/readyz", http.StatusOK},
 		{admin + "/v1/pods", http.StatusNotFound},
-		{"http://" + x.svc.httpAddr + "/debug/pprof/", http.StatusNotFound},
+		{"http://" + x.svc.HTTPAddr() + "/debug/pprof/", http.StatusNotFound},
 	}
 	for _, tc := range tests {
 		resp, err := http.Get(tc.url)
@@ -172,7 +172,7 @@ func TestE2ETokens(t *testing.T) {
 		[]grpc.DialOption{dialTLS(t, client.TLSConfig{CAFile: p.ca.CertFile}), client.WithToken("query-secret")},
 		[]string{"pod-a"},
 		"--tls-cert", p.server.CertFile, "--tls-key", p.server.KeyFile, "--auth-tokens", auth)
-	addr := x.svc.grpcAddr
+	addr := x.svc.GRPCAddr()
 	tests := []struct {
 		name  string
 		args  []string

@@ -38,7 +38,7 @@ func TestServePicker(t *testing.T) {
 	x.awaitMatched(toks, map[string]uint32{"pod-a": 0, "pod-b": 8, "pod-c": 0})
 
 	body := fmt.Sprintf(`{"model":%q,"prompt":[%s]}`, e2eModel, idsArg(toks))
-	resp, err := http.Post("http://"+x.svc.httpAddr+"/v1/pick", "application/json", strings.NewReader(body))
+	resp, err := http.Post("http://"+x.svc.HTTPAddr()+"/v1/pick", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestServePicker(t *testing.T) {
 		t.Errorf("picked %s=%s (header %q); pod-b=10.0.0.2:8000 holds the prompt", d.Pod, d.Endpoint, resp.Header.Get(gateway.HeaderDestination))
 	}
 
-	conn, err := grpc.NewClient(x.svc.picker.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(x.svc.PickerAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestServePicker(t *testing.T) {
 	}
 
 	// serve's own API is still there, and the picker's metrics with it.
-	resp, err = http.Get("http://" + x.svc.httpAddr + "/metrics")
+	resp, err = http.Get("http://" + x.svc.HTTPAddr() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,8 +99,8 @@ func TestServePickerFlags(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if (o.picker != nil) != strings.Contains(strings.Join(tt.args, " "), "--picker") {
-					t.Errorf("picker options %+v", o.picker)
+				if (o.Picker != nil) != strings.Contains(strings.Join(tt.args, " "), "--picker") {
+					t.Errorf("picker options %+v", o.Picker)
 				}
 				return
 			}
@@ -137,7 +137,7 @@ func TestServePickerAuth(t *testing.T) {
 		{"query token", "query-secret", http.StatusOK},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			req, _ := http.NewRequest(http.MethodPost, "https://"+x.svc.httpAddr+"/v1/pick",
+			req, _ := http.NewRequest(http.MethodPost, "https://"+x.svc.HTTPAddr()+"/v1/pick",
 				strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":[1,2,3]}`, e2eModel)))
 			if tc.token != "" {
 				req.Header.Set("Authorization", "Bearer "+tc.token)

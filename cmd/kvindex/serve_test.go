@@ -99,7 +99,7 @@ func TestDeployManifests(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the ConfigMap's settings: %v", err)
 	}
-	listen, replay := portOf(o.listen), portOf(o.replayTemplate)
+	listen, replay := portOf(o.Listen), portOf(o.ReplayTemplate)
 	containerPorts := map[string]int{}
 	for _, p := range load("base/deployment.yaml")[0].Spec.Template.Spec.Containers[0].Ports {
 		containerPorts[p.Name] = p.ContainerPort
@@ -110,7 +110,7 @@ func TestDeployManifests(t *testing.T) {
 			exposed[p.Port] = true
 		}
 	}
-	for r := range o.listenRanks {
+	for r := range o.ListenRanks {
 		if !exposed[listen+r] {
 			t.Errorf("rank %d's port %d: not a container port exposed by the Service on the same port", r, listen+r)
 		}
@@ -135,9 +135,9 @@ func TestDeployManifests(t *testing.T) {
 	if err := json.Unmarshal([]byte(events), &ev); err != nil {
 		t.Fatalf("--kv-events-config %q: %v", events, err)
 	}
-	if ranks > o.listenRanks || portOf(ev.Endpoint) != listen || portOf(ev.ReplayEndpoint) != replay {
+	if ranks > o.ListenRanks || portOf(ev.Endpoint) != listen || portOf(ev.ReplayEndpoint) != replay {
 		t.Errorf("vLLM: %d ranks, events %s, replay %s; kvindex listens on %d for %d ranks and replays from %d",
-			ranks, ev.Endpoint, ev.ReplayEndpoint, listen, o.listenRanks, replay)
+			ranks, ev.Endpoint, ev.ReplayEndpoint, listen, o.ListenRanks, replay)
 	}
 	replayPorts := map[int]bool{}
 	for _, p := range vllm.Ports {

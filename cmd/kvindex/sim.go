@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -341,7 +342,7 @@ func portRange(first, n int) string {
 // simConnectEndpoint checks a --connect endpoint: tcp://HOST:PORT (the
 // scheme may be left out).
 func simConnectEndpoint(s string) (string, error) {
-	ep := endpoint(s)
+	ep := zmqtransport.TCPEndpoint(s)
 	rest, ok := strings.CutPrefix(ep, "tcp://")
 	host, port, err := net.SplitHostPort(rest)
 	n, perr := strconv.Atoi(port)
@@ -619,7 +620,7 @@ func (p *simPlan) printStart(w io.Writer, r *simRun) {
 		if !p.bind {
 			how = "connects to " + e.PubEndpoint() + " (topic kv@" + e.pod + "@" + f.model + ")"
 		}
-		fmt.Fprintf(w, "  %s %s, replay %s\n", e.name(), how, cmpOr(e.ReplayEndpoint(), "none"))
+		fmt.Fprintf(w, "  %s %s, replay %s\n", e.name(), how, cmp.Or(e.ReplayEndpoint(), "none"))
 	}
 	if len(r.fronts) > 0 {
 		fmt.Fprintf(w, "vLLM's HTTP API (POST /v1/completions, /v1/chat/completions, /tokenize; GET /metrics, /v1/models, /health), %d requests at once per rank, prefill %v per uncached token:\n", f.maxSeqs, f.prefill)

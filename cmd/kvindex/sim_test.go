@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/tokenizer"
 )
 
@@ -458,7 +459,7 @@ func TestSimFollowedByServe(t *testing.T) {
 			for _, n := range want {
 				best = max(best, n)
 			}
-			if bs := uint32(o.index.Hasher.BlockSize()); best != uint32(len(ids))/bs {
+			if bs := uint32(o.Index.Hasher.BlockSize()); best != uint32(len(ids))/bs {
 				t.Errorf("no engine holds the whole last prompt (%d tokens): %v", len(ids), want)
 			}
 			if err := sim.close(); err != nil {
@@ -470,14 +471,14 @@ func TestSimFollowedByServe(t *testing.T) {
 
 // followSim runs kvindex serve in-process from the line sim printed, with
 // extra flags, and returns a client of it.
-func followSim(t *testing.T, sim *simHarness, extra ...string) (*client.Client, *serveOptions) {
+func followSim(t *testing.T, sim *simHarness, extra ...string) (*client.Client, *service.Options) {
 	t.Helper()
 	c, o, _ := followSimService(t, sim, extra...)
 	return c, o
 }
 
 // followSimService is followSim that also returns the running service.
-func followSimService(t *testing.T, sim *simHarness, extra ...string) (*client.Client, *serveOptions, *service) {
+func followSimService(t *testing.T, sim *simHarness, extra ...string) (*client.Client, *service.Options, *service.Service) {
 	t.Helper()
 	words := shellWords(sim.serveLine())
 	o, _, err := parseServe(t, append(append(words[2:], "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"), extra...)...)
@@ -492,14 +493,14 @@ func followSimService(t *testing.T, sim *simHarness, extra ...string) (*client.C
 		cancel()
 		t.Fatal(err)
 	}
-	c, err := client.Dial(context.Background(), svc.grpcAddr)
+	c, err := client.Dial(context.Background(), svc.GRPCAddr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		c.Close()
 		cancel()
-		svc.wait()
+		svc.Wait()
 		if t.Failed() {
 			t.Logf("kvindex logs:\n%s\nsim output:\n%s", logs.String(), sim.out.String())
 		}

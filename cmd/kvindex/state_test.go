@@ -2,8 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
-	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,9 +10,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
-	"github.com/kvindex/kvindex/indexer"
-	"github.com/kvindex/kvindex/internal/statefile"
-	"github.com/kvindex/kvindex/kvevents"
+	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -54,7 +51,7 @@ func startStateRun(t *testing.T, dir string, engines map[string]*simzmq.Engine) 
 		}
 		stopped = true
 		cancel()
-		return svc.wait()
+		return svc.Wait()
 	}}
 	t.Cleanup(func() {
 		if err := r.stop(); err != nil {
@@ -64,7 +61,7 @@ func startStateRun(t *testing.T, dir string, engines map[string]*simzmq.Engine) 
 			t.Logf("kvindex logs:\n%s", x.logs.String())
 		}
 	})
-	if x.client, err = client.Dial(context.Background(), svc.grpcAddr); err != nil {
+	if x.client, err = client.Dial(context.Background(), svc.GRPCAddr()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { x.client.Close() })
@@ -138,90 +135,6 @@ func TestStateDirRestart(t *testing.T) {
 	r3.awaitMatched(prompt, map[string]uint32{"pod-a": 0})
 }
 
-// TestStateDirRefusals: a state file kvindex cannot use leaves it empty,
-// never half restored; a corrupted one is kept aside for inspection.
-func TestStateDirRefusals(t *testing.T) {
-	o, _, err := parseServe(t, "--engine", "pod-a=tcp://127.0.0.1:1", "--model", "m", "--hash-algo", "sha256_cbor",
-		"--hash-seed", "0", "--block-size", "16", "--state-dir", t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	fresh := func() (*stateDir, *indexer.Index, *syncBuffer) {
-		ix, err := indexer.New(o.index)
-		if err != nil {
-			t.Fatal(err)
-		}
-		logs := &syncBuffer{}
-		log, _ := newLogger(logs, "debug", "text")
-		d, err := newStateDir(o, ix, log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d, ix, logs
-	}
-	// A state file of one engine, written by a kvindex hashing as o does.
-	src, _, _ := fresh()
-	id := kvevents.EngineID{Model: "m", Pod: "pod-a"}
-	src.index.Apply(id, 3, []kvevents.Event{{Kind: kvevents.BlockStored, Hashes: []uint64{11, 12}, BlockSize: 16}})
-	writeState := func(h statefile.Hashing) {
-		w, err := statefile.Begin(o.stateDir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hdr := &statefile.Header{Hashing: h, Positions: statefile.FromPositions([]kvevents.Position{
-			{Engine: id, Seq: 3, Print: 5}, {Engine: kvevents.EngineID{Model: "m", Pod: "gone"}, Seq: 9},
-		})}
-		if err := w.Write(hdr, src.index.Snapshot); err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Commit(); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	writeState(src.hashing)
-	d, ix, _ := fresh()
-	pos := d.restore(o)
-	if len(pos) != 1 || pos[0].Engine != id || pos[0].Seq != 3 || pos[0].Print != 5 {
-		t.Fatalf("restored positions %+v, want pod-a's only (gone is not configured)", pos)
-	}
-	if st := ix.Stats(); st.HolderBlocks != 2 {
-		t.Fatalf("restored %d holder blocks, want 2", st.HolderBlocks)
-	}
-
-	other := src.hashing
-	other.Seed = "1"
-	writeState(other)
-	d, ix, logs := fresh()
-	if pos := d.restore(o); pos != nil || ix.Stats().HolderBlocks != 0 {
-		t.Errorf("another hash seed: restored %v, %d blocks; want nothing", pos, ix.Stats().HolderBlocks)
-	}
-	if !strings.Contains(logs.String(), "hashed otherwise") {
-		t.Errorf("the refusal is not logged:\n%s", logs)
-	}
-
-	writeState(src.hashing)
-	path := filepath.Join(o.stateDir, statefile.Name)
-	b, _ := os.ReadFile(path)
-	b[len(b)-3] ^= 1 // in the snapshot's last frame
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	d, ix, logs = fresh()
-	if pos := d.restore(o); pos != nil || ix.Stats().HolderBlocks != 0 {
-		t.Errorf("corrupted file: restored %v, %d blocks; want nothing", pos, ix.Stats().HolderBlocks)
-	}
-	if _, err := os.Stat(path + ".bad"); err != nil {
-		t.Errorf("the corrupted file is not kept: %v", err)
-	}
-	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("the corrupted file is still the state file: %v", err)
-	}
-	if !strings.Contains(logs.String(), "state file refused") {
-		t.Errorf("the refusal is not logged:\n%s", logs)
-	}
-}
-
 func TestStateDirFlags(t *testing.T) {
 	if _, _, err := parseServe(t, "--engine", "a=tcp://h:1", "--model", "m", "--snapshot-interval", "1ms"); err == nil ||
 		!strings.Contains(err.Error(), "--snapshot-interval") {
@@ -233,8 +146,7 @@ func TestStateDirFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ix, _ := indexer.New(o.index)
-	if _, err := newStateDir(o, ix, nil); err == nil || !strings.Contains(err.Error(), "--state-dir") {
+	if err := configUsage(service.Check(o, slog.New(slog.DiscardHandler)), serveFlagNames); err == nil || !strings.HasPrefix(err.Error(), "--state-dir: ") {
 		t.Errorf("a state dir under a file: %v, want an error naming --state-dir", err)
 	}
 }

@@ -17,8 +17,10 @@
 package configerr
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Field names a setting as the package that checks it spells it: a field
@@ -34,6 +36,8 @@ type Error struct {
 	// format and args make the message; Field arguments are names.
 	format string
 	args   []any
+	// failed: the setting is well formed but failed when used.
+	failed bool
 }
 
 // New returns the configuration error of field, whose message is format
@@ -43,26 +47,43 @@ func New(field Field, format string, args ...any) *Error {
 	return &Error{Field: field, format: format, args: args}
 }
 
+// Failed returns the error of a setting that is well formed but failed
+// when it was used: a port another process holds, a server that cannot
+// be reached. A front end tells it from a bad setting (New): the command
+// exits with its runtime status rather than its usage status.
+func Failed(field Field, format string, args ...any) *Error {
+	e := New(field, format, args...)
+	e.failed = true
+	return e
+}
+
+// Usage reports whether the setting itself is wrong (New), rather than
+// failed when used (Failed).
+func (e *Error) Usage() bool { return !e.failed }
+
 // Error writes the message with each setting under its own name.
 func (e *Error) Error() string { return e.Render(nil) }
 
 // Render writes the message with each setting named by name (nil: by its
-// Field). A name of "" keeps the Field.
+// Field). A name of "" keeps the Field. Configuration errors among the
+// arguments are rendered the same way.
 func (e *Error) Render(name func(Field) string) string {
 	args := make([]any, len(e.args))
 	for i, a := range e.args {
-		if f, ok := a.(Field); ok {
-			s := string(f)
+		switch v := a.(type) {
+		case Field:
+			s := string(v)
 			if name != nil {
-				if n := name(f); n != "" {
-					s = n
-				}
+				s = cmp.Or(name(v), s)
 			}
 			a = s
+		case *Error:
+			a = v.Render(name)
 		}
 		args[i] = a
 	}
-	return fmt.Errorf(e.format, args...).Error()
+	// %w formats as %v; wrapping is Unwrap's business.
+	return fmt.Sprintf(strings.ReplaceAll(e.format, "%w", "%v"), args...)
 }
 
 // Unwrap returns the errors the message wraps (%w), as fmt.Errorf does.

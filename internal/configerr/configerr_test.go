@@ -21,6 +21,9 @@ func TestRender(t *testing.T) {
 		// and quoted values are left as they are.
 		{configerr.New("Topic", "%v %q has no {pod}", configerr.Field("Topic"), "kv@{model}"),
 			`Topic "kv@{model}" has no {pod}`, `Topic "kv@{model}" has no {pod}`},
+		// A configuration error among the arguments is rendered alike.
+		{configerr.New("Other", "%v: %w", configerr.Field("Other"), configerr.New("MaxTokens", "%v is 0", configerr.Field("MaxTokens"))),
+			"Other: MaxTokens is 0", "Other: --max-query-tokens is 0"},
 		// Plain strings are never names.
 		{configerr.New("MaxTokens", "%s: %v", "MaxTokens", 3), "MaxTokens: 3", "MaxTokens: 3"},
 	}
@@ -53,5 +56,15 @@ func TestWraps(t *testing.T) {
 	}
 	if _, ok := configerr.As(errors.New("plain")); ok {
 		t.Error("As found a configuration error in a plain one")
+	}
+}
+
+func TestUsage(t *testing.T) {
+	if !configerr.New("A", "bad").Usage() {
+		t.Error("New is not a usage error")
+	}
+	f := configerr.Failed("GRPCAddr", "%v %s: %w", configerr.Field("GRPCAddr"), ":1", fs.ErrPermission)
+	if f.Usage() || !errors.Is(f, fs.ErrPermission) || f.Error() != "GRPCAddr :1: permission denied" {
+		t.Errorf("Failed: usage %v, %q", f.Usage(), f)
 	}
 }

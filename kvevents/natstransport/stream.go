@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -66,17 +67,17 @@ func (c StreamConfig) withDefaults() (StreamConfig, error) {
 	}
 	switch {
 	case !validStreamName(c.Name):
-		return c, fmt.Errorf("natstransport: stream name %q: want letters, digits, '-' or '_'", c.Name)
+		return c, configerr.New("Name", "stream name %q: want letters, digits, '-' or '_'", c.Name)
 	case c.MaxAge < 0:
-		return c, fmt.Errorf("natstransport: stream max age %v is negative", c.MaxAge)
+		return c, configerr.New("MaxAge", "stream max age %v is negative", c.MaxAge)
 	case c.MaxBytes < 0:
-		return c, fmt.Errorf("natstransport: stream max bytes %d is negative", c.MaxBytes)
+		return c, configerr.New("MaxBytes", "stream max bytes %d is negative", c.MaxBytes)
 	case c.Replicas < 1 || c.Replicas > 5:
-		return c, fmt.Errorf("natstransport: stream replicas %d: JetStream allows 1 to 5", c.Replicas)
+		return c, configerr.New("Replicas", "stream replicas %d: JetStream allows 1 to 5", c.Replicas)
 	case c.Duplicates < 0:
-		return c, fmt.Errorf("natstransport: stream duplicate window %v is negative", c.Duplicates)
+		return c, configerr.New("Duplicates", "stream duplicate window %v is negative", c.Duplicates)
 	case c.Duplicates > c.MaxAge:
-		return c, fmt.Errorf("natstransport: stream duplicate window %v exceeds its max age %v (JetStream refuses it)", c.Duplicates, c.MaxAge)
+		return c, configerr.New("Duplicates", "stream duplicate window %v exceeds its max age %v (JetStream refuses it)", c.Duplicates, c.MaxAge)
 	}
 	return c, nil
 }

@@ -88,13 +88,13 @@ func compileAllowList(rules []AllowRule) (*allowList, error) {
 	for _, r := range rules {
 		// Validate what a caller built by hand as ParseAllowRule would.
 		if !r.Prefix.IsValid() {
-			return nil, fmt.Errorf("zmqtransport: engine allow rule for pod %q: invalid network", r.Pod)
+			return nil, fmt.Errorf("engine allow rule for pod %q: invalid network", r.Pod)
 		}
 		if _, err := ParseAllowRule(r.String()); err != nil {
-			return nil, fmt.Errorf("zmqtransport: engine allow rule %q: %v", r.String(), err)
+			return nil, fmt.Errorf("engine allow rule %q: %v", r.String(), err)
 		}
 		if seen[r] {
-			return nil, fmt.Errorf("zmqtransport: engine allow rule %q given twice", r.String())
+			return nil, fmt.Errorf("engine allow rule %q given twice", r.String())
 		}
 		seen[r] = true
 		if isGlob(r.Pod) {

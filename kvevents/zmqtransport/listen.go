@@ -9,6 +9,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -151,9 +152,9 @@ func (ln *listener) open(endpoint, topic string, ranks int) error {
 			}
 			if err := sub.Bind(ep); err != nil {
 				if ranks > 1 {
-					return fmt.Errorf("zmqtransport: bind %s (rank %d's port): %w", ep, r, err)
+					return configerr.Failed("Listen", "bind %s (rank %d's port): %w", ep, r, err)
 				}
-				return fmt.Errorf("zmqtransport: bind %s: %w", ep, err)
+				return configerr.Failed("Listen", "bind %s: %w", ep, err)
 			}
 			got, err := sub.GetLastEndpoint()
 			if err != nil {

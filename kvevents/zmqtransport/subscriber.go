@@ -17,6 +17,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -222,23 +223,23 @@ func (c *SubscriberConfig) setDefaults() {
 
 func (c *EngineConfig) validate() error {
 	if c.Name == "" {
-		return errors.New("zmqtransport: engine without a name")
+		return configerr.New("Engines", "%v without a name", configerr.Field("Engines"))
 	}
 	if c.Endpoint == "" {
-		return fmt.Errorf("zmqtransport: engine %q has no endpoint", c.Name)
+		return configerr.New("Engines", "%v %q has no endpoint", configerr.Field("Engines"), c.Name)
 	}
 	if c.Ranks <= 0 {
 		c.Ranks = 1
 	}
 	if c.Ranks > kvevents.MaxDPRank {
-		return fmt.Errorf("zmqtransport: engine %q: %d ranks exceed %d", c.Name, c.Ranks, kvevents.MaxDPRank)
+		return configerr.New("Engines", "%v %q: %d ranks exceed %d", configerr.Field("Engines"), c.Name, c.Ranks, kvevents.MaxDPRank)
 	}
 	for _, ep := range []string{c.Endpoint, c.ReplayEndpoint} {
 		if ep == "" {
 			continue
 		}
 		if err := CheckConnectEndpoint(ep, c.Ranks); err != nil {
-			return fmt.Errorf("zmqtransport: engine %q: %w", c.Name, err)
+			return configerr.New("Engines", "%v %q: %w", configerr.Field("Engines"), c.Name, err)
 		}
 	}
 	return nil
@@ -338,16 +339,16 @@ func NewSubscriber(cfg SubscriberConfig, sink kvevents.Sink, log *slog.Logger) (
 			return nil, err
 		}
 		if seen[cfg.Engines[i].Name] {
-			return nil, fmt.Errorf("zmqtransport: engine %q configured twice", cfg.Engines[i].Name)
+			return nil, configerr.New("Engines", "%v %q configured twice", configerr.Field("Engines"), cfg.Engines[i].Name)
 		}
 		seen[cfg.Engines[i].Name] = true
 	}
 	if err := CheckLayout(cfg.Engines); err != nil {
-		return nil, err
+		return nil, configerr.New("Engines", "%v: %w", configerr.Field("Engines"), err)
 	}
 	if cfg.Listen != "" {
 		if err := CheckBindEndpoint(cfg.Listen, cfg.ListenRanks); err != nil {
-			return nil, fmt.Errorf("zmqtransport: listen %w", err)
+			return nil, configerr.New("Listen", "%v %w", configerr.Field("Listen"), err)
 		}
 	}
 	if len(cfg.Engines) == 0 && cfg.Listen == "" {
@@ -356,16 +357,16 @@ func NewSubscriber(cfg SubscriberConfig, sink kvevents.Sink, log *slog.Logger) (
 	}
 	tp, err := compileTopicPattern(cfg.TopicPattern)
 	if err != nil {
-		return nil, err
+		return nil, configerr.New("TopicPattern", "%v: %w", configerr.Field("TopicPattern"), err)
 	}
 	if cfg.ReplayTemplate != "" {
 		if err := CheckReplayTemplate(cfg.ReplayTemplate, cfg.ListenRanks); err != nil {
-			return nil, fmt.Errorf("zmqtransport: replay template: %w", err)
+			return nil, configerr.New("ReplayTemplate", "%v: %w", configerr.Field("ReplayTemplate"), err)
 		}
 	}
 	allow, err := compileAllowList(cfg.EngineAllow)
 	if err != nil {
-		return nil, err
+		return nil, configerr.New("EngineAllow", "%v: %w", configerr.Field("EngineAllow"), err)
 	}
 	if allow == nil && cfg.EngineAllowDynamic {
 		allow = &allowList{exact: map[string][]netip.Prefix{}}
@@ -402,14 +403,14 @@ func checkSourceBinding(cfg SubscriberConfig, rules bool) error {
 	tcp := strings.HasPrefix(cfg.Listen, "tcp://")
 	switch {
 	case rules && cfg.Listen == "":
-		return errors.New("zmqtransport: engine allow rules apply to a listen socket (bind mode) only")
+		return configerr.New("EngineAllow", "%v applies to a listen socket (bind mode) only", configerr.Field("EngineAllow"))
 	case rules && !tcp:
-		return fmt.Errorf("zmqtransport: engine allow rules need a tcp listen endpoint, not %q: only tcp connections have a source address", cfg.Listen)
+		return configerr.New("EngineAllow", "%v needs a tcp %v endpoint, not %q: only tcp connections have a source address", configerr.Field("EngineAllow"), configerr.Field("Listen"), cfg.Listen)
 	case strings.Contains(cfg.ReplayTemplate, "{addr}") && cfg.Listen != "" && !tcp:
-		return fmt.Errorf("zmqtransport: replay template: {addr} needs a tcp listen endpoint, not %q: only tcp connections have a source address", cfg.Listen)
+		return configerr.New("ReplayTemplate", "%v: {addr} needs a tcp %v endpoint, not %q: only tcp connections have a source address", configerr.Field("ReplayTemplate"), configerr.Field("Listen"), cfg.Listen)
 	case rules && cfg.ReplayTemplate != "":
 		if err := CheckSourceReplayTemplate(cfg.ReplayTemplate); err != nil {
-			return fmt.Errorf("zmqtransport: replay template: %w", err)
+			return configerr.New("ReplayTemplate", "%v: %w", configerr.Field("ReplayTemplate"), err)
 		}
 	}
 	return nil

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -535,19 +536,19 @@ func TestSubscriberConfigErrors(t *testing.T) {
 		{"too many ranks", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://a:1", Ranks: kvevents.MaxDPRank + 1}}}, "exceed"},
 		{"bad pattern", SubscriberConfig{Listen: "tcp://*:1", TopicPattern: "kv@{pod"}, "unclosed"},
 		{"replay template without pod", SubscriberConfig{Listen: "tcp://*:1", ReplayTemplate: "tcp://replay:5558"}, "no {addr} or {pod}"},
-		{"listen port out of range", SubscriberConfig{Listen: "tcp://127.0.0.1:99999"}, `listen endpoint "tcp://127.0.0.1:99999": port "99999" is not in 1..65535`},
+		{"listen port out of range", SubscriberConfig{Listen: "tcp://127.0.0.1:99999"}, `Listen endpoint "tcp://127.0.0.1:99999": port "99999" is not in 1..65535`},
 		{"ephemeral listen port for ranks", SubscriberConfig{Listen: "tcp://127.0.0.1:*", ListenRanks: 2}, "cannot be offset by the rank"},
 		{"replay template port", SubscriberConfig{Listen: "tcp://*:1", ReplayTemplate: "tcp://{pod}:0"}, `port "0"`},
-		{"engine at a wildcard", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://*:5557"}}}, `engine "a": endpoint "tcp://*:5557": "*" is not a host to connect to`},
-		{"engine without port", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://127.0.0.1"}}}, `engine "a": endpoint "tcp://127.0.0.1": no port`},
+		{"engine at a wildcard", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://*:5557"}}}, `Engines "a": endpoint "tcp://*:5557": "*" is not a host to connect to`},
+		{"engine without port", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://127.0.0.1"}}}, `Engines "a": endpoint "tcp://127.0.0.1": no port`},
 		{"replay without port", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://h:1", ReplayEndpoint: "tcp://h"}}}, `endpoint "tcp://h": no port`},
 		{"overlapping ranks", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://h:5557", ReplayEndpoint: "tcp://h:5558", Ranks: 2}}}, "overlap at 5558"},
 		{"allow rules in connect mode", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://h:1"}}, EngineAllow: []AllowRule{allowRule("a=10.0.0.1")}}, "bind mode"},
-		{"allow rules on ipc", SubscriberConfig{Listen: "ipc:///tmp/kv", EngineAllow: []AllowRule{allowRule("a=10.0.0.1")}}, "need a tcp listen endpoint"},
+		{"allow rules on ipc", SubscriberConfig{Listen: "ipc:///tmp/kv", EngineAllow: []AllowRule{allowRule("a=10.0.0.1")}}, "needs a tcp Listen endpoint"},
 		{"allow rules with a pod host", SubscriberConfig{Listen: "tcp://*:1", ReplayTemplate: "tcp://{pod}:5567", EngineAllow: []AllowRule{allowRule("*=10.0.0.0/8")}}, "want tcp://{addr}:PORT"},
 		{"duplicate allow rule", SubscriberConfig{Listen: "tcp://*:1", EngineAllow: []AllowRule{allowRule("a=10.0.0.1"), allowRule("a=10.0.0.1/32")}}, `"a=10.0.0.1" given twice`},
 		{"allow rule without network", SubscriberConfig{Listen: "tcp://*:1", EngineAllow: []AllowRule{{Pod: "a"}}}, "invalid network"},
-		{"addr on ipc", SubscriberConfig{Listen: "ipc:///tmp/kv", ReplayTemplate: "tcp://{addr}:5567"}, "{addr} needs a tcp listen endpoint"},
+		{"addr on ipc", SubscriberConfig{Listen: "ipc:///tmp/kv", ReplayTemplate: "tcp://{addr}:5567"}, "{addr} needs a tcp Listen endpoint"},
 		{"engines sharing a port", SubscriberConfig{Engines: []EngineConfig{{Name: "a", Endpoint: "tcp://h:5557", Ranks: 2}, {Name: "b", Endpoint: "tcp://h:5558"}}}, `engine "b": event port 5558 is taken`},
 	}
 	for _, tt := range tests {
@@ -555,6 +556,11 @@ func TestSubscriberConfigErrors(t *testing.T) {
 			_, err := NewSubscriber(tt.cfg, sink, nil)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("error %v, want one mentioning %q", err, tt.want)
+			}
+			// A configuration error, naming the setting at fault.
+			ce, ok := configerr.As(err)
+			if !ok || !ce.Usage() || !slices.Contains([]configerr.Field{"Engines", "Listen", "TopicPattern", "ReplayTemplate", "EngineAllow"}, ce.Field) {
+				t.Fatalf("error %v (%T) is not a configuration error of a SubscriberConfig field", err, err)
 			}
 		})
 	}

@@ -52,11 +52,11 @@ func compileTopicPattern(p string) (*topicPattern, error) {
 	}
 	re, err := regexp.Compile(expr)
 	if err != nil {
-		return nil, fmt.Errorf("zmqtransport: topic pattern %q: %w", p, err)
+		return nil, fmt.Errorf("topic pattern %q: %w", p, err)
 	}
 	tp := &topicPattern{src: p, re: re, pod: re.SubexpIndex("pod"), model: re.SubexpIndex("model")}
 	if tp.pod < 0 {
-		return nil, fmt.Errorf("zmqtransport: topic pattern %q has no pod", p)
+		return nil, fmt.Errorf("topic pattern %q has no pod", p)
 	}
 	return tp, nil
 }
@@ -76,14 +76,14 @@ func templateRegexp(t string) (string, error) {
 		b.WriteString(regexp.QuoteMeta(rest[:i]))
 		j := strings.IndexByte(rest[i:], '}')
 		if j < 0 {
-			return "", fmt.Errorf("zmqtransport: topic template %q: unclosed '{'", t)
+			return "", fmt.Errorf("topic template %q: unclosed '{'", t)
 		}
 		name := rest[i+1 : i+j]
 		if name != "pod" && name != "model" {
-			return "", fmt.Errorf("zmqtransport: topic template %q: unknown placeholder {%s} (want {pod} or {model})", t, name)
+			return "", fmt.Errorf("topic template %q: unknown placeholder {%s} (want {pod} or {model})", t, name)
 		}
 		if seen[name] {
-			return "", fmt.Errorf("zmqtransport: topic template %q: {%s} appears twice", t, name)
+			return "", fmt.Errorf("topic template %q: {%s} appears twice", t, name)
 		}
 		seen[name] = true
 		rest = rest[i+j+1:]
@@ -94,7 +94,7 @@ func templateRegexp(t string) (string, error) {
 		}
 	}
 	if !seen["pod"] {
-		return "", fmt.Errorf("zmqtransport: topic template %q has no {pod}", t)
+		return "", fmt.Errorf("topic template %q has no {pod}", t)
 	}
 	b.WriteString("$")
 	return b.String(), nil

@@ -1,4 +1,4 @@
-package main
+package service
 
 import (
 	"log/slog"
@@ -11,11 +11,11 @@ import (
 
 // Shares of --memory-budget; memoryLimits explains them.
 const (
-	// goOverhead is the Go heap kvindex needs beyond the index: decoders,
+	// GoOverhead is the Go heap kvindex needs beyond the index: decoders,
 	// queries, gRPC and HTTP buffers, Watch queues, the runtime.
-	goOverhead = 64 << 20
-	// queueShareDiv: the event queues get budget/queueShareDiv.
-	queueShareDiv = 4
+	GoOverhead = 64 << 20
+	// QueueShareDiv: the event queues get budget/QueueShareDiv.
+	QueueShareDiv = 4
 	// queueMsgBytes is what one queued batch is taken to cost (vLLM's
 	// batches are 1 to 3 KiB).
 	queueMsgBytes = 2 << 10
@@ -37,13 +37,13 @@ type memLimits struct {
 // peers). The budget caps the index itself (indexer.Options.MemoryBudget);
 // the rest of the process is bounded around it:
 //
-//   - Go heap: debug.SetMemoryLimit(budget + goOverhead), so the garbage
+//   - Go heap: debug.SetMemoryLimit(budget + GoOverhead), so the garbage
 //     collector works harder as the heap nears the budget instead of
 //     letting it grow to twice the live heap (GOGC). A GOMEMLIMIT set by
 //     the user wins. The limit is soft: live data above it is kept.
 //   - ZMQ receive queues, which libzmq allocates outside the Go heap: each
 //     SUB socket queues up to RcvHWM messages per peer. The queues get a
-//     share of budget/queueShareDiv at queueMsgBytes per batch, spread over
+//     share of budget/QueueShareDiv at queueMsgBytes per batch, spread over
 //     the streams; RcvHWM stays within [minRcvHWM,
 //     zmqtransport.DefaultRcvHWM]. A shallow queue loses nothing: the
 //     engine's PUB socket holds the backlog (zmqtransport.DefaultPubHWM).
@@ -56,9 +56,9 @@ func memoryLimits(budget int64, streams int) memLimits {
 	if budget <= 0 {
 		return memLimits{}
 	}
-	hwm := budget / queueShareDiv / int64(max(streams, 1)) / queueMsgBytes
+	hwm := budget / QueueShareDiv / int64(max(streams, 1)) / queueMsgBytes
 	return memLimits{
-		goLimit: min(budget, math.MaxInt64-goOverhead) + goOverhead,
+		goLimit: min(budget, math.MaxInt64-GoOverhead) + GoOverhead,
 		rcvHWM:  int(min(max(hwm, minRcvHWM), zmqtransport.DefaultRcvHWM)),
 	}
 }
@@ -73,18 +73,5 @@ func (m memLimits) apply(log *slog.Logger) {
 		return
 	}
 	debug.SetMemoryLimit(m.goLimit)
-	log.Info("memory limits from --memory-budget", "go_memory_limit", formatSize(m.goLimit), "zmq_rcvhwm", m.rcvHWM)
-}
-
-// streams is the most event streams serve's settings may open: every
-// connect-mode engine rank and, in bind mode, up to --max-engines.
-func (o *serveOptions) streams() int {
-	n := 0
-	for _, e := range o.engines {
-		n += max(e.Ranks, 1)
-	}
-	if o.listen != "" {
-		n += o.maxEngines
-	}
-	return n
+	log.Info("memory limits from --memory-budget", "go_memory_limit", FormatSize(m.goLimit), "zmq_rcvhwm", m.rcvHWM)
 }

@@ -1,4 +1,4 @@
-package main
+package service
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/buildinfo"
+	"github.com/kvindex/kvindex/internal/lifecycle"
 	"github.com/kvindex/kvindex/internal/snapstore"
 	"github.com/kvindex/kvindex/internal/statefile"
 	"github.com/kvindex/kvindex/kvevents"
@@ -29,14 +29,6 @@ import (
 // writes: a stop must not hang on an unreachable NATS.
 const finalSnapshotTimeout = 20 * time.Second
 
-// natsOptions is serve's validated NATS mode configuration.
-type natsOptions struct {
-	flags    *natsFlags
-	stream   natstransport.StreamConfig
-	snapshot snapstore.Config
-	interval time.Duration
-}
-
 // natsReplica is serve's event source in NATS mode: it starts from the
 // newest snapshot in JetStream, consumes the event stream from the
 // sequence after it, and, while it holds the writer lease, writes the
@@ -44,7 +36,7 @@ type natsOptions struct {
 // in the background, so serve answers /healthz (and reports not ready)
 // while NATS is away.
 type natsReplica struct {
-	o       *natsOptions
+	o       *NATSOptions
 	model   string
 	log     *slog.Logger
 	index   *indexer.Index
@@ -58,21 +50,19 @@ type natsReplica struct {
 
 	consumer atomic.Pointer[natstransport.Consumer]
 	caughtUp chan struct{} // closed once the consumer has caught up
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
 
 	final       atomic.Pointer[finalSnapshot] // set once snapshots are written
 	restoredSeq prometheus.Gauge
 	// reg takes the metrics of the parts made once NATS answers (the
-	// snapshot store's); set before Start.
+	// snapshot store's).
 	reg prometheus.Registerer
 }
 
-func newNATSReplica(o *natsOptions, model string, hc blockhash.Config, ix *indexer.Index, sink kvevents.Sink, log *slog.Logger) (*natsReplica, error) {
+func newNATSReplica(o *NATSOptions, model string, hc blockhash.Config, ix *indexer.Index, sink kvevents.Sink, log *slog.Logger) *natsReplica {
 	host, _ := os.Hostname()
 	return &natsReplica{
 		o: o, model: model, log: log, index: ix, sink: sink, host: host,
-		hashing: statefile.Hashing{Algo: string(hc.Algo), Seed: hc.Seed, BlockSize: hc.BlockSize},
+		hashing: hashingOf(hc),
 		// Unique per replica even when several share a host and process
 		// (tests): the lease tells holders apart by it.
 		id:       fmt.Sprintf("%s-%d-%08x", host, os.Getpid(), rand.Uint32()),
@@ -81,34 +71,56 @@ func newNATSReplica(o *natsOptions, model string, hc blockhash.Config, ix *index
 			Name: "kvindex_nats_snapshot_restored_stream_sequence",
 			Help: "Stream sequence of the snapshot this replica started from (0: none; it read the stream from its start).",
 		}),
-	}, nil
+	}
 }
 
-// Start connects to NATS (retrying in the background while it is away)
-// and bootstraps in the background: stream, snapshot, consumer.
-func (r *natsReplica) Start() error {
-	nc, js, err := r.o.flags.connect("kvindex serve "+r.host, r.log.With("component", "nats"))
-	if err != nil {
-		return err
-	}
-	r.nc, r.js = nc, js
-	r.log.Info("NATS mode: connecting", "nats", r.o.flags.url, "stream", r.o.stream.Name, "snapshot_bucket", r.o.snapshot.Bucket)
-	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		if err := r.bootstrap(ctx); err != nil && ctx.Err() == nil {
-			r.log.Error("NATS mode: bootstrap failed", "err", err)
-		}
-	}()
-	return nil
+// hashingOf is how a snapshot records the hashing its keys were made
+// with.
+func hashingOf(hc blockhash.Config) statefile.Hashing {
+	return statefile.Hashing{Algo: string(hc.Algo), Seed: hc.Seed, BlockSize: hc.BlockSize}
+}
+
+// parts are the replica's: the connection (closed last), then the
+// bootstrap (stream, snapshot, consumer) and snapshot writer, which
+// writes a final snapshot when it stops.
+func (r *natsReplica) parts() []lifecycle.Part {
+	return []lifecycle.Part{{
+		Name: "NATS connection",
+		Start: func(context.Context) error {
+			nc, js, err := r.o.Conn.connect("kvindex serve "+r.host, r.log.With("component", "nats"))
+			if err != nil {
+				return err
+			}
+			r.nc, r.js = nc, js
+			r.log.Info("NATS mode: connecting", "nats", r.o.Conn.URL, "stream", r.o.Stream.Name, "snapshot_bucket", r.o.Snapshot.Bucket)
+			return nil
+		},
+		Stop: func(context.Context) error {
+			var err error
+			if c := r.consumer.Load(); c != nil {
+				err = c.Close()
+			}
+			r.nc.Close()
+			return err
+		},
+	}, {
+		Name: "NATS replica",
+		Run: func(ctx context.Context) error {
+			if err := r.bootstrap(ctx); err != nil && ctx.Err() == nil {
+				r.log.Error("NATS mode: bootstrap failed", "err", err)
+			}
+			return nil
+		},
+		// Before the bootstrap's context ends: the snapshot needs the
+		// consumer running.
+		Stop: func(context.Context) error { r.writeFinal(); return nil },
+	}}
 }
 
 // bootstrap ensures the stream, restores the newest usable snapshot,
 // starts the consumer after it, and runs the snapshot writer.
 func (r *natsReplica) bootstrap(ctx context.Context) error {
-	if err := ensureStream(ctx, r.js, r.o.stream, r.log); err != nil {
+	if err := ensureStream(ctx, r.js, r.o.Stream, r.log); err != nil {
 		return err
 	}
 	store, err := r.openStore(ctx)
@@ -122,7 +134,7 @@ func (r *natsReplica) bootstrap(ctx context.Context) error {
 	}
 	start, resume := r.restore(ctx, store)
 	c, err := natstransport.NewConsumer(r.js, natstransport.ConsumerConfig{
-		Stream: r.o.stream.Name, Model: r.model, StartSeq: start, Resume: resume,
+		Stream: r.o.Stream.Name, Model: r.model, StartSeq: start, Resume: resume,
 	}, r.sink, r.log.With("component", "consumer"))
 	if err != nil {
 		return err
@@ -147,9 +159,9 @@ func (r *natsReplica) bootstrap(ctx context.Context) error {
 // openStore opens the snapshot buckets, retrying while NATS is away.
 func (r *natsReplica) openStore(ctx context.Context) (*snapstore.Store, error) {
 	var store *snapstore.Store
-	err := retryNATS(ctx, r.log, "snapshot store not ready; retrying", []any{"bucket", r.o.snapshot.Bucket}, func(ctx context.Context) error {
+	err := retryNATS(ctx, r.log, "snapshot store not ready; retrying", []any{"bucket", r.o.Snapshot.Bucket}, func(ctx context.Context) error {
 		var err error
-		store, err = snapstore.Open(ctx, r.js, r.o.snapshot, r.log.With("component", "snapshots"))
+		store, err = snapstore.Open(ctx, r.js, r.o.Snapshot, r.log.With("component", "snapshots"))
 		return err
 	})
 	return store, err
@@ -178,7 +190,7 @@ func (r *natsReplica) restore(ctx context.Context, store *snapstore.Store) (uint
 	})
 	switch {
 	case errors.Is(err, snapstore.ErrNoSnapshot):
-		r.log.Info("no usable snapshot; reading the event stream from its start", "bucket", r.o.snapshot.Bucket, "why", err)
+		r.log.Info("no usable snapshot; reading the event stream from its start", "bucket", r.o.Snapshot.Bucket, "why", err)
 		return 0, nil
 	case err != nil:
 		r.log.Warn("snapshot unusable; reading the event stream from its start", "err", err)
@@ -195,7 +207,7 @@ func (r *natsReplica) restore(ctx context.Context, store *snapstore.Store) (uint
 // holder of the lease) writes a snapshot every interval; the others take
 // over when its lease is released or expires.
 func (r *natsReplica) writeSnapshots(ctx context.Context, store *snapstore.Store, c *natstransport.Consumer) {
-	sn, err := snapstore.NewSnapshotter(store, snapstore.SnapshotterConfig{ID: r.id, Interval: r.o.interval})
+	sn, err := snapstore.NewSnapshotter(store, snapstore.SnapshotterConfig{ID: r.id, Interval: r.o.Interval})
 	if err != nil {
 		r.log.Error("snapshots disabled", "err", err)
 		return
@@ -203,14 +215,14 @@ func (r *natsReplica) writeSnapshots(ctx context.Context, store *snapstore.Store
 	take := func(_ context.Context, put snapstore.PutFunc) error {
 		return c.Checkpoint(func(seq uint64, pos []kvevents.Position) error {
 			return put(&statefile.Header{Written: time.Now().UTC(), Version: buildinfo.Read().Version,
-				Hashing: r.hashing, Positions: statefile.FromPositions(pos), Stream: r.o.stream.Name, StreamSeq: seq}, r.index.Snapshot)
+				Hashing: r.hashing, Positions: statefile.FromPositions(pos), Stream: r.o.Stream.Name, StreamSeq: seq}, r.index.Snapshot)
 		})
 	}
 	r.final.Store(&finalSnapshot{sn: sn, take: take})
 	sn.Run(ctx, take)
 }
 
-// finalSnapshot is what Close needs to write the last snapshot.
+// finalSnapshot is what the stop needs to write the last snapshot.
 type finalSnapshot struct {
 	sn   *snapstore.Snapshotter
 	take snapstore.TakeFunc
@@ -290,43 +302,4 @@ func (cc consumerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descConsumerDropped, prometheus.CounterValue, float64(st.Redelivery), "redelivered")
 	ch <- prometheus.MustNewConstMetric(descConsumerBadBeats, prometheus.CounterValue, float64(st.BadBeats))
 	ch <- prometheus.MustNewConstMetric(descConsumerSeq, prometheus.GaugeValue, float64(st.AppliedSeq))
-}
-
-// Close stops consuming and writing snapshots, and closes the connection.
-func (r *natsReplica) Close() error {
-	r.writeFinal()
-	if r.cancel != nil {
-		r.cancel()
-	}
-	r.wg.Wait() // the bootstrap has stored the consumer, or never will
-	var err error
-	if c := r.consumer.Load(); c != nil {
-		err = c.Close()
-	}
-	if r.nc != nil {
-		r.nc.Close()
-	}
-	return err
-}
-
-// natsOptions validates the NATS mode flags; nil without --nats.
-func (f *serveFlags) natsOptions() (*natsOptions, error) {
-	if !f.nats.enabled() {
-		if f.snapshotBucket != snapstore.DefaultBucket || f.snapshotKeep != snapstore.DefaultKeep {
-			return nil, usagef("--snapshot-bucket and --snapshot-keep apply to NATS mode (--nats) only")
-		}
-		return nil, nil
-	}
-	sc, err := f.nats.streamConfig()
-	if err != nil {
-		return nil, err
-	}
-	snap := snapstore.Config{Bucket: f.snapshotBucket, Model: f.model, Keep: f.snapshotKeep, Replicas: f.nats.replicas}
-	switch {
-	case f.snapshotBucket == "":
-		return nil, usagef("--snapshot-bucket must not be empty")
-	case f.snapshotKeep < 1:
-		return nil, usagef("--snapshot-keep %d: want at least 1", f.snapshotKeep)
-	}
-	return &natsOptions{flags: &f.nats, stream: sc, snapshot: snap, interval: f.snapshotEvery}, nil
 }

@@ -1,4 +1,4 @@
-package main
+package service
 
 import (
 	"context"
@@ -15,17 +15,11 @@ import (
 
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/buildinfo"
+	"github.com/kvindex/kvindex/internal/configerr"
+	"github.com/kvindex/kvindex/internal/lifecycle"
 	"github.com/kvindex/kvindex/internal/statefile"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
-)
-
-// Defaults and bounds of serve's state directory flags.
-const (
-	defaultSnapshotInterval = 30 * time.Second
-	// minSnapshotInterval keeps a mistyped interval (1ms) from turning
-	// snapshots into a standing ingest pause.
-	minSnapshotInterval = 100 * time.Millisecond
 )
 
 // stateDir is serve's --state-dir: it restores the index and the engine
@@ -53,22 +47,22 @@ type stateDir struct {
 
 // newStateDir prepares dir (created if missing, leftovers of a crashed
 // write removed) and checks that kvindex can write there.
-func newStateDir(o *serveOptions, ix *indexer.Index, log *slog.Logger) (*stateDir, error) {
-	if err := os.MkdirAll(o.stateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("--state-dir: %w", err)
+func newStateDir(o *Options, ix *indexer.Index, log *slog.Logger) (*stateDir, error) {
+	field := configerr.Field("StateDir")
+	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
+		return nil, configerr.Failed(field, "%v: %w", field, err)
 	}
-	if err := statefile.Clean(o.stateDir); err != nil {
-		return nil, fmt.Errorf("--state-dir: removing unfinished snapshots: %w", err)
+	if err := statefile.Clean(o.StateDir); err != nil {
+		return nil, configerr.Failed(field, "%v: removing unfinished snapshots: %w", field, err)
 	}
-	w, err := statefile.Begin(o.stateDir)
+	w, err := statefile.Begin(o.StateDir)
 	if err != nil {
-		return nil, fmt.Errorf("--state-dir: not writable: %w", err)
+		return nil, configerr.Failed(field, "%v: not writable: %w", field, err)
 	}
 	w.Abort()
-	hc := o.index.Hasher.Config()
 	return &stateDir{
-		dir: o.stateDir, interval: o.snapshotInterval, log: log, index: ix,
-		hashing: statefile.Hashing{Algo: string(hc.Algo), Seed: hc.Seed, BlockSize: hc.BlockSize},
+		dir: o.StateDir, interval: o.SnapshotInterval, log: log, index: ix,
+		hashing: hashingOf(o.Index.Hasher.Config()),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvindex_state_snapshots_total",
 			Help: "State snapshots written to --state-dir, by result (ok, error).",
@@ -90,7 +84,7 @@ func newStateDir(o *serveOptions, ix *indexer.Index, log *slog.Logger) (*stateDi
 		}),
 		restored: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvindex_state_restored_engines",
-			Help: "Engine streams restored from --state-dir when kvindex started.",
+			Help: "Engine streams restored from the state directory when kvindex started.",
 		}),
 	}, nil
 }
@@ -107,7 +101,7 @@ func (d *stateDir) collectors() []prometheus.Collector {
 // corrupted file) leaves the index empty and is logged: kvindex then starts
 // as without a state directory. A corrupted file is kept as
 // kvindex.state.bad for inspection.
-func (d *stateDir) restore(o *serveOptions) []kvevents.Position {
+func (d *stateDir) restore(o *Options) []kvevents.Position {
 	start := time.Now()
 	h, r, c, err := statefile.Open(d.dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -159,9 +153,9 @@ func (d *stateDir) restore(o *serveOptions) []kvevents.Position {
 // keepConfigured keeps the positions of engines this configuration
 // follows: in connect mode the --engine ranks (by name, rank and model); in
 // bind mode any engine, up to --max-engines. It returns how many it dropped.
-func keepConfigured(o *serveOptions, pos []kvevents.Position) ([]kvevents.Position, int) {
+func keepConfigured(o *Options, pos []kvevents.Position) ([]kvevents.Position, int) {
 	configured := map[kvevents.EngineID]bool{}
-	for _, e := range o.engines {
+	for _, e := range o.Engines {
 		for r := range max(e.Ranks, 1) {
 			configured[kvevents.EngineID{Model: e.Model, Pod: e.Name, DPRank: r}] = true
 		}
@@ -172,7 +166,7 @@ func keepConfigured(o *serveOptions, pos []kvevents.Position) ([]kvevents.Positi
 		switch {
 		case configured[p.Engine]:
 			out = append(out, p)
-		case o.listen != "" && bound < o.maxEngines:
+		case o.Listen != "" && bound < o.MaxEngines:
 			bound++
 			out = append(out, p)
 		}
@@ -183,17 +177,26 @@ func keepConfigured(o *serveOptions, pos []kvevents.Position) ([]kvevents.Positi
 // shutdownSnapshot is why the last snapshot is written.
 const shutdownSnapshot = "shutdown"
 
-// run writes a snapshot every interval until stop is closed.
-func (d *stateDir) run(stop <-chan struct{}) {
-	t := time.NewTicker(d.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-			_ = d.write("periodic")
-		}
+// part is the state directory's part of the service: a snapshot every
+// interval, and the last one when the service stops, after the servers
+// and before the subscriber: what the engines sent up to now, so that a
+// restart resumes from here.
+func (d *stateDir) part() lifecycle.Part {
+	return lifecycle.Part{
+		Name: "state directory",
+		Run: func(ctx context.Context) error {
+			t := time.NewTicker(d.interval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-t.C:
+					_ = d.write("periodic")
+				}
+			}
+		},
+		Stop: func(context.Context) error { return d.write(shutdownSnapshot) },
 	}
 }
 
@@ -247,8 +250,8 @@ func (d *stateDir) write(why string) error {
 	return nil
 }
 
-// describeState says what dir's state file holds, for --check.
-func describeState(dir string) string {
+// DescribeState says what dir's state file holds.
+func DescribeState(dir string) string {
 	h, _, c, err := statefile.Open(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "no state yet"

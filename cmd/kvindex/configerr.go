@@ -1,0 +1,69 @@
+package main
+
+import (
+	"errors"
+
+	"github.com/kvindex/kvindex/internal/configerr"
+)
+
+// configUsage renders a configuration error of the packages kvindex is
+// built from with each setting named by its flag (names): a bad setting
+// is a usage error, one that failed when used (a port taken) a runtime
+// error. Any other error is returned as it is.
+func configUsage(err error, names map[configerr.Field]string) error {
+	var ce *configerr.Error
+	if !errors.As(err, &ce) || ce != err {
+		return err
+	}
+	msg := ce.Render(func(f configerr.Field) string { return names[f] })
+	if ce.Usage() {
+		return usageError{msg: msg}
+	}
+	return renderedError{msg: msg, err: ce}
+}
+
+// renderedError is a runtime error whose message names flags; it wraps
+// the error it renders.
+type renderedError struct {
+	msg string
+	err error
+}
+
+func (e renderedError) Error() string { return e.msg }
+func (e renderedError) Unwrap() error { return e.err }
+
+// serveFlagNames are the flags of the index service's settings: the
+// fields of service.Options and of the libraries' configurations it
+// reports.
+var serveFlagNames = map[configerr.Field]string{
+	"GRPCAddr":             "--grpc-addr",
+	"HTTPAddr":             "--http-addr",
+	"AdminAddr":            "--admin-addr",
+	"Model":                "--model",
+	"Engines":              "--engine",
+	"Listen":               "--listen",
+	"ListenRanks":          "--listen-ranks",
+	"TopicPattern":         "--topic-pattern",
+	"ReplayTemplate":       "--replay-template",
+	"EngineAllow":          "--engine-allow",
+	"MaxEngines":           "--max-engines",
+	"ForgetAfter":          "--forget-after",
+	"MaxQueryTokens":       "--max-query-tokens",
+	"ReadyGrace":           "--ready-grace",
+	"StateDir":             "--state-dir",
+	"SnapshotInterval":     "--snapshot-interval",
+	"TokenizeURL":          "--tokenize-url",
+	"TokenizerFile":        "--tokenizer",
+	"NATS":                 "--nats",
+	"NATS.Snapshot.Bucket": "--snapshot-bucket",
+	"Discover":             "--discover-selector",
+	"Discover.Namespace":   "--discover-namespace",
+	"Discover.Grace":       "--discover-grace",
+	"Discover.Endpoint":    "--discover-endpoint",
+	"Discover.Replay":      "--discover-replay",
+	"Discover.Ranks":       "--discover-ranks",
+	"Discover.Metrics":     "--discover-metrics",
+	"Picker.ExtProcAddr":   "--extproc-addr",
+	"ScrapeInterval":       "--scrape-interval",
+	"Index":                "--index",
+}

@@ -1,0 +1,170 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/kvevents/enginesim"
+	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
+	"github.com/kvindex/kvindex/kvevents/zmqtransport"
+)
+
+const (
+	testModel     = "Qwen/Qwen2.5-0.5B"
+	testBlockSize = 16
+	// testDeadline bounds every wait for something to happen.
+	testDeadline = 20 * time.Second
+)
+
+var testHasher = blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "0", BlockSize: testBlockSize})
+
+// logBuffer collects a service's logs, safe for concurrent writers.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// testLogger logs into a buffer that is shown if the test fails.
+func testLogger(t *testing.T) (*slog.Logger, *logBuffer) {
+	t.Helper()
+	logs := &logBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("logs:\n%s", logs.String())
+		}
+	})
+	return slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), logs
+}
+
+// baseOptions are a service's options on loopback's free ports, with
+// the defaults kvindex serve has, following engines.
+func baseOptions(engines ...zmqtransport.EngineConfig) *Options {
+	return &Options{
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Model: testModel, Engines: engines,
+		ListenRanks: 1, TopicPattern: zmqtransport.LLMDTopicPattern, MaxEngines: zmqtransport.DefaultMaxEngines,
+		ForgetAfter: zmqtransport.DefaultForgetAfter, Index: indexer.Options{Hasher: testHasher},
+		MaxQueryTokens: server.DefaultMaxTokens, ReadyGrace: time.Minute, Limits: server.DefaultLimits,
+		SnapshotInterval: DefaultSnapshotInterval,
+	}
+}
+
+// newEngine starts a simulated engine publishing over ZMQ with a replay
+// socket, closed when the test ends.
+func newEngine(t *testing.T, pod string) (*simzmq.Engine, zmqtransport.EngineConfig) {
+	t.Helper()
+	e, err := simzmq.New(enginesim.Config{Pod: pod, Model: testModel, Hasher: testHasher, CapacityBlocks: 4096},
+		zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e, zmqtransport.EngineConfig{Name: pod, Model: testModel, Endpoint: e.PubEndpoint(), ReplayEndpoint: e.ReplayEndpoint(), Ranks: 1}
+}
+
+// started is a running service and a client of it.
+type started struct {
+	*Service
+	client *client.Client
+	cancel context.CancelFunc
+	logs   *logBuffer
+}
+
+// startService starts the service of o, stopped (and its stop checked)
+// when the test ends.
+func startService(t *testing.T, o *Options) *started {
+	t.Helper()
+	log, logs := testLogger(t)
+	s, err := New(o, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := s.Start(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	st := &started{Service: s, cancel: cancel, logs: logs}
+	t.Cleanup(func() { st.stop(t) })
+	dctx, dcancel := context.WithTimeout(context.Background(), testDeadline)
+	defer dcancel()
+	if st.client, err = client.Dial(dctx, s.GRPCAddr()); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// stop stops the service (once) and checks that it stopped cleanly.
+func (s *started) stop(t *testing.T) {
+	t.Helper()
+	if s.cancel == nil {
+		return
+	}
+	s.cancel()
+	s.cancel = nil
+	s.client.Close()
+	if err := s.Wait(); err != nil {
+		t.Errorf("stop: %v", err)
+	}
+}
+
+// await polls cond until it holds, failing the test after testDeadline.
+func await(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(testDeadline)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// tokensFrom returns n consecutive token ids from from.
+func tokensFrom(from, n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = uint64(from + i)
+	}
+	return out
+}
+
+// matched is each pod's matched blocks for tokens, as s answers.
+func (s *started) matched(t *testing.T, tokens []uint64) map[string]uint32 {
+	t.Helper()
+	res, err := s.client.LongestPrefixTokens(context.Background(), testModel, tokens, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint32{}
+	for _, p := range res.GetPods() {
+		out[p.GetPod()] = p.GetMatchedBlocks()
+	}
+	return out
+}
+
+// awaitHeld waits until s answers that pod holds tokens' every block.
+func (s *started) awaitHeld(t *testing.T, pod string, tokens []uint64) {
+	t.Helper()
+	want := uint32(len(tokens) / testBlockSize)
+	await(t, pod+" holding the prompt", func() bool { return s.matched(t, tokens)[pod] == want })
+}

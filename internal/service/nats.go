@@ -1,0 +1,93 @@
+package service
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvindex/kvindex/internal/configerr"
+	"github.com/kvindex/kvindex/kvevents/natstransport"
+)
+
+// NATSConn says how relay and serve reach NATS: the server URL(s) and
+// how to authenticate.
+type NATSConn struct {
+	// URL is one URL, or several comma-separated for a cluster.
+	URL string
+	// Creds is a credentials file (JWT and NKey seed); "" for none.
+	Creds string
+	// TLSCA is a CA bundle for the server's certificate; "" for the
+	// system roots.
+	TLSCA string
+}
+
+// connect dials NATS. A server that is not up yet is retried in the
+// background (the caller's readiness reflects it), and so is every later
+// disconnection; both are logged.
+func (c NATSConn) connect(name string, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+	opts := []nats.Option{
+		nats.Name(name),
+		nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(time.Second),
+		nats.ConnectHandler(func(c *nats.Conn) { log.Info("NATS connected", "server", c.ConnectedUrlRedacted()) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Warn("NATS disconnected; reconnecting", "err", err)
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "server", c.ConnectedUrlRedacted()) }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("NATS error", "err", err) }),
+	}
+	if c.Creds != "" {
+		opts = append(opts, nats.UserCredentials(c.Creds))
+	}
+	if c.TLSCA != "" {
+		opts = append(opts, nats.RootCAs(c.TLSCA))
+	}
+	nc, err := nats.Connect(c.URL, opts...)
+	if err != nil {
+		return nil, nil, configerr.Failed("NATS", "%v %s: %w", configerr.Field("NATS"), c.URL, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, configerr.Failed("NATS", "%v %s: %w", configerr.Field("NATS"), c.URL, err)
+	}
+	return nc, js, nil
+}
+
+// ensureStream creates the events stream if missing, retrying while NATS
+// is unreachable until ctx ends: relay and serve may start before NATS.
+func ensureStream(ctx context.Context, js jetstream.JetStream, cfg natstransport.StreamConfig, log *slog.Logger) error {
+	return retryNATS(ctx, log, "JetStream stream not ready; retrying", []any{"stream", cfg.Name}, func(ctx context.Context) error {
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_, err := natstransport.EnsureStream(actx, js, cfg, log)
+		return err
+	})
+}
+
+// retryNATS calls attempt until it succeeds or ctx ends, backing off from
+// 250 ms to 5 s and logging each failure (msg, attrs and the error), for
+// the steps that need a NATS server that may not be up yet. It returns
+// ctx's error once ctx ends.
+func retryNATS(ctx context.Context, log *slog.Logger, msg string, attrs []any, attempt func(context.Context) error) error {
+	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		err := attempt(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		log.Warn(msg, append(slices.Clip(attrs), "err", err, "retry_in", wait.String())...)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}

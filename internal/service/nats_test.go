@@ -1,0 +1,172 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kvindex/kvindex/internal/kubediscovery"
+	"github.com/kvindex/kvindex/internal/kubediscovery/kubetest"
+	"github.com/kvindex/kvindex/internal/snapstore"
+	"github.com/kvindex/kvindex/kvevents/natstransport"
+	"github.com/kvindex/kvindex/kvevents/zmqtransport"
+)
+
+// NATS mode on an embedded nats-server with JetStream: a relay follows
+// simulated engines over ZMQ and publishes to the stream; replicas
+// consume it; the lease holder's final snapshot starts the next replica.
+
+// startNATS runs an embedded NATS server with JetStream on a free port
+// and returns its URL.
+func startNATS(t *testing.T) string {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return fmt.Sprintf("nats://127.0.0.1:%d", s.Addr().(*net.TCPAddr).Port)
+}
+
+// startRelay runs a relay of engines to url, stopped when the test ends.
+func startRelay(t *testing.T, url string, engines []zmqtransport.EngineConfig, d *DiscoverOptions) *Relay {
+	t.Helper()
+	o := &RelayOptions{
+		Engines: engines, Discover: d, Model: testModel, Conn: NATSConn{URL: url}, HTTPAddr: "127.0.0.1:0",
+		Stream: natstransport.StreamConfig{Name: natstransport.DefaultStream},
+		Relay: natstransport.RelayConfig{Stream: natstransport.DefaultStream, Model: testModel,
+			MaxBuffer: natstransport.DefaultRelayBuffer, Heartbeat: 100 * time.Millisecond},
+	}
+	log, _ := testLogger(t)
+	r, err := NewRelay(o, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := r.Start(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := r.Wait(); err != nil {
+			t.Errorf("relay stop: %v", err)
+		}
+	})
+	return r
+}
+
+// startReplica runs a replica of url's stream; no periodic snapshots,
+// so the snapshots a replica starts from are the ones a stopping lease
+// holder writes.
+func startReplica(t *testing.T, url string) *started {
+	t.Helper()
+	o := baseOptions()
+	o.NATS = &NATSOptions{
+		Conn:     NATSConn{URL: url},
+		Stream:   natstransport.StreamConfig{Name: natstransport.DefaultStream},
+		Snapshot: snapstore.Config{Bucket: snapstore.DefaultBucket, Model: testModel, Keep: snapstore.DefaultKeep},
+		Interval: time.Hour,
+	}
+	s := startService(t, o)
+	await(t, "replica ready", func() bool {
+		ok, err := s.client.Ready(context.Background())
+		return err == nil && ok
+	})
+	return s
+}
+
+func TestNATSReplicasFollowTheRelay(t *testing.T) {
+	url := startNATS(t)
+	e, ec := newEngine(t, "vllm-a")
+	startRelay(t, url, []zmqtransport.EngineConfig{ec}, nil)
+	a, b := startReplica(t, url), startReplica(t, url)
+	// The first prompts warm up the relay's ZMQ subscription.
+	var held [][]uint64
+	for i := 0; len(held) < 4; i++ {
+		p := tokensFrom(i*1000+1, 3*testBlockSize)
+		if _, err := e.Process(p, nil); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			a.awaitHeld(t, "vllm-a", p) // replay fills what the subscription missed
+		}
+		held = append(held, p)
+	}
+	for _, r := range []*started{a, b} {
+		for _, p := range held {
+			r.awaitHeld(t, "vllm-a", p)
+		}
+	}
+
+	// The lease holder stops and writes a final snapshot; a new replica
+	// starts from it.
+	var holder, live *started
+	await(t, "one lease holder", func() bool {
+		la, lb := strings.Contains(a.logs.String(), "writer lease acquired"), strings.Contains(b.logs.String(), "writer lease acquired")
+		switch {
+		case la && !lb:
+			holder, live = a, b
+		case lb && !la:
+			holder, live = b, a
+		}
+		return la != lb
+	})
+	holder.stop(t)
+	if !strings.Contains(holder.logs.String(), `msg="final snapshot written"`) {
+		t.Fatalf("the stopping lease holder wrote no final snapshot:\n%s", holder.logs.String())
+	}
+	c := startReplica(t, url)
+	if !strings.Contains(c.logs.String(), `msg="snapshot restored"`) {
+		t.Errorf("the new replica did not start from a snapshot:\n%s", c.logs.String())
+	}
+	p := tokensFrom(99_000, 2*testBlockSize)
+	if _, err := e.Process(p, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*started{live, c} {
+		for _, q := range append(held, p) {
+			r.awaitHeld(t, "vllm-a", q)
+		}
+	}
+}
+
+// A relay that finds its engines on Kubernetes (a fake API server here)
+// follows a pod that appears, and its batches reach the replicas.
+func TestNATSRelayDiscovery(t *testing.T) {
+	url := startNATS(t)
+	e, ec := newEngine(t, "vllm-0")
+	port := func(ep string) string { return ep[strings.LastIndexByte(ep, ':')+1:] }
+	d := &DiscoverOptions{Selector: "app=vllm", Namespace: "llm", Ranks: 1, Engines: true,
+		Endpoint: "tcp://{ip}:" + port(ec.Endpoint), Replay: "tcp://{ip}:" + port(ec.ReplayEndpoint)}
+	cs := fake.NewClientset()
+	d.Client = func() (kubediscovery.PodClient, string, error) {
+		return kubetest.TypedPods(cs.CoreV1()), "default", nil
+	}
+	startRelay(t, url, nil, d)
+	r := startReplica(t, url)
+	if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), kubetest.EnginePod("vllm-0", "127.0.0.1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := tokensFrom(4242, 3*testBlockSize)
+	if _, err := e.Process(p, nil); err != nil {
+		t.Fatal(err)
+	}
+	r.awaitHeld(t, "vllm-0", p)
+}

@@ -1,0 +1,129 @@
+package service
+
+import (
+	"strings"
+	"time"
+
+	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/configerr"
+	"github.com/kvindex/kvindex/internal/snapstore"
+	"github.com/kvindex/kvindex/kvevents/natstransport"
+	"github.com/kvindex/kvindex/kvevents/zmqtransport"
+)
+
+// Defaults and bounds of the state directory's snapshots.
+const (
+	DefaultSnapshotInterval = 30 * time.Second
+	// MinSnapshotInterval keeps a mistyped interval (1ms) from turning
+	// snapshots into a standing ingest pause.
+	MinSnapshotInterval = 100 * time.Millisecond
+)
+
+// ShutdownGrace bounds how long a stop waits for in-flight requests and
+// the parts' other stopping work, all together.
+const ShutdownGrace = 10 * time.Second
+
+// Options is the index service's configuration. Validate checks the
+// combinations; the parts check their own settings when built.
+type Options struct {
+	GRPCAddr, HTTPAddr string
+	// Model is the model of engines and queries that name none.
+	Model string
+	// Engines are followed in connect mode.
+	Engines []zmqtransport.EngineConfig
+	// Listen is bind mode's endpoint, ListenRanks its ports.
+	Listen         string
+	ListenRanks    int
+	TopicPattern   string
+	ReplayTemplate string
+	EngineAllow    []zmqtransport.AllowRule
+	MaxEngines     int
+	// ForgetAfter: bind mode forgets engines gone this long; 0: never.
+	ForgetAfter time.Duration
+	Index       indexer.Options
+	// TokenizeURL is the engine's /tokenize root; TokenizerFile a local
+	// tokenizer.json. Either, both (the engine first) or none.
+	TokenizeURL, TokenizerFile string
+	MaxQueryTokens             int
+	ReadyGrace                 time.Duration
+	Limits                     server.Limits
+	// StateDir keeps the index across restarts, written every
+	// SnapshotInterval and at stop; "" for none.
+	StateDir         string
+	SnapshotInterval time.Duration
+	Security         server.Security
+	// AdminAddr serves profiles and metrics; "" for none.
+	AdminAddr string
+	Picker    *PickerOptions   // nil: no in-process picker
+	Discover  *DiscoverOptions // nil: no discovery
+	NATS      *NATSOptions     // nil: not a NATS replica
+}
+
+// NATSOptions make the service a NATS replica.
+type NATSOptions struct {
+	Conn     NATSConn
+	Stream   natstransport.StreamConfig
+	Snapshot snapstore.Config
+	// Interval is how often the lease holder writes a snapshot.
+	Interval time.Duration
+}
+
+// Validate checks the settings' combinations: an event source, settings
+// that apply to the chosen one, and the bounds.
+func (o *Options) Validate() error {
+	f := func(s string) configerr.Field { return configerr.Field(s) }
+	switch {
+	case o.NATS != nil && (len(o.Engines) > 0 || o.Listen != "" || o.Discover != nil):
+		return configerr.New("NATS", "%v replaces %v, %v and %v: in NATS mode the engines' events come from relays (kvindex relay) through JetStream",
+			f("NATS"), f("Engines"), f("Listen"), f("Discover"))
+	case o.NATS != nil && o.StateDir != "":
+		return configerr.New("StateDir", "%v does not apply with %v: NATS mode keeps its snapshots in JetStream (%v)", f("StateDir"), f("NATS"), f("NATS.Snapshot.Bucket"))
+	case o.NATS != nil && o.Model == "":
+		return configerr.New("Model", "%v needs %v: a replica consumes one model's events", f("NATS"), f("Model"))
+	case len(o.Engines) == 0 && o.Listen == "" && o.Discover == nil && o.NATS == nil:
+		return configerr.New("Engines", "no event source: give %v NAME=ENDPOINT (connect mode), %v LABELS (connect mode, pods found on Kubernetes), %v ENDPOINT (bind mode) or %v URL (NATS mode, fed by kvindex relay)",
+			f("Engines"), f("Discover"), f("Listen"), f("NATS"))
+	case o.Discover != nil && o.Listen == "" && o.Model == "":
+		return configerr.New("Model", "%v needs %v: the model of the engines it finds", f("Discover"), f("Model"))
+	case o.Discover != nil && o.Listen != "" && o.Discover.connectSettingsSet():
+		return configerr.New("Discover.Endpoint", "%v, %v and %v apply to connect mode; with %v (bind mode) the pods connect to kvindex (see %v and %v)",
+			f("Discover.Endpoint"), f("Discover.Replay"), f("Discover.Ranks"), f("Listen"), f("ListenRanks"), f("ReplayTemplate"))
+	case o.Discover != nil && o.Listen != "" && !strings.HasPrefix(o.Listen, "tcp://"):
+		return configerr.New("Listen", "%v in bind mode needs a tcp %v endpoint, not %q: the discovered pods are allowed by their source address", f("Discover"), f("Listen"), o.Listen)
+	case o.GRPCAddr == "" || o.HTTPAddr == "":
+		return configerr.New("GRPCAddr", "%v and %v must not be empty", f("GRPCAddr"), f("HTTPAddr"))
+	case o.GRPCAddr == o.HTTPAddr && !strings.HasSuffix(o.GRPCAddr, ":0"):
+		return configerr.New("GRPCAddr", "%v and %v are both %q", f("GRPCAddr"), f("HTTPAddr"), o.GRPCAddr)
+	case o.MaxQueryTokens < 1 || o.MaxQueryTokens > server.MaxMaxTokens:
+		return configerr.New("MaxQueryTokens", "%v %d: want an integer in 1..%d", f("MaxQueryTokens"), o.MaxQueryTokens, server.MaxMaxTokens)
+	case o.ReadyGrace < 0:
+		return configerr.New("ReadyGrace", "%v %v: must not be negative", f("ReadyGrace"), o.ReadyGrace)
+	case o.ForgetAfter < 0:
+		return configerr.New("ForgetAfter", "%v %v: must not be negative (0: never)", f("ForgetAfter"), o.ForgetAfter)
+	case o.MaxEngines < 1:
+		return configerr.New("MaxEngines", "%v %d: want at least 1", f("MaxEngines"), o.MaxEngines)
+	case o.SnapshotInterval < MinSnapshotInterval:
+		return configerr.New("SnapshotInterval", "%v %v: want at least %v", f("SnapshotInterval"), o.SnapshotInterval, MinSnapshotInterval)
+	}
+	return nil
+}
+
+// streams is the most event streams the settings may open: every
+// connect-mode engine rank and, in bind mode, up to MaxEngines.
+func (o *Options) streams() int {
+	n := expectedStreams(o.Engines)
+	if o.Listen != "" {
+		n += o.MaxEngines
+	}
+	return n
+}
+
+// expectedStreams counts the listed engines' ranks.
+func expectedStreams(engines []zmqtransport.EngineConfig) int {
+	n := 0
+	for _, e := range engines {
+		n += max(e.Ranks, 1)
+	}
+	return n
+}

@@ -1,0 +1,331 @@
+package service
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/internal/configerr"
+	"github.com/kvindex/kvindex/internal/lifecycle"
+	"github.com/kvindex/kvindex/picker"
+	"github.com/kvindex/kvindex/picker/enginemetrics"
+	"github.com/kvindex/kvindex/picker/gateway"
+)
+
+// PickerOptions configure the endpoint picker, in the index service
+// (Options.Picker) or on its own (PickerServiceOptions).
+type PickerOptions struct {
+	// Gateway is the picker's configuration; Registry and Logger are
+	// set by the service.
+	Gateway     gateway.Config
+	ExtProcAddr string
+	// ScrapeInterval: how often the candidates' /metrics are read; 0:
+	// never.
+	ScrapeInterval time.Duration
+
+	// fleet is the index server's FleetSource, fed by the picker's
+	// scraper once it exists.
+	fleet fleetRelay
+}
+
+// fleetSource is the server's source of the fleet cached fraction: nil
+// without a picker or without scraping.
+func (o *PickerOptions) fleetSource() server.FleetSource {
+	if o == nil || o.ScrapeInterval == 0 {
+		return nil
+	}
+	return &o.fleet
+}
+
+// pickerCore is what both pickers share: the gateway service, its
+// scraper, and the ext_proc server.
+type pickerCore struct {
+	svc    *gateway.Service
+	sc     *enginemetrics.Scraper // nil without scraping
+	scrape func(context.Context)  // reads the engines' /metrics until its context ends
+	grpc   *grpc.Server
+	lis    net.Listener // set by listen
+}
+
+// newPickerCore builds the picker over src.
+func newPickerCore(o *PickerOptions, src gateway.Source, reg prometheus.Registerer, log *slog.Logger) (*pickerCore, error) {
+	cfg := o.Gateway
+	cfg.Registry, cfg.Logger = reg, log
+	scrape, sc, err := withEngineMetrics(o.ScrapeInterval, &cfg, reg, log)
+	if err != nil {
+		return nil, err
+	}
+	if sc != nil {
+		o.fleet.sc.Store(sc)
+	}
+	svc, err := gateway.New(cfg, src)
+	if err != nil {
+		return nil, err
+	}
+	gs := grpc.NewServer(grpc.MaxRecvMsgSize(svc.MaxBody() + 1<<20))
+	svc.ExtProc().Register(gs)
+	return &pickerCore{svc: svc, sc: sc, scrape: scrape, grpc: gs}, nil
+}
+
+// listen opens the ext_proc listener.
+func (p *pickerCore) listen(addr string) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return configerr.Failed("Picker.ExtProcAddr", "%v %s: %w", configerr.Field("Picker.ExtProcAddr"), addr, err)
+	}
+	p.lis = lis
+	return nil
+}
+
+// serverParts serve ext_proc and scrape until stopped; *p is set by
+// then.
+func serverParts(p **pickerCore) []lifecycle.Part {
+	return []lifecycle.Part{{
+		Name: "picker ext_proc server",
+		Run:  func(context.Context) error { return (*p).grpc.Serve((*p).lis) },
+		Stop: func(ctx context.Context) error { stopGRPC(ctx, (*p).grpc); return nil },
+	}, {
+		Name: "engine metrics scraper",
+		Run:  func(ctx context.Context) error { (*p).scrape(ctx); return nil },
+	}}
+}
+
+// embeddedPicker is the endpoint picker inside the index service: it
+// asks the index in the same process, so no query crosses a network.
+type embeddedPicker = pickerCore
+
+// newEmbeddedPicker builds the picker over srv and listens on its
+// ext_proc address.
+func newEmbeddedPicker(o *PickerOptions, srv *server.Server, log *slog.Logger) (*embeddedPicker, error) {
+	log = log.With("component", "picker")
+	p, err := newPickerCore(o, gateway.Local{Server: srv}, srv.Registry(), log)
+	if err == nil {
+		err = p.listen(o.ExtProcAddr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	log.Info("picker serving", "extproc", p.lis.Addr().String(), "endpoints", len(o.Gateway.Endpoints))
+	return p, nil
+}
+
+// handler serves POST /v1/pick beside the service's own API, to the
+// callers with the query scope (it reveals what a query does).
+func (p *embeddedPicker) handler(api http.Handler, srv *server.Server) http.Handler {
+	if p == nil {
+		return api
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/pick", srv.Guard(server.ScopeQuery, "Pick", p.svc.Handler()))
+	mux.Handle("/", api)
+	return mux
+}
+
+// engineMetrics feeds the picker from the engines' own /metrics (their
+// queues and KV usage for the load scorer) and keeps the fleet's cached
+// fraction, with what the picks predicted against what the responses
+// that passed the picker said (gateway.Outcomes).
+type engineMetrics struct{ sc *enginemetrics.Scraper }
+
+func (e engineMetrics) EngineMetrics(pod string) (picker.Metrics, bool) {
+	m := e.sc.Metrics(pod)
+	return m, !m.ScrapedAt.IsZero()
+}
+
+func (e engineMetrics) Predicted(model string, matchedTokens int) {
+	e.sc.Fleet().Predict(model, matchedTokens)
+}
+
+func (e engineMetrics) Responded(model string, body []byte) {
+	u, err := enginemetrics.ParseUsage(body)
+	if err != nil {
+		return // no usage (not counted: says nothing of the cache) or not a completion
+	}
+	_ = e.sc.Fleet().Observe(model, u.PromptTokens, u.CachedTokens) // bad usage is counted there
+}
+
+// withEngineMetrics scrapes every candidate's http://HOST:PORT/metrics
+// each interval (0: never) for cfg's picker, registering the fleet
+// metrics on reg; run keeps scraping until its context ends. sc is the
+// scraper, nil when there is none.
+func withEngineMetrics(interval time.Duration, cfg *gateway.Config, reg prometheus.Registerer, log *slog.Logger) (run func(context.Context), sc *enginemetrics.Scraper, err error) {
+	if interval == 0 {
+		return func(context.Context) {}, nil, nil
+	}
+	urls := make(map[string]string, len(cfg.Endpoints))
+	for _, e := range cfg.Endpoints {
+		urls[e.Pod] = enginemetrics.MetricsURL(e.Addr)
+	}
+	sc, err = enginemetrics.New(enginemetrics.Config{Interval: interval}, urls, log.With("component", "engine-metrics"))
+	if err != nil {
+		return nil, nil, configerr.New("ScrapeInterval", "%v: %w", configerr.Field("ScrapeInterval"), err)
+	}
+	if err := reg.Register(sc.Collector()); err != nil {
+		return nil, nil, err
+	}
+	em := engineMetrics{sc}
+	cfg.Metrics, cfg.Outcomes = em, em
+	return sc.Run, sc, nil
+}
+
+// fleetRelay is the index service's server.FleetSource: the engines'
+// windowed cached fraction for kvindex pods. The server is built before
+// the picker (which asks it in-process), so the picker's scraper is
+// handed over once it exists; until then, and without scraping, there
+// are no figures.
+type fleetRelay struct {
+	sc atomic.Pointer[enginemetrics.Scraper]
+}
+
+func (r *fleetRelay) FleetCache() server.FleetCache {
+	sc := r.sc.Load()
+	if sc == nil {
+		return server.FleetCache{}
+	}
+	sum := sc.Fleet().Summary()
+	out := server.FleetCache{Window: time.Duration(sum.WindowSeconds * float64(time.Second))}
+	for _, m := range sum.Models {
+		out.Models = append(out.Models, server.CacheCount{Name: m.Model, Hits: m.Engines.Hits, Queries: m.Engines.Queries})
+	}
+	for _, p := range sc.Status() {
+		out.Pods = append(out.Pods, server.CacheCount{Name: p.Pod, Hits: p.Cache.Hits, Queries: p.Cache.Queries})
+	}
+	return out
+}
+
+// PickerServiceOptions configure the picker on its own: it asks a remote
+// kvindex over gRPC.
+type PickerServiceOptions struct {
+	Picker PickerOptions
+	// Index is the kvindex gRPC target; Dial its dial options (TLS,
+	// token), DialTimeout how long connecting may take.
+	Index       string
+	Dial        []grpc.DialOption
+	DialTimeout time.Duration
+	// HTTPAddr serves POST /v1/pick and /metrics; "" for none.
+	HTTPAddr string
+	Discover *DiscoverOptions // nil: the candidates are listed
+}
+
+// PickerService is the endpoint picker on its own.
+type PickerService struct {
+	o     *PickerServiceOptions
+	log   *slog.Logger
+	group lifecycle.Group
+	core  *pickerCore
+	hlis  net.Listener
+}
+
+// NewPicker builds the picker service; nothing connects or listens yet.
+func NewPicker(o *PickerServiceOptions, log *slog.Logger) (*PickerService, error) {
+	if o.Discover != nil {
+		if err := o.Discover.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	p := &PickerService{o: o, log: log}
+	reg := prometheus.NewRegistry()
+	var c *client.Client
+	var hs *http.Server
+	g := &p.group
+	g.StopTimeout, g.Logger = ShutdownGrace, log
+	g.Add(lifecycle.Part{
+		Name: "index client",
+		Start: func(ctx context.Context) error {
+			dctx, cancel := context.WithTimeout(ctx, o.DialTimeout)
+			defer cancel()
+			var err error
+			if c, err = client.Dial(dctx, o.Index, o.Dial...); err != nil {
+				return configerr.Failed("Index", "%v %s: %w", configerr.Field("Index"), o.Index, err)
+			}
+			return nil
+		},
+		Stop: func(context.Context) error { return c.Close() },
+	})
+	g.Add(lifecycle.Part{Name: "picker", Start: func(context.Context) error {
+		var err error
+		p.core, err = newPickerCore(&o.Picker, gateway.Remote{Client: c}, reg, log)
+		return err
+	}})
+	if o.Discover != nil {
+		var run func(context.Context) error
+		g.Add(lifecycle.Part{
+			Name: "discovery",
+			Start: func(context.Context) error {
+				var err error
+				run, err = o.Discover.watchPods(log, o.Discover.candidateSetter(log, setCandidates(p.core.svc, p.core.sc, log)))
+				return err
+			},
+			Run: func(ctx context.Context) error {
+				if err := run(ctx); err != nil {
+					log.Error("discovery stopped", "err", err)
+				}
+				return nil
+			},
+		})
+	}
+	g.Add(lifecycle.Part{
+		Name: "index warm-up",
+		// Logged and counted by Warm; the picker serves regardless,
+		// routing by load until the index answers.
+		Start: func(ctx context.Context) error { _ = p.core.svc.Warm(ctx, 0); return nil },
+	})
+	g.Add(lifecycle.Part{Name: "picker listener", Start: func(context.Context) error { return p.core.listen(o.Picker.ExtProcAddr) }})
+	for _, part := range serverParts(&p.core) {
+		g.Add(part)
+	}
+	if o.HTTPAddr != "" {
+		g.Add(lifecycle.Part{
+			Name: "HTTP server",
+			Start: func(context.Context) error {
+				var err error
+				if p.hlis, err = net.Listen("tcp", o.HTTPAddr); err != nil {
+					return configerr.Failed("HTTPAddr", "%v %s: %w", configerr.Field("HTTPAddr"), o.HTTPAddr, err)
+				}
+				mux := http.NewServeMux()
+				mux.Handle("/v1/pick", p.core.svc.Handler())
+				mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+				hs = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+				return nil
+			},
+			Run:  func(context.Context) error { return serveHTTP(hs, p.hlis) },
+			Stop: func(ctx context.Context) error { return hs.Shutdown(ctx) },
+		})
+	}
+	g.Add(lifecycle.Part{Name: "start log", Start: func(context.Context) error {
+		log.Info("picker serving", "extproc", p.core.lis.Addr().String(), "http", cmpAddr(p.hlis))
+		return nil
+	}})
+	return p, nil
+}
+
+// Run serves until ctx ends or a part fails.
+func (p *PickerService) Run(ctx context.Context) error { return p.group.Run(ctx) }
+
+// Start brings the picker up; Wait reports how it stopped.
+func (p *PickerService) Start(ctx context.Context) error { return p.group.Start(ctx) }
+
+// Wait blocks until the picker has stopped.
+func (p *PickerService) Wait() error { return p.group.Wait() }
+
+// ExtProcAddr is the ext_proc listener's address once started.
+func (p *PickerService) ExtProcAddr() string { return addrOf(p.core.lis) }
+
+// HTTPAddr is the HTTP listener's address once started; "" without one.
+func (p *PickerService) HTTPAddr() string { return addrOf(p.hlis) }
+
+func cmpAddr(l net.Listener) string {
+	if l == nil {
+		return "none"
+	}
+	return l.Addr().String()
+}
