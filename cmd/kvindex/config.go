@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/internal/bytesize"
 	"github.com/kvindex/kvindex/internal/snapstore"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -290,19 +291,8 @@ func (v *sizeValue) String() string {
 	return fmt.Sprintf("%d", n)
 }
 
-// formatSize prints a byte count for logs.
-func formatSize(n int64) string {
-	if n == 0 {
-		return "unlimited"
-	}
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
-	v, i := float64(n), 0
-	for v >= 1024 && i < len(units)-1 {
-		v /= 1024
-		i++
-	}
-	return fmt.Sprintf("%.4g%s", v, units[i])
-}
+// formatSize prints a byte count for logs (bytesize.Format).
+func formatSize(n int64) string { return bytesize.Format(n) }
 
 // newLogger builds the process logger from --log-level and --log-format.
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {

@@ -53,14 +53,6 @@ func TestParseSize(t *testing.T) {
 	}
 }
 
-func TestFormatSize(t *testing.T) {
-	for n, want := range map[int64]string{0: "unlimited", 512: "512B", 512 << 20: "512MiB", 1536 << 20: "1.5GiB"} {
-		if got := formatSize(n); got != want {
-			t.Errorf("formatSize(%d) = %q, want %q", n, got, want)
-		}
-	}
-}
-
 func TestParseEngine(t *testing.T) {
 	tests := []struct {
 		in    string
