@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/internal/bytesize"
+	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/internal/snapstore"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -70,7 +71,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.maxEngines, "max-engines", zmqtransport.DefaultMaxEngines, "bind mode: most engine ranks to follow; further topics are refused and counted (kvindex_listener_refused_engines_total)")
 	fs.DurationVar(&f.forgetAfter, "forget-after", zmqtransport.DefaultForgetAfter, "bind mode: forget an engine whose connection has been gone this long (its entries dropped, counted in kvindex_listener_forgotten_engines_total); it returns as new if it publishes again; 0: never")
 	f.hash.register(fs)
-	fs.Var(&f.memoryBudget, "memory-budget", "cap on the index's memory, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited. It also bounds the process: Go memory limit of the budget + "+formatSize(goOverhead)+" (unless GOMEMLIMIT is set), event queues sized from 1/"+strconv.Itoa(queueShareDiv)+" of it")
+	fs.Var(&f.memoryBudget, "memory-budget", "cap on the index's memory, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited. It also bounds the process: Go memory limit of the budget + "+formatSize(memlimit.GoOverhead)+" (unless GOMEMLIMIT is set), event queues sized from 1/"+strconv.Itoa(memlimit.QueueShareDiv)+" of it")
 	fs.StringVar(&f.tokenizeURL, "tokenize-url", "", "engine server root whose /tokenize tokenizes text and chat prompts, e.g. http://vllm:8000")
 	fs.StringVar(&f.tokenizer, "tokenizer", "", "local tokenizer.json (or .json.gz) for text prompts (completion form only)")
 	fs.IntVar(&f.maxQueryTokens, "max-query-tokens", server.DefaultMaxTokens, "largest prompt a query may carry, in tokens")

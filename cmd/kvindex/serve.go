@@ -22,6 +22,7 @@ import (
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/buildinfo"
+	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/tokenizer"
@@ -346,7 +347,7 @@ func buildParts(o *serveOptions, log *slog.Logger, restore bool) (*parts, error)
 			Engines: o.engines, Listen: o.listen, ListenRanks: o.listenRanks, TopicPattern: o.topicPattern,
 			Model: o.model, ReplayTemplate: o.replayTemplate, MaxEngines: o.maxEngines, EngineAllow: o.engineAllow, ForgetAfter: forgetAfter(o.forgetAfter),
 			EngineAllowDynamic: o.discover != nil && o.listen != "",
-			RcvHWM:             memoryLimits(o.index.MemoryBudget, o.streams()).rcvHWM, Resume: resume,
+			RcvHWM:             memlimit.FromBudget(o.index.MemoryBudget, o.streams()).RcvHWM, Resume: resume,
 		}
 		if zsub, err = zmqtransport.NewSubscriber(scfg, hub, log.With("component", "kvevents")); err != nil {
 			return nil, subscriberConfigError(err)
@@ -429,7 +430,7 @@ func startService(ctx context.Context, o *serveOptions, log *slog.Logger) (*serv
 		return nil, err
 	}
 	ix, sub, srv := p.index, p.sub, p.api
-	memoryLimits(o.index.MemoryBudget, o.streams()).apply(log)
+	memlimit.FromBudget(o.index.MemoryBudget, o.streams()).Apply(log)
 
 	// Each listener opened is closed again if a later step fails.
 	var opened []func()
