@@ -1,17 +1,16 @@
 package main
 
 import (
-	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/internal/bytesize"
+	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/internal/snapstore"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -33,7 +32,7 @@ type serveFlags struct {
 	maxEngines     int
 	forgetAfter    time.Duration
 	hash           hashFlags
-	memoryBudget   sizeValue
+	memoryBudget   bytesize.Value
 	tokenizeURL    string
 	tokenizer      string
 	maxQueryTokens int
@@ -68,7 +67,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.maxEngines, "max-engines", zmqtransport.DefaultMaxEngines, "bind mode: most engine ranks to follow; further topics are refused and counted (kvindex_listener_refused_engines_total)")
 	fs.DurationVar(&f.forgetAfter, "forget-after", zmqtransport.DefaultForgetAfter, "bind mode: forget an engine whose connection has been gone this long (its entries dropped, counted in kvindex_listener_forgotten_engines_total); it returns as new if it publishes again; 0: never")
 	f.hash.register(fs)
-	fs.Var(&f.memoryBudget, "memory-budget", "cap on the index's memory, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited. It also bounds the process: Go memory limit of the budget + "+formatSize(service.GoOverhead)+" (unless GOMEMLIMIT is set), event queues sized from 1/"+strconv.Itoa(service.QueueShareDiv)+" of it")
+	fs.Var(&f.memoryBudget, "memory-budget", "cap on the index's memory, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited. It also bounds the process: Go memory limit of the budget + "+bytesize.Format(memlimit.GoOverhead)+" (unless GOMEMLIMIT is set), event queues sized from 1/"+strconv.Itoa(memlimit.QueueShareDiv)+" of it")
 	fs.StringVar(&f.tokenizeURL, "tokenize-url", "", "engine server root whose /tokenize tokenizes text and chat prompts, e.g. http://vllm:8000")
 	fs.StringVar(&f.tokenizer, "tokenizer", "", "local tokenizer.json (or .json.gz) for text prompts (completion form only)")
 	fs.IntVar(&f.maxQueryTokens, "max-query-tokens", server.DefaultMaxTokens, "largest prompt a query may carry, in tokens")
@@ -93,95 +92,6 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 func parseEngines(values []string, defaultModel string) ([]zmqtransport.EngineConfig, error) {
 	engines, err := zmqtransport.ParseEngines(values, defaultModel)
 	return engines, configUsage(err, serveFlagNames)
-}
-
-// parseSize parses a memory size: plain bytes, or a number (fractions
-// allowed) with a decimal (kB, MB, GB, TB; k, M, G, T) or binary (KiB, MiB,
-// GiB, TiB; Ki, Mi, Gi, Ti) unit. A trailing "B" alone means bytes.
-func parseSize(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	i := len(t)
-	for i > 0 && (t[i-1] < '0' || t[i-1] > '9') && t[i-1] != '.' {
-		i--
-	}
-	num, unit := strings.TrimSpace(t[:i]), strings.TrimSpace(t[i:])
-	if num == "" {
-		return 0, fmt.Errorf("%q: want a size such as 512MiB, 2GiB, 1.5GB or a byte count", s)
-	}
-	mult := float64(1)
-	switch strings.ToLower(unit) {
-	case "", "b":
-	case "k", "kb":
-		mult = 1e3
-	case "m", "mb":
-		mult = 1e6
-	case "g", "gb":
-		mult = 1e9
-	case "t", "tb":
-		mult = 1e12
-	case "ki", "kib":
-		mult = 1 << 10
-	case "mi", "mib":
-		mult = 1 << 20
-	case "gi", "gib":
-		mult = 1 << 30
-	case "ti", "tib":
-		mult = 1 << 40
-	default:
-		return 0, fmt.Errorf("%q: unknown unit %q (want B, kB, MB, GB, TB, KiB, MiB, GiB or TiB)", s, unit)
-	}
-	v, err := strconv.ParseFloat(num, 64)
-	if err != nil || v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
-		return 0, fmt.Errorf("%q: %q is not a non-negative number", s, num)
-	}
-	bytes := v * mult
-	if bytes >= math.MaxInt64 {
-		return 0, fmt.Errorf("%q: too large", s)
-	}
-	return int64(bytes), nil
-}
-
-// sizeValue is a flag holding a byte count, written as parseSize accepts.
-type sizeValue int64
-
-func (v *sizeValue) Set(s string) error {
-	n, err := parseSize(s)
-	if err != nil {
-		return err
-	}
-	*v = sizeValue(n)
-	return nil
-}
-
-func (v *sizeValue) Type() string { return "size" }
-
-// String prints the size exactly, in the largest binary unit that divides
-// it, so the value reads back unchanged.
-func (v *sizeValue) String() string {
-	n := int64(*v)
-	for _, u := range []struct {
-		name  string
-		bytes int64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
-		if n != 0 && n%u.bytes == 0 {
-			return fmt.Sprintf("%d%s", n/u.bytes, u.name)
-		}
-	}
-	return fmt.Sprintf("%d", n)
-}
-
-// formatSize prints a byte count for logs.
-func formatSize(n int64) string {
-	if n == 0 {
-		return "unlimited"
-	}
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
-	v, i := float64(n), 0
-	for v >= 1024 && i < len(units)-1 {
-		v /= 1024
-		i++
-	}
-	return fmt.Sprintf("%.4g%s", v, units[i])
 }
 
 // newLogger builds the process logger from --log-level and --log-format.

@@ -4,6 +4,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/internal/bytesize"
 )
 
 // limitFlags are serve's resource bounds: one flag per server.Limits
@@ -33,9 +34,9 @@ func (f *limitFlags) register(fs *pflag.FlagSet) {
 	fs.Int64Var(&f.l.MaxTokensInFlight, "max-tokens-in-flight", 0, "tokens of all queries answered at once (text prompts count bytes); beyond it queries get RESOURCE_EXHAUSTED / HTTP 429; 0: 4 x --max-query-tokens")
 	fs.IntVar(&f.l.MaxWatchers, "max-watchers", d.MaxWatchers, "concurrent Watch streams (kvindex tail) at most")
 	fs.IntVar(&f.l.WatchQueueEvents, "watch-queue-events", d.WatchQueueEvents, "events a Watch stream may fall behind before it is closed (it reconnects)")
-	fs.Var((*sizeValue)(&f.l.WatchQueueBytes), "watch-queue-bytes", "bytes of events a Watch stream may fall behind before it is closed")
+	fs.Var((*bytesize.Value)(&f.l.WatchQueueBytes), "watch-queue-bytes", "bytes of events a Watch stream may fall behind before it is closed")
 	fs.IntVar(&f.l.HubQueueBatches, "watch-fanout-queue", d.HubQueueBatches, "batches waiting for the watch fan-out at most; beyond it every Watch stream is closed (ingest never waits)")
-	fs.Var((*sizeValue)(&f.l.HubQueueBytes), "watch-fanout-bytes", "bytes of batches waiting for the watch fan-out at most")
+	fs.Var((*bytesize.Value)(&f.l.HubQueueBytes), "watch-fanout-bytes", "bytes of batches waiting for the watch fan-out at most")
 	f.l.WatchQueueBytes, f.l.HubQueueBytes = d.WatchQueueBytes, d.HubQueueBytes
 	fs.Lookup("watch-queue-bytes").DefValue = fs.Lookup("watch-queue-bytes").Value.String()
 	fs.Lookup("watch-fanout-bytes").DefValue = fs.Lookup("watch-fanout-bytes").Value.String()

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/kvindex/kvindex/internal/bytesize"
 	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/internal/snapstore"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
@@ -21,13 +22,13 @@ type natsFlags struct {
 	tlsCA      string
 	stream     string
 	maxAge     time.Duration
-	maxBytes   sizeValue
+	maxBytes   bytesize.Value
 	replicas   int
 	duplicates time.Duration
 }
 
 func (f *natsFlags) register(fs *pflag.FlagSet, urlHelp string) {
-	f.maxBytes = sizeValue(natstransport.DefaultMaxBytes)
+	f.maxBytes = bytesize.Value(natstransport.DefaultMaxBytes)
 	fs.StringVar(&f.url, "nats", "", urlHelp)
 	fs.StringVar(&f.creds, "nats-creds", "", "NATS credentials file (JWT and NKey seed) to authenticate with")
 	fs.StringVar(&f.tlsCA, "nats-tls-ca", "", "CA bundle to verify the NATS server's certificate with (tls:// URLs); default: the system roots")

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/kvindex/kvindex/internal/bytesize"
 	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 )
@@ -20,7 +21,7 @@ type relayFlags struct {
 	engines   []string
 	model     string
 	nats      natsFlags
-	buffer    sizeValue
+	buffer    bytesize.Value
 	httpAddr  string
 	heartbeat time.Duration
 	logLevel  string
@@ -30,7 +31,7 @@ type relayFlags struct {
 }
 
 func (f *relayFlags) register(fs *pflag.FlagSet) {
-	f.buffer = sizeValue(natstransport.DefaultRelayBuffer)
+	f.buffer = bytesize.Value(natstransport.DefaultRelayBuffer)
 	fs.StringArrayVar(&f.engines, "engine", nil, "engine to relay: POD=ENDPOINT[,replay=ENDPOINT][,ranks=N][,model=M][,topic=PREFIX]; repeatable")
 	fs.StringVar(&f.model, "model", "", "model of the engines that name none")
 	f.nats.register(fs, "NATS server URL(s) to publish to, e.g. nats://nats:4222 (comma-separated for a cluster); required")
@@ -67,7 +68,7 @@ func (f *relayFlags) options() (*service.RelayOptions, error) {
 	}
 	switch {
 	case f.buffer < 1<<20:
-		return nil, usagef("--relay-buffer %s: want at least 1MiB", formatSize(int64(f.buffer)))
+		return nil, usagef("--relay-buffer %s: want at least 1MiB", bytesize.Format(int64(f.buffer)))
 	case f.heartbeat < 10*time.Millisecond || f.heartbeat > time.Minute:
 		return nil, usagef("--heartbeat %v: want 10ms..1m", f.heartbeat)
 	case f.httpAddr == "":
@@ -126,8 +127,8 @@ its engines disconnected.`,
 // checkRelay prints what relay would run.
 func checkRelay(w io.Writer, o *service.RelayOptions) error {
 	fmt.Fprintf(w, "settings ok: NATS %s, stream %s (max age %v, max bytes %s, %d replica(s)), buffer %s, HTTP %s\n",
-		o.Conn.URL, o.Stream.Name, o.Stream.MaxAge, formatSize(o.Stream.MaxBytes), o.Stream.Replicas,
-		formatSize(o.Relay.MaxBuffer), o.HTTPAddr)
+		o.Conn.URL, o.Stream.Name, o.Stream.MaxAge, bytesize.Format(o.Stream.MaxBytes), o.Stream.Replicas,
+		bytesize.Format(o.Relay.MaxBuffer), o.HTTPAddr)
 	if d := o.Discover; d != nil {
 		fmt.Fprintf(w, "  discovery: pods %q in namespace %q, grace %v\n", d.Selector, cmp.Or(d.Namespace, "(kvindex's own)"), d.Grace)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/bytesize"
 	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -168,7 +169,7 @@ func checkServe(w io.Writer, o *service.Options, log *slog.Logger) error {
 	}
 	hc := o.Index.Hasher.Config()
 	fmt.Fprintf(w, "settings ok: hash %s seed %q, block size %d, memory budget %s, model %q\n",
-		hc.Algo, hc.Seed, hc.BlockSize, formatSize(o.Index.MemoryBudget), o.Model)
+		hc.Algo, hc.Seed, hc.BlockSize, bytesize.Format(o.Index.MemoryBudget), o.Model)
 	fmt.Fprintf(w, "  gRPC %s, HTTP %s, tokenizer %s\n", o.GRPCAddr, o.HTTPAddr, service.TokenizerSummary(o))
 	for _, e := range o.Engines {
 		fmt.Fprintf(w, "  engine %s (model %s): %s, replay %s, %d rank(s)\n", e.Name, e.Model, e.Endpoint, cmp.Or(e.ReplayEndpoint, "none"), max(e.Ranks, 1))
@@ -183,7 +184,7 @@ func checkServe(w io.Writer, o *service.Options, log *slog.Logger) error {
 	}
 	if n := o.NATS; n != nil {
 		fmt.Fprintf(w, "  NATS %s, stream %s (max age %v, max bytes %s, %d replica(s)), snapshots in %s every %v, %d kept\n",
-			n.Conn.URL, n.Stream.Name, n.Stream.MaxAge, formatSize(n.Stream.MaxBytes), n.Stream.Replicas,
+			n.Conn.URL, n.Stream.Name, n.Stream.MaxAge, bytesize.Format(n.Stream.MaxBytes), n.Stream.Replicas,
 			n.Snapshot.Bucket, n.Interval, n.Snapshot.Keep)
 	}
 	if o.StateDir != "" {

@@ -23,6 +23,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
+
+	"github.com/kvindex/kvindex/internal/bytesize"
+	"github.com/kvindex/kvindex/internal/memlimit"
 )
 
 // monitor is a Prometheus Operator ServiceMonitor or PodMonitor
@@ -289,35 +292,24 @@ func scaled(v *intstr.IntOrString, total int, roundUp bool) int {
 }
 
 // memoryProblem says why c's memory limit cannot hold a kvindex with
-// memory-budget budget, or "": README.md ("Reliability") bounds the
-// process by the budget + 10% + 48 MiB.
+// memory-budget budget, or "": the process stays within
+// memlimit.ProcessBound of its budget, and a budget of 0 bounds nothing.
 func memoryProblem(budget string, c corev1.Container) string {
 	if budget == "" {
 		return ""
 	}
-	b, err := parseSize(budget)
+	b, err := bytesize.Parse(budget)
 	if err != nil {
 		return "memory-budget " + budget + ": " + err.Error()
 	}
-	need := b + b/10 + 48<<20
+	need := memlimit.ProcessBound(b)
+	if need == 0 {
+		return "memory-budget " + budget + " leaves kvindex's memory unbounded: no memory limit is sure to hold it"
+	}
 	if lim := c.Resources.Limits.Memory(); lim.IsZero() || lim.Value() < need {
-		return fmt.Sprintf("memory limit %s is below memory-budget %s + 10%% + 48 MiB (%d B)", lim, budget, need)
+		return fmt.Sprintf("memory limit %s is below the process bound of memory-budget %s (memlimit.ProcessBound: %d B)", lim, budget, need)
 	}
 	return ""
-}
-
-// parseSize reads a kvindex size: "3GiB", "512MiB", bytes.
-func parseSize(s string) (int64, error) {
-	for _, u := range []struct {
-		suffix string
-		shift  uint
-	}{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}} {
-		if n, ok := strings.CutSuffix(s, u.suffix); ok {
-			v, err := strconv.ParseInt(n, 10, 64)
-			return v << u.shift, err
-		}
-	}
-	return strconv.ParseInt(s, 10, 64)
 }
 
 // relayContainer is the relay sidecar's container name.

@@ -14,16 +14,9 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/internal/statefile"
 )
-
-// fixedOverhead is the part of kvindex's resident memory that the memory
-// budget does not cover: the Go runtime, the binary's text and data, libzmq's
-// threads and the gRPC and HTTP servers at rest (43MiB measured at rest, of
-// which 38MiB are the binary's mapped pages: the NATS and Kubernetes
-// clients took the binary from 35 to 48MB). The flood scenario allows peak
-// RSS up to budget*1.1 + fixedOverhead (rssLimit).
-const fixedOverhead = 48 << 20
 
 // TestFaults runs each fault against a fresh kvindex process and checks
 // that no answer is wrong for an engine kvindex reports ok.
@@ -301,20 +294,20 @@ func freeEndpoint(t *testing.T) string {
 
 // Each flooding engine makes floodRequests requests, every other one a
 // fresh prompt of floodBlocks blocks (a large batch: as many stores and
-// evictions).
+// evictions), into a kvindex with --memory-budget floodBudget.
 const (
 	floodRequests = 10_000
 	floodBlocks   = 32
+	floodBudget   = 16 << 20
 )
 
 // flood: 4 engines publish as fast as they can (floodRequests each,
 // concurrently) into a kvindex with --memory-budget 16MiB; their caches
 // (4,096 blocks each) fit the budget, so every answer must stay exact,
-// and the process's peak RSS must stay within the budget plus the fixed
-// overhead.
+// and the process's peak RSS must stay within the process bound of the
+// budget (memlimit.ProcessBound).
 func flood(t *testing.T) {
-	const budget = 16 << 20
-	k, engines, _ := start(t, 4, engineOpts{replay: true, capacity: 4096}, "--memory-budget", strconv.Itoa(budget))
+	k, engines, _ := start(t, 4, engineOpts{replay: true, capacity: 4096}, "--memory-budget", strconv.Itoa(floodBudget))
 	var wg sync.WaitGroup
 	errs := make(chan error, len(engines))
 	for i, e := range engines {
@@ -342,10 +335,10 @@ func flood(t *testing.T) {
 	faultEnd := time.Now()
 	tr := newTraffic(3)
 	tail(t, tr, engines)
-	settle(t, k, faultEnd, engines, nil, budget)
-	if limit := rssLimit(budget); k.peakRSS > limit {
-		t.Errorf("peak RSS %s exceeds the budget %s * 1.1 + fixed overhead %s = %s",
-			mib(k.peakRSS), mib(budget), mib(fixedOverhead), mib(limit))
+	settle(t, k, faultEnd, engines, nil, floodBudget)
+	if limit := memlimit.ProcessBound(floodBudget); k.peakRSS > limit {
+		t.Errorf("peak RSS %s exceeds the process bound of the budget %s (memlimit.ProcessBound, fixed overhead %s) = %s",
+			mib(k.peakRSS), mib(floodBudget), mib(memlimit.FixedOverhead), mib(limit))
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/internal/memlimit"
 )
 
 // Bounds of the awaited conditions: generous, since they only cost time
@@ -324,10 +325,6 @@ func printTable(w io.Writer) {
 	tw.Flush()
 }
 
-// rssLimit is the most resident memory a kvindex with the budget may
-// use: the budget, 10% slack, and the fixed overhead it does not cover.
-func rssLimit(budget int64) int64 { return budget + budget/10 + fixedOverhead }
-
 func mib(b int64) string { return fmt.Sprintf("%.1fMiB", float64(b)/(1<<20)) }
 
 // skip records the scenario as skipped and skips it.
@@ -378,7 +375,7 @@ func settle(t *testing.T, k *kvindexProc, faultEnd time.Time, engines, departed 
 	r.checked, r.wrongOK, r.wrongFlagged = total.checked, total.wrongOK, total.wrongFlagged
 	rss := k.readPeakRSS()
 	if budget > 0 {
-		r.rss = fmt.Sprintf("%s / %s (limit %s)", mib(rss), mib(budget), mib(rssLimit(budget)))
+		r.rss = fmt.Sprintf("%s / %s (limit %s)", mib(rss), mib(budget), mib(memlimit.ProcessBound(budget)))
 	} else {
 		r.rss = mib(rss) + " / unlimited"
 	}

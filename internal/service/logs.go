@@ -1,11 +1,11 @@
 package service
 
 import (
-	"fmt"
 	"log/slog"
 	"net"
 
 	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/internal/bytesize"
 )
 
 // logLimits logs the bounds the service runs with.
@@ -14,7 +14,7 @@ func logLimits(log *slog.Logger, l server.Limits) {
 		"http_timeouts", l.HTTPReadHeaderTimeout.String()+"/"+l.HTTPReadTimeout.String()+"/"+l.HTTPWriteTimeout.String()+"/"+l.HTTPIdleTimeout.String(),
 		"http_max_conns", l.HTTPMaxConns, "grpc_max_streams", l.GRPCMaxStreams, "grpc_max_conn_idle", l.GRPCMaxConnIdle.String(),
 		"max_tokens_in_flight", l.MaxTokensInFlight, "max_watchers", l.MaxWatchers,
-		"watch_queue", FormatSize(l.WatchQueueBytes), "watch_queue_events", l.WatchQueueEvents)
+		"watch_queue", bytesize.Format(l.WatchQueueBytes), "watch_queue_events", l.WatchQueueEvents)
 }
 
 // logSecurity logs how the service authenticates callers, and warns when
@@ -60,19 +60,4 @@ func loopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
-}
-
-// FormatSize prints a byte count for logs and summaries; 0 is
-// "unlimited".
-func FormatSize(n int64) string {
-	if n == 0 {
-		return "unlimited"
-	}
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
-	v, i := float64(n), 0
-	for v >= 1024 && i < len(units)-1 {
-		v /= 1024
-		i++
-	}
-	return fmt.Sprintf("%.4g%s", v, units[i])
 }

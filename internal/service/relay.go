@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvindex/kvindex/internal/buildinfo"
+	"github.com/kvindex/kvindex/internal/bytesize"
 	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/lifecycle"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
@@ -91,7 +92,7 @@ func NewRelay(o *RelayOptions, log *slog.Logger) (*Relay, error) {
 				reg.MustRegister(c)
 			}
 			log.Info("kvindex relay starting", "nats", r.nc.ConnectedUrlRedacted(), "stream", o.Stream.Name, "model", o.Model,
-				"engines", len(o.Engines), "buffer", FormatSize(o.Relay.MaxBuffer))
+				"engines", len(o.Engines), "buffer", bytesize.Format(o.Relay.MaxBuffer))
 			// The relay's own work ends with its context: the group's,
 			// which ends when the relay is asked to stop.
 			return r.relay.Start(ctx)

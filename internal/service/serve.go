@@ -18,8 +18,10 @@ import (
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/buildinfo"
+	"github.com/kvindex/kvindex/internal/bytesize"
 	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/lifecycle"
+	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/tokenizer"
@@ -109,7 +111,7 @@ func build(o *Options, log *slog.Logger, restore bool) (*Service, error) {
 			Engines: o.Engines, Listen: o.Listen, ListenRanks: o.ListenRanks, TopicPattern: o.TopicPattern,
 			Model: o.Model, ReplayTemplate: o.ReplayTemplate, MaxEngines: o.MaxEngines, EngineAllow: o.EngineAllow, ForgetAfter: forget,
 			EngineAllowDynamic: o.Discover != nil && o.Listen != "",
-			RcvHWM:             memoryLimits(o.Index.MemoryBudget, o.streams()).rcvHWM, Resume: resume,
+			RcvHWM:             memlimit.FromBudget(o.Index.MemoryBudget, o.streams()).RcvHWM, Resume: resume,
 		}
 		if s.zsub, err = zmqtransport.NewSubscriber(scfg, s.hub, log.With("component", "kvevents")); err != nil {
 			return nil, err
@@ -189,7 +191,7 @@ func (s *Service) assemble() {
 	o, g := s.o, &s.group
 	g.StopTimeout, g.Logger = ShutdownGrace, s.log
 	g.Add(lifecycle.Part{Name: "memory limits", Start: func(context.Context) error {
-		memoryLimits(o.Index.MemoryBudget, o.streams()).apply(s.log)
+		memlimit.FromBudget(o.Index.MemoryBudget, o.streams()).Apply(s.log)
 		return nil
 	}, Stop: func(context.Context) error { s.log.Info("stopped"); return nil }}) // stopped last
 	g.Add(listenPart("gRPC listener", "GRPCAddr", o.GRPCAddr, &s.grpcLis))
@@ -216,7 +218,7 @@ func (s *Service) assemble() {
 		hcfg := o.Index.Hasher.Config()
 		s.log.Info("kvindex starting",
 			"hash_algo", string(hcfg.Algo), "hash_seed", hcfg.Seed, "block_size", hcfg.BlockSize,
-			"memory_budget", FormatSize(o.Index.MemoryBudget), "model", o.Model, "engines", len(o.Engines),
+			"memory_budget", bytesize.Format(o.Index.MemoryBudget), "model", o.Model, "engines", len(o.Engines),
 			"listen", cmp.Or(o.Listen, "none"), "listen_ranks", o.ListenRanks, "tokenizer", TokenizerSummary(o),
 			"max_query_tokens", o.MaxQueryTokens, "ready_grace", o.ReadyGrace.String())
 		return nil

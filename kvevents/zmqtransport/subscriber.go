@@ -18,6 +18,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/kvindex/kvindex/internal/configerr"
+	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -28,13 +29,9 @@ const (
 	DefaultReconnectIvl      = 100 * time.Millisecond
 	DefaultReconnectIvlMax   = 5 * time.Second
 	DefaultHeartbeatInterval = 10 * time.Second
-	// DefaultRcvHWM is the SUB sockets' queue, in messages. The engine
-	// side already queues up to 100,000 messages per subscriber (vLLM's
-	// PUB high-water mark, DefaultPubHWM) while kvindex falls behind, so
-	// a deep queue here only holds the same backlog a second time, in
-	// kvindex's memory, outside the Go heap: TestFloodRSS measures the
-	// process's peak against this setting (figures in README.md).
-	DefaultRcvHWM = 1000
+	// DefaultRcvHWM is the SUB sockets' queue, in messages: the deepest
+	// kvindex's memory model allows (memlimit.MaxRcvHWM says why).
+	DefaultRcvHWM = memlimit.MaxRcvHWM
 	// DefaultMaxEngines is 1,000 pods of 8 data-parallel ranks each.
 	DefaultMaxEngines = 8000
 	// DefaultForgetAfter is long enough for a network blip and a
