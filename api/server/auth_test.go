@@ -21,6 +21,7 @@ import (
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/indexerv1"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/internal/testcerts"
 )
 
@@ -63,7 +64,7 @@ func tokenCalls(t *testing.T, s *secureServer, ca, token string) map[string]code
 
 // watchCode opens a Watch and returns OK once the hub holds it, or the
 // code it was refused with.
-func watchCode(t *testing.T, c *client.Client, hub *Hub) codes.Code {
+func watchCode(t *testing.T, c *client.Client, hub *watchhub.Hub) codes.Code {
 	t.Helper()
 	before := hub.Open()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -89,7 +90,7 @@ func watchCode(t *testing.T, c *client.Client, hub *Hub) codes.Code {
 }
 
 // endpointCalls calls every gRPC endpoint once.
-func endpointCalls(t *testing.T, c *client.Client, hub *Hub) map[string]codes.Code {
+func endpointCalls(t *testing.T, c *client.Client, hub *watchhub.Hub) map[string]codes.Code {
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]codes.Code{}

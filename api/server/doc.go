@@ -30,9 +30,9 @@
 // never "wrong model name".
 //
 // The package does not own ingest: the wiring (cmd/kvindex) hands it the
-// index, a Hub placed between the event subscriber and the index (so that
-// Watch sees every applied event), and a StreamSource reporting the
-// subscriber's per-stream counters. It knows the subscriber only through
+// index, the watch hub placed between the event subscriber and the index
+// (package watchhub, so that Watch sees every applied event), and a
+// StreamSource reporting the subscriber's per-stream counters. It knows the subscriber only through
 // those small interfaces (streams.go), never its transport.
 //
 // The Go client is package client (api/client). The server imports from

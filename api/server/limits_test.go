@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/tokenizer"
@@ -165,9 +166,9 @@ func grepLines(text, prefix string) string {
 // A Watch stream that falls behind ends with ResourceExhausted saying so;
 // Watch streams beyond --max-watchers are refused with ResourceExhausted.
 func TestWatchLimits(t *testing.T) {
-	var hub *Hub
+	var hub *watchhub.Hub
 	f := newFixture(t, func(c *Config) {
-		hub = NewHubLimits(c.Index.(kvevents.Sink), Limits{MaxWatchers: 1, HubQueueBatches: 2})
+		hub = watchhub.New(c.Index.(kvevents.Sink), watchhub.Limits{MaxWatchers: 1, HubQueueBytes: 1})
 		c.Hub = hub
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -185,11 +186,10 @@ func TestWatchLimits(t *testing.T) {
 		t.Errorf("second watcher: %v; want ResourceExhausted naming --max-watchers", err)
 	}
 
-	hub.mu.Lock() // the fan-out cannot deliver: its queue overflows
+	// Every batch is larger than the fan-out queue's 1 byte: it overflows.
 	for i := range 10 {
 		hub.Apply(engine("a", 0), uint64(i), []kvevents.Event{stored(t, seqTokens(1, 32), 2)})
 	}
-	hub.mu.Unlock()
 	for err = nil; err == nil; {
 		_, err = stream.Recv()
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/kvindex/kvindex/api/indexerv1"
 	"github.com/kvindex/kvindex/api/internal/wire"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents"
 )
@@ -64,8 +65,9 @@ type Config struct {
 	// order (typically the engine's /tokenize, then a local
 	// tokenizer.json). None: such prompts fail with FailedPrecondition.
 	Tokenizers []NamedTokenizer
-	// Hub feeds Watch; nil disables Watch (Unavailable).
-	Hub *Hub
+	// Hub feeds Watch: the hub the subscriber applies its batches
+	// through (its sink). nil disables Watch (Unavailable).
+	Hub *watchhub.Hub
 	// Streams reports ingest state for ListPods, health and metrics; nil
 	// means no ingest.
 	Streams StreamSource
@@ -108,8 +110,7 @@ type Config struct {
 	// waiting for ExpectStreams; ReadyGrace still applies.
 	ReadyWhen <-chan struct{}
 	// Limits bound the server's resources (zero fields: DefaultLimits).
-	// The watch fields are the Hub's: give the same Limits to
-	// NewHubLimits.
+	// The embedded watch bounds are the Hub's: build it with them.
 	Limits Limits
 	// Security configures TLS and caller authorization; the zero value
 	// serves plaintext to every caller.
@@ -825,7 +826,7 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream kvindexv1.IndexServic
 	}
 	w, err := s.cfg.Hub.SubscribeLoRAs(req.GetPods(), loras)
 	switch {
-	case errors.Is(err, ErrTooManyWatchers):
+	case errors.Is(err, watchhub.ErrTooManyWatchers):
 		s.log.Warn("watch refused", "limit", s.cfg.Hub.MaxWatchers())
 		return status.Errorf(codes.ResourceExhausted, "kvindex serves at most %d Watch streams at once (--max-watchers); try again later", s.cfg.Hub.MaxWatchers())
 	case err != nil:
@@ -835,8 +836,8 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream kvindexv1.IndexServic
 	ctx := stream.Context()
 	for {
 		m, err := w.Next(ctx)
-		var behind *BehindError
-		var limit *WatchLimitError
+		var behind *watchhub.BehindError
+		var limit *watchhub.WatchLimitError
 		switch {
 		case errors.As(err, &behind):
 			s.log.Info("watcher fell behind; closed", "lost_events", behind.Events, "fan_out_queue", behind.Hub)
@@ -844,7 +845,7 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream kvindexv1.IndexServic
 		case errors.As(err, &limit):
 			s.log.Info("restricted watcher closed", "reason", limit.Error())
 			return status.Error(codes.ResourceExhausted, limit.Error())
-		case errors.Is(err, ErrHubClosed):
+		case errors.Is(err, watchhub.ErrClosed):
 			return nil // the server is shutting down
 		case err != nil:
 			return status.FromContextError(err).Err()

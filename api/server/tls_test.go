@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/testcerts"
 )
@@ -22,7 +23,7 @@ import (
 // served as kvindex serve serves them (NewGRPCServer, LimitListener).
 type secureServer struct {
 	srv      *Server
-	hub      *Hub
+	hub      *watchhub.Hub
 	grpcAddr string
 	httpURL  string
 }
@@ -33,7 +34,7 @@ func startSecure(t *testing.T, sec Security, edit func(*Config)) *secureServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hub := NewHub(ix)
+	hub := watchhub.New(ix, watchhub.Limits{})
 	sec.ReloadCheck = time.Nanosecond // every handshake looks at the files
 	cfg := Config{Index: ix, BlockSize: testBlockSize, Hub: hub, DefaultModel: testModel, ReadyGrace: -1, Security: sec}
 	if edit != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/buildinfo"
 	"github.com/kvindex/kvindex/kvevents"
@@ -240,7 +241,7 @@ func endpointReason(err error) string {
 type service struct {
 	log      *slog.Logger
 	index    *indexer.Index
-	hub      *server.Hub
+	hub      *watchhub.Hub
 	sub      eventSource
 	api      *server.Server
 	grpc     *grpc.Server
@@ -303,7 +304,7 @@ func runServe(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 // nothing listens or connects yet.
 type parts struct {
 	index *indexer.Index
-	hub   *server.Hub
+	hub   *watchhub.Hub
 	sub   eventSource
 	api   *server.Server
 	state *stateDir // nil without --state-dir
@@ -332,7 +333,7 @@ func buildParts(o *serveOptions, log *slog.Logger, restore bool) (*parts, error)
 			resume = state.restore(o)
 		}
 	}
-	hub := server.NewHubLimits(ix, o.limits)
+	hub := watchhub.New(ix, o.limits.Limits)
 	var src eventSource
 	var zsub *zmqtransport.Subscriber
 	var replica *natsReplica
