@@ -25,6 +25,7 @@ import (
 	"github.com/kvindex/kvindex/api/indexerv1"
 	"github.com/kvindex/kvindex/api/internal/wire"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents"
@@ -114,7 +115,7 @@ type Config struct {
 	Limits Limits
 	// Security configures TLS and caller authorization; the zero value
 	// serves plaintext to every caller.
-	Security Security
+	Security security.Config
 	// Registry receives the server's metrics; a new one if nil.
 	Registry *prometheus.Registry
 	// Logger logs the server's noteworthy events; slog.Default if nil.
@@ -148,8 +149,8 @@ type Server struct {
 	tokens tokenGate
 	conns  connStats
 
-	certs    *reloader[certs]  // nil without TLS
-	auth     *reloader[policy] // nil without an auth file
+	certs    *security.Reloader[security.Certs]  // nil without TLS
+	auth     *security.Reloader[security.Policy] // nil without an auth file
 	authMode authMode
 	sec      securityMetrics
 }

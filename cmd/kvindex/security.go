@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kvindex/kvindex/api/client"
-	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/api/server/security"
 )
 
 // securityFlags are serve's TLS and authorization settings; api/README's
@@ -32,16 +32,16 @@ func (f *securityFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.adminAddr, "admin-addr", "", "serve the admin listener here: Go profiles (/debug/pprof/), /metrics, /healthz, /readyz; keep it on loopback (e.g. 127.0.0.1:6060) unless callers need the admin scope (default: off)")
 }
 
-// options validates the flags into the server's Security and the admin
+// options validates the flags into the server's security.Config and the admin
 // address; pprof is the removed --pprof flag, refused with where profiles
 // went.
-func (f *securityFlags) options(pprof bool) (server.Security, string, error) {
-	sec := server.Security{CertFile: f.tlsCert, KeyFile: f.tlsKey, ClientCAFile: f.tlsClientCA, AuthFile: f.authTokens}
+func (f *securityFlags) options(pprof bool) (security.Config, string, error) {
+	sec := security.Config{CertFile: f.tlsCert, KeyFile: f.tlsKey, ClientCAFile: f.tlsClientCA, AuthFile: f.authTokens}
 	if pprof {
 		return sec, "", usagef("--pprof was removed: Go profiles are served on the admin listener, off the API port; give --admin-addr 127.0.0.1:6060 instead")
 	}
 	if err := sec.Check(); err != nil {
-		return sec, "", usagef("%v", err)
+		return sec, "", configUsage(err, serverFlagNames)
 	}
 	return sec, f.adminAddr, nil
 }
@@ -98,7 +98,7 @@ func (s *service) shutdownAdmin(ctx context.Context) error {
 
 // logSecurity logs how serve authenticates callers, and warns when a
 // listener reachable from other hosts has no authentication.
-func logSecurity(log *slog.Logger, sec server.Security, addrs ...string) {
+func logSecurity(log *slog.Logger, sec security.Config, addrs ...string) {
 	mode := "none"
 	switch {
 	case sec.ClientCAFile != "":

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/buildinfo"
@@ -85,11 +86,11 @@ flags on the command line override the file.`,
 				return err
 			}
 			if f.check {
-				return checkServe(cmd.OutOrStdout(), opts, log)
+				return configFlags(checkServe(cmd.OutOrStdout(), opts, log), serverFlagNames)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return runServe(ctx, opts, log)
+			return configFlags(runServe(ctx, opts, log), serverFlagNames)
 		},
 	}
 	f.register(cmd.Flags())
@@ -116,7 +117,7 @@ type serveOptions struct {
 	limits             server.Limits
 	stateDir           string
 	snapshotInterval   time.Duration
-	security           server.Security
+	security           security.Config
 	adminAddr          string
 	picker             *pickerOptions   // nil without --picker
 	discover           *discoverOptions // nil without --discover-selector

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/picker/enginemetrics"
 	"github.com/kvindex/kvindex/picker/gateway"
 )
@@ -128,7 +129,7 @@ func (p *servePicker) handler(api http.Handler, srv *server.Server) http.Handler
 		return api
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/v1/pick", srv.Guard(server.ScopeQuery, "Pick", p.svc.Handler()))
+	mux.Handle("/v1/pick", srv.Guard(security.ScopeQuery, "Pick", p.svc.Handler()))
 	mux.Handle("/", api)
 	return mux
 }
