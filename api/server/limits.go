@@ -1,10 +1,10 @@
 package server
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/kvindex/kvindex/api/watchhub"
+	"github.com/kvindex/kvindex/internal/configerr"
 )
 
 // Limits bound what clients can make the server hold: connections, time,
@@ -108,11 +108,20 @@ func (l Limits) withDefaults(maxTokens int) Limits {
 	return l
 }
 
-// Check refuses limits that cannot work together; the messages name
-// kvindex serve's flags.
+// The settings that the server's configuration errors name
+// (configerr.Field): Config.MaxTokens and Limits.MaxTokensInFlight. A
+// front end maps them to its own names (kvindex serve: its flags).
+const (
+	FieldMaxTokens         configerr.Field = "MaxTokens"
+	FieldMaxTokensInFlight configerr.Field = "MaxTokensInFlight"
+)
+
+// Check refuses limits that cannot work together with the query size
+// bound maxTokens (Config.MaxTokens); its error is a *configerr.Error.
 func (l Limits) Check(maxTokens int) error {
 	if l.MaxTokensInFlight < int64(maxTokens) {
-		return fmt.Errorf("--max-tokens-in-flight %d is below --max-query-tokens %d: a query of the largest size could never run", l.MaxTokensInFlight, maxTokens)
+		return configerr.New(FieldMaxTokensInFlight, "%v %d is below %v %d: a query of the largest size could never run",
+			FieldMaxTokensInFlight, l.MaxTokensInFlight, FieldMaxTokens, maxTokens)
 	}
 	return nil
 }

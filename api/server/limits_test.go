@@ -225,8 +225,8 @@ func TestCountsSaturate(t *testing.T) {
 	if g.tryAcquire(100) {
 		t.Error("acquire beyond the limit accepted: the sum wrapped")
 	}
-	if _, err := New(Config{Index: newTestIndex(t), BlockSize: 16, MaxTokens: MaxMaxTokens + 1}); err == nil || !strings.Contains(err.Error(), "--max-query-tokens") {
-		t.Errorf("MaxTokens beyond MaxMaxTokens: %v, want an error naming --max-query-tokens", err)
+	if _, err := New(Config{Index: newTestIndex(t), BlockSize: 16, MaxTokens: MaxMaxTokens + 1}); err == nil || !strings.Contains(err.Error(), "MaxTokens 200000001 is above") {
+		t.Errorf("MaxTokens beyond MaxMaxTokens: %v, want an error naming MaxTokens", err)
 	}
 }
 

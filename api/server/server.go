@@ -28,6 +28,7 @@ import (
 	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -175,7 +176,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.MaxTokens = DefaultMaxTokens
 	}
 	if cfg.MaxTokens > MaxMaxTokens {
-		return nil, fmt.Errorf("server: --max-query-tokens %d is above %d", cfg.MaxTokens, MaxMaxTokens)
+		return nil, fmt.Errorf("server: %w", configerr.New(FieldMaxTokens, "%v %d is above %d", FieldMaxTokens, cfg.MaxTokens, MaxMaxTokens))
 	}
 	if cfg.ReadyGrace == 0 {
 		cfg.ReadyGrace = DefaultReadyGrace

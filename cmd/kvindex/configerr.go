@@ -3,6 +3,8 @@ package main
 import (
 	"strings"
 
+	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/internal/configerr"
 )
 
@@ -10,14 +12,12 @@ import (
 // packages (api/server, api/server/security) name in their configuration
 // errors: the libraries name their own fields, the command its flags.
 var serverFlagNames = map[configerr.Field]string{
-	// server.Config and server.Limits
-	"MaxTokens":         "--max-query-tokens",
-	"MaxTokensInFlight": "--max-tokens-in-flight",
-	// security.Config
-	"CertFile":     "--tls-cert",
-	"KeyFile":      "--tls-key",
-	"ClientCAFile": "--tls-client-ca",
-	"AuthFile":     "--auth-tokens",
+	server.FieldMaxTokens:         "--max-query-tokens",
+	server.FieldMaxTokensInFlight: "--max-tokens-in-flight",
+	security.FieldCertFile:        "--tls-cert",
+	security.FieldKeyFile:         "--tls-key",
+	security.FieldClientCAFile:    "--tls-client-ca",
+	security.FieldAuthFile:        "--auth-tokens",
 }
 
 // configUsage returns a configuration error in err (*configerr.Error) as
