@@ -41,9 +41,9 @@ func (g *gateTokenizer) Tokenize(ctx context.Context, _ string, _ tokenizer.Inpu
 	}
 }
 
-// Queries beyond --max-tokens-in-flight are refused at once with
-// ResourceExhausted (HTTP 429) naming the limit and its flag, while a
-// small query still fits; the refusals are counted.
+// Queries beyond Limits.MaxTokensInFlight are refused at once with
+// ResourceExhausted (HTTP 429) naming the limit, while a small query
+// still fits; the refusals are counted.
 func TestTokensInFlight(t *testing.T) {
 	gate := &gateTokenizer{entered: make(chan struct{}, 8), open: make(chan struct{})}
 	f := newFixture(t, func(c *Config) {
@@ -68,11 +68,11 @@ func TestTokensInFlight(t *testing.T) {
 	<-gate.entered // 2,000 tokens in flight
 
 	_, err := f.client.LongestPrefixText(ctx, testModel, large, nil)
-	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "2500 tokens in flight") || !strings.Contains(err.Error(), "--max-tokens-in-flight") {
-		t.Errorf("third large query: %v; want ResourceExhausted naming the limit and the flag", err)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "its limit of 2500 tokens in flight") {
+		t.Errorf("third large query: %v; want ResourceExhausted naming the limit", err)
 	}
 	code, body := post(t, f.url+"/v1/longest-prefix", `{"prompt":"`+large+`"}`)
-	if code != http.StatusTooManyRequests || !strings.Contains(string(body), "--max-tokens-in-flight") {
+	if code != http.StatusTooManyRequests || !strings.Contains(string(body), "its limit of 2500 tokens in flight") {
 		t.Errorf("HTTP large query: %d %s; want 429", code, body)
 	}
 	if _, err := f.client.LongestPrefixTokens(ctx, testModel, seqTokens(1, 64), nil); err != nil {
@@ -164,7 +164,7 @@ func grepLines(text, prefix string) string {
 }
 
 // A Watch stream that falls behind ends with ResourceExhausted saying so;
-// Watch streams beyond --max-watchers are refused with ResourceExhausted.
+// Watch streams beyond MaxWatchers are refused with ResourceExhausted.
 func TestWatchLimits(t *testing.T) {
 	var hub *watchhub.Hub
 	f := newFixture(t, func(c *Config) {
@@ -182,8 +182,8 @@ func TestWatchLimits(t *testing.T) {
 	if err == nil {
 		_, err = second.Recv()
 	}
-	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "--max-watchers") {
-		t.Errorf("second watcher: %v; want ResourceExhausted naming --max-watchers", err)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "at most 1 Watch streams at once") {
+		t.Errorf("second watcher: %v; want ResourceExhausted naming the limit", err)
 	}
 
 	// Every batch is larger than the fan-out queue's 1 byte: it overflows.

@@ -500,7 +500,7 @@ func (s *Server) model(m string) (string, error) {
 	if s.cfg.DefaultModel != "" {
 		return s.cfg.DefaultModel, nil
 	}
-	return "", status.Error(codes.InvalidArgument, "model is required (this kvindex has no default model; see --model)")
+	return "", status.Error(codes.InvalidArgument, "model is required (this kvindex has no default model)")
 }
 
 // LongestPrefix implements kvindex.v1.IndexService.
@@ -830,7 +830,7 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream kvindexv1.IndexServic
 	switch {
 	case errors.Is(err, watchhub.ErrTooManyWatchers):
 		s.log.Warn("watch refused", "limit", s.cfg.Hub.MaxWatchers())
-		return status.Errorf(codes.ResourceExhausted, "kvindex serves at most %d Watch streams at once (--max-watchers); try again later", s.cfg.Hub.MaxWatchers())
+		return status.Errorf(codes.ResourceExhausted, "kvindex serves at most %d Watch streams at once; try again later", s.cfg.Hub.MaxWatchers())
 	case err != nil:
 		return status.Error(codes.Unavailable, "kvindex is shutting down")
 	}

@@ -60,11 +60,11 @@ func Authorize(pol *Policy, cred *Credential, endpoint string, need Scope) (*Gra
 	if pol == nil {
 		if cred.HasToken {
 			return nil, &Refusal{Reason: ReasonBadToken, Code: codes.Unauthenticated,
-				Message: "this kvindex accepts client certificates only (it has no --auth-tokens); do not send a bearer token"}
+				Message: "this kvindex accepts client certificates only (it has no auth file); do not send a bearer token"}
 		}
 		if cred.Cert == nil {
 			return nil, &Refusal{Reason: ReasonNoCredentials, Code: codes.Unauthenticated,
-				Message: "this endpoint needs a client certificate signed by kvindex's --tls-client-ca"}
+				Message: "this endpoint needs a client certificate signed by one of kvindex's client CAs"}
 		}
 		return &Grant{name: "certificate " + CertName(cred.Cert), scopes: everything}, nil
 	}
@@ -73,12 +73,12 @@ func Authorize(pol *Policy, cred *Credential, endpoint string, need Scope) (*Gra
 	case cred.HasToken:
 		if g = pol.Token(cred.Token); g == nil {
 			return nil, &Refusal{Reason: ReasonBadToken, Code: codes.Unauthenticated, Caller: TokenFingerprint(cred.Token),
-				Message: "the bearer token is not valid for this kvindex (send \"authorization: Bearer TOKEN\" with a token of its --auth-tokens file)"}
+				Message: "the bearer token is not valid for this kvindex (send \"authorization: Bearer TOKEN\" with a token of its auth file)"}
 		}
 	case cred.Cert != nil:
 		if g = pol.Identity(cred.Cert); g == nil {
 			return nil, &Refusal{Reason: ReasonUnknownIdentity, Code: codes.PermissionDenied, Caller: "certificate " + CertName(cred.Cert),
-				Message: "the client certificate " + CertName(cred.Cert) + " has no entry in kvindex's --auth-tokens file"}
+				Message: "the client certificate " + CertName(cred.Cert) + " has no entry in kvindex's auth file"}
 		}
 	default:
 		return nil, &Refusal{Reason: ReasonNoCredentials, Code: codes.Unauthenticated,
