@@ -399,3 +399,21 @@ func BenchmarkHubApplyWatchers(b *testing.B) {
 		})
 	}
 }
+
+// A zero bound takes its default; a bound given stays.
+func TestLimitsDefaults(t *testing.T) {
+	if got := (Limits{}).WithDefaults(); got != DefaultLimits {
+		t.Errorf("zero Limits: %+v, want %+v", got, DefaultLimits)
+	}
+	got := Limits{MaxWatchers: 3, HubQueueBytes: -1}.WithDefaults()
+	want := DefaultLimits
+	want.MaxWatchers = 3
+	if got != want {
+		t.Errorf("%+v, want %+v", got, want)
+	}
+	h := New(&recordingSink{}, Limits{})
+	defer h.Close()
+	if h.MaxWatchers() != DefaultLimits.MaxWatchers {
+		t.Errorf("MaxWatchers %d, want %d", h.MaxWatchers(), DefaultLimits.MaxWatchers)
+	}
+}
