@@ -16,6 +16,7 @@ import (
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents"
@@ -27,13 +28,13 @@ var testHasher = blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, 
 
 // startServer runs a kvindex on loopback and returns a client of it and
 // the hub that feeds its index.
-func startServer(t *testing.T) (*client.Client, *server.Hub) {
+func startServer(t *testing.T) (*client.Client, *watchhub.Hub) {
 	t.Helper()
 	ix, err := indexer.New(indexer.Options{Hasher: testHasher})
 	if err != nil {
 		t.Fatal(err)
 	}
-	hub := server.NewHub(ix)
+	hub := watchhub.New(ix, watchhub.Limits{})
 	srv, err := server.New(server.Config{Index: ix, BlockSize: 16, Hub: hub, DefaultModel: testModel, ReadyGrace: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +60,7 @@ func startServer(t *testing.T) (*client.Client, *server.Hub) {
 }
 
 // storeKeys makes pod hold the first blocks of tokens, hashed with x.
-func storeKeys(t *testing.T, hub *server.Hub, pod string, tokens []uint64, blocks int, x *blockhash.Extras) {
+func storeKeys(t *testing.T, hub *watchhub.Hub, pod string, tokens []uint64, blocks int, x *blockhash.Extras) {
 	t.Helper()
 	hs, err := testHasher.Chain(nil, nil, 0, tokens, x)
 	if err != nil {

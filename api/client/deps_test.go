@@ -24,6 +24,7 @@ func goTool(t *testing.T) string {
 // Each entry forbids a package and everything below it.
 var forbiddenDeps = []struct{ root, why string }{
 	{"github.com/kvindex/kvindex/api/server", "the server"},
+	{"github.com/kvindex/kvindex/api/watchhub", "the watch hub"},
 	{"github.com/kvindex/kvindex/indexer", "the index"},
 	{"github.com/kvindex/kvindex/kvevents", "event decoding and transport"},
 	{"github.com/kvindex/kvindex/tokenizer", "the tokenizers"},

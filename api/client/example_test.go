@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents"
@@ -20,7 +21,7 @@ import (
 func ExampleDial() {
 	hasher := blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: blockhash.DefaultSeed, BlockSize: 16})
 	ix, _ := indexer.New(indexer.Options{Hasher: hasher})
-	hub := server.NewHub(ix)
+	hub := watchhub.New(ix, watchhub.Limits{})
 	srv, _ := server.New(server.Config{Index: ix, BlockSize: 16, Hub: hub, DefaultModel: "qwen"})
 	lis, _ := net.Listen("tcp", "127.0.0.1:0")
 	gs := srv.NewGRPCServer()

@@ -76,7 +76,7 @@ func (s *Server) admit(p *kvindexv1.Prompt) (release func(), err error) {
 		s.log.Warn("queries refused: too many tokens in flight", "limit", g.max, "refused_total", g.refused.Load())
 	}
 	return nil, status.Errorf(codes.ResourceExhausted,
-		"kvindex is busy: a query of %d tokens would exceed the %d tokens in flight across concurrent queries (--max-tokens-in-flight); retry shortly", n, g.max)
+		"kvindex is busy: a query of %d tokens would exceed its limit of %d tokens in flight across concurrent queries; retry shortly", n, g.max)
 }
 
 // sat32 converts a count for a uint32 field of an answer, saturating

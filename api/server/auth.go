@@ -2,13 +2,8 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"crypto/x509"
-	"encoding/hex"
 	"net/http"
-	"net/url"
-	"slices"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -20,31 +15,27 @@ import (
 
 	"github.com/kvindex/kvindex/api/indexerv1"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/api/server/security"
 )
+
+// The server's side of authorization: which scope each endpoint needs,
+// reading what callers present, and refusing them (counted, logged, with
+// a gRPC status or its HTTP form). Who may do what is package security's.
 
 // endpointScopes is the scope each gRPC method of kvindex's APIs needs.
 // A method of those services missing here is refused to everyone
 // (authorizeGRPC), so that a new RPC is never open by omission; health
 // and reflection are open.
-var endpointScopes = map[string]Scope{
-	kvindexv1.IndexService_LongestPrefix_FullMethodName:  ScopeQuery,
-	kvindexv1.IndexService_Lookup_FullMethodName:         ScopeQuery,
-	kvindexv1.IndexService_ListPods_FullMethodName:       ScopeQuery,
-	kvindexv1.IndexService_Watch_FullMethodName:          ScopeWatch,
-	indexerv1.IndexerService_GetPodScores_FullMethodName: ScopeQuery,
+var endpointScopes = map[string]security.Scope{
+	kvindexv1.IndexService_LongestPrefix_FullMethodName:  security.ScopeQuery,
+	kvindexv1.IndexService_Lookup_FullMethodName:         security.ScopeQuery,
+	kvindexv1.IndexService_ListPods_FullMethodName:       security.ScopeQuery,
+	kvindexv1.IndexService_Watch_FullMethodName:          security.ScopeWatch,
+	indexerv1.IndexerService_GetPodScores_FullMethodName: security.ScopeQuery,
 }
 
 // guardedServices are the services whose methods need a scope.
 var guardedServices = []string{kvindexv1.IndexService_ServiceDesc.ServiceName, indexerv1.IndexerService_ServiceDesc.ServiceName}
-
-// Refusal reasons, the reason label of kvindex_auth_refused_total.
-const (
-	reasonNoCredentials   = "no_credentials"   // neither a token nor a client certificate
-	reasonBadToken        = "bad_token"        // a token that is malformed or not in the auth file
-	reasonUnknownIdentity = "unknown_identity" // a client certificate the auth file does not list
-	reasonScope           = "scope"            // the caller lacks the endpoint's scope
-	reasonTenant          = "tenant"           // the request reaches beyond the caller's salts or LoRAs
-)
 
 // authMode is how a server decides who may call.
 type authMode uint8
@@ -55,18 +46,10 @@ const (
 	authFile                     // the auth file decides
 )
 
-// credential is what a caller presented.
-type credential struct {
-	token    string // "" if none
-	hasToken bool   // an authorization header was sent (even a malformed one)
-	cert     *x509.Certificate
-	remote   string
-}
-
 // callInfo is the authorized caller of a request, in its context, for the
 // checks made later (tenants) and their logs.
 type callInfo struct {
-	g        *grant // nil: unrestricted (authorization off)
+	g        *security.Grant // nil: unrestricted (authorization off)
 	endpoint string
 	remote   string
 }
@@ -78,110 +61,33 @@ func callInfoOf(ctx context.Context) *callInfo {
 	return ci
 }
 
-// everything is the grant of every caller when the server authorizes by
-// certificate alone.
-var everything = map[Scope]bool{ScopeQuery: true, ScopeWatch: true, ScopeMetrics: true, ScopeAdmin: true}
-
 // authorize decides whether cred may use endpoint, which needs need. It
 // returns the caller's grant (nil when authorization is off), or the
 // refusal, already counted and logged.
-func (s *Server) authorize(cred *credential, endpoint string, need Scope) (*grant, error) {
+func (s *Server) authorize(cred *security.Credential, endpoint string, need security.Scope) (*security.Grant, error) {
+	var pol *security.Policy
 	switch s.authMode {
 	case authOff:
 		return nil, nil
-	case authCertOnly:
-		if cred.hasToken {
-			return nil, s.refuse(cred, "", endpoint, reasonBadToken, codes.Unauthenticated,
-				"this kvindex accepts client certificates only (it has no --auth-tokens); do not send a bearer token")
-		}
-		if cred.cert == nil {
-			return nil, s.refuse(cred, "", endpoint, reasonNoCredentials, codes.Unauthenticated,
-				"this endpoint needs a client certificate signed by kvindex's --tls-client-ca")
-		}
-		return &grant{name: "certificate " + certName(cred.cert), scopes: everything}, nil
+	case authFile:
+		pol = s.auth.Get()
 	}
-	pol := s.auth.get()
-	var g *grant
-	switch {
-	case cred.hasToken:
-		if g = pol.token(cred.token); g == nil {
-			return nil, s.refuse(cred, tokenFingerprint(cred.token), endpoint, reasonBadToken, codes.Unauthenticated,
-				"the bearer token is not valid for this kvindex (send \"authorization: Bearer TOKEN\" with a token of its --auth-tokens file)")
-		}
-	case cred.cert != nil:
-		if g = pol.identity(cred.cert); g == nil {
-			return nil, s.refuse(cred, "certificate "+certName(cred.cert), endpoint, reasonUnknownIdentity, codes.PermissionDenied,
-				"the client certificate "+certName(cred.cert)+" has no entry in kvindex's --auth-tokens file")
-		}
-	default:
-		return nil, s.refuse(cred, "", endpoint, reasonNoCredentials, codes.Unauthenticated,
-			"this endpoint needs credentials: a bearer token (authorization: Bearer TOKEN) or a client certificate")
-	}
-	if !g.has(need) {
-		return nil, s.refuse(cred, g.name, endpoint, reasonScope, codes.PermissionDenied,
-			g.name+" lacks the "+string(need)+" scope that "+endpoint+" needs")
+	g, r := security.Authorize(pol, cred, endpoint, need)
+	if r != nil {
+		return nil, s.refuse(cred, endpoint, r)
 	}
 	return g, nil
 }
 
-// refuse counts and logs a refusal and returns its status. who names the
-// caller as far as known (never the token itself: a bad token is logged by
-// a fingerprint of its hash).
-func (s *Server) refuse(cred *credential, who, endpoint, reason string, code codes.Code, msg string) error {
-	s.sec.refused.WithLabelValues(reason, endpoint).Inc()
-	if who == "" && cred.cert != nil {
-		who = "certificate " + certName(cred.cert)
+// refuse counts and logs a refusal and returns its status.
+func (s *Server) refuse(cred *security.Credential, endpoint string, r *security.Refusal) error {
+	s.sec.refused.WithLabelValues(r.Reason, endpoint).Inc()
+	who := r.Caller
+	if who == "" && cred.Cert != nil {
+		who = "certificate " + security.CertName(cred.Cert)
 	}
-	s.log.Warn("request refused", "endpoint", endpoint, "reason", reason, "remote", cred.remote, "caller", cmpOr(who, "anonymous"))
-	return status.Error(code, msg)
-}
-
-// tokenFingerprint names an unknown token in logs without revealing it:
-// the first 8 hex digits of its SHA-256, which an operator can compare
-// with the sha256 column of the auth file.
-func tokenFingerprint(tok string) string {
-	sum := sha256.Sum256([]byte(tok))
-	return "token sha256:" + hex.EncodeToString(sum[:4])
-}
-
-// token returns the grant of a token. Every entry is compared, in
-// constant time, whatever matches: how long the check takes says nothing
-// about which entry, or how much of one, matched.
-func (p *policy) token(tok string) *grant {
-	sum := sha256.Sum256([]byte(tok))
-	var g *grant
-	for i := range p.tokens {
-		if subtle.ConstantTimeCompare(sum[:], p.tokens[i].sum[:]) == 1 {
-			g = p.tokens[i].g
-		}
-	}
-	return g
-}
-
-// identity returns the grant of the first identity entry matching the
-// certificate: its subject common name, or one of its DNS or URI names.
-func (p *policy) identity(c *x509.Certificate) *grant {
-	for _, e := range p.identities {
-		switch {
-		case e.cn != "" && c.Subject.CommonName == e.cn,
-			e.dns != "" && slices.Contains(c.DNSNames, e.dns),
-			e.uri != "" && slices.ContainsFunc(c.URIs, func(u *url.URL) bool { return u.String() == e.uri }):
-			return e.g
-		}
-	}
-	return nil
-}
-
-// certName names a certificate in logs and messages: its URI, DNS name or
-// common name, the first it has.
-func certName(c *x509.Certificate) string {
-	switch {
-	case len(c.URIs) > 0:
-		return "uri=" + c.URIs[0].String()
-	case len(c.DNSNames) > 0:
-		return "dns=" + c.DNSNames[0]
-	}
-	return "cn=" + c.Subject.CommonName
+	s.log.Warn("request refused", "endpoint", endpoint, "reason", r.Reason, "remote", cred.Remote, "caller", cmpOr(who, "anonymous"))
+	return status.Error(r.Code, r.Message)
 }
 
 // bearer parses an authorization header value.
@@ -195,34 +101,34 @@ func bearer(v string) (string, bool) {
 }
 
 // grpcCredential reads what a gRPC caller presented.
-func grpcCredential(ctx context.Context) *credential {
-	cred := &credential{}
+func grpcCredential(ctx context.Context) *security.Credential {
+	cred := &security.Credential{}
 	if p, ok := peer.FromContext(ctx); ok {
 		if p.Addr != nil {
-			cred.remote = p.Addr.String()
+			cred.Remote = p.Addr.String()
 		}
 		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
-			cred.cert = verifiedLeaf(ti.State.VerifiedChains)
+			cred.Cert = verifiedLeaf(ti.State.VerifiedChains)
 		}
 	}
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if vals := md.Get("authorization"); len(vals) > 0 {
-			cred.hasToken = true
-			cred.token, _ = bearer(vals[0])
+			cred.HasToken = true
+			cred.Token, _ = bearer(vals[0])
 		}
 	}
 	return cred
 }
 
 // httpCredential reads what an HTTP caller presented.
-func httpCredential(r *http.Request) *credential {
-	cred := &credential{remote: r.RemoteAddr}
+func httpCredential(r *http.Request) *security.Credential {
+	cred := &security.Credential{Remote: r.RemoteAddr}
 	if r.TLS != nil {
-		cred.cert = verifiedLeaf(r.TLS.VerifiedChains)
+		cred.Cert = verifiedLeaf(r.TLS.VerifiedChains)
 	}
 	if v := r.Header.Get("Authorization"); v != "" {
-		cred.hasToken = true
-		cred.token, _ = bearer(v)
+		cred.HasToken = true
+		cred.Token, _ = bearer(v)
 	}
 	return cred
 }
@@ -237,7 +143,7 @@ func verifiedLeaf(chains [][]*x509.Certificate) *x509.Certificate {
 
 // grpcScope returns the scope a gRPC method needs; open is true for
 // methods outside kvindex's APIs (health, reflection).
-func grpcScope(full string) (scope Scope, open bool) {
+func grpcScope(full string) (scope security.Scope, open bool) {
 	if s, ok := endpointScopes[full]; ok {
 		return s, false
 	}
@@ -262,13 +168,14 @@ func (s *Server) authorizeGRPC(ctx context.Context, full string) (context.Contex
 	cred := grpcCredential(ctx)
 	endpoint := shortMethod(full)
 	if scope == "" {
-		return nil, s.refuse(cred, "", endpoint, reasonScope, codes.PermissionDenied, endpoint+" is not open to any caller")
+		return nil, s.refuse(cred, endpoint, &security.Refusal{Reason: security.ReasonScope, Code: codes.PermissionDenied,
+			Message: endpoint + " is not open to any caller"})
 	}
 	g, err := s.authorize(cred, endpoint, scope)
 	if err != nil {
 		return nil, err
 	}
-	return context.WithValue(ctx, callInfoKey{}, &callInfo{g: g, endpoint: endpoint, remote: cred.remote}), nil
+	return context.WithValue(ctx, callInfoKey{}, &callInfo{g: g, endpoint: endpoint, remote: cred.Remote}), nil
 }
 
 func (s *Server) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -299,12 +206,12 @@ func (a *authedStream) Context() context.Context { return a.ctx }
 // authorization off); endpoint names it in metrics and logs. It lets a
 // handler served beside the API (the in-process picker's /v1/pick) take
 // the same callers.
-func (s *Server) Guard(scope Scope, endpoint string, h http.Handler) http.Handler {
+func (s *Server) Guard(scope security.Scope, endpoint string, h http.Handler) http.Handler {
 	return s.guard(scope, endpoint, h)
 }
 
 // guard makes h need scope; endpoint names it in metrics and logs.
-func (s *Server) guard(scope Scope, endpoint string, h http.Handler) http.Handler {
+func (s *Server) guard(scope security.Scope, endpoint string, h http.Handler) http.Handler {
 	if s.authMode == authOff {
 		return h
 	}
@@ -318,67 +225,36 @@ func (s *Server) guard(scope Scope, endpoint string, h http.Handler) http.Handle
 			writeStatus(w, err)
 			return
 		}
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callInfoKey{}, &callInfo{g: g, endpoint: endpoint, remote: cred.remote})))
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callInfoKey{}, &callInfo{g: g, endpoint: endpoint, remote: cred.Remote})))
 	})
 }
 
 // checkTenant refuses a prompt that reaches beyond the caller's cache
-// salts or LoRA adapters. The index cannot tell a block's salt or adapter
-// (it stores hashes), but it need not: both are hashed into the prompt's
-// block keys (the salt into the first block, which every later block
-// chains from; the adapter into every block), so a prompt whose salt and
-// adapter the caller may use can only match blocks of that salt and
-// adapter. Block hashes computed by the caller carry no salt or adapter
-// kvindex could check, so a restricted caller cannot query by them.
+// salts or LoRA adapters (security.Grant.CheckPrompt says why that is
+// enough).
 func (s *Server) checkTenant(ctx context.Context, p *kvindexv1.Prompt) error {
 	ci := callInfoOf(ctx)
-	if ci == nil || ci.g == nil || !ci.g.restricted() {
+	if ci == nil || ci.g == nil {
 		return nil
 	}
-	g := ci.g
-	cred := &credential{remote: ci.remote}
-	if _, ok := p.GetInput().(*kvindexv1.Prompt_BlockHashes); ok {
-		return s.refuse(cred, g.name, ci.endpoint, reasonTenant, codes.PermissionDenied,
-			g.name+" is restricted to some cache salts or LoRA adapters and cannot query by block hashes, which kvindex cannot attribute to either; send tokens, text or messages with the cache_salt and lora_name")
-	}
-	if g.salts != nil && !g.salts[p.GetCacheSalt()] {
-		return s.refuse(cred, g.name, ci.endpoint, reasonTenant, codes.PermissionDenied,
-			g.name+" may not query cache_salt "+quoteOrNone(p.GetCacheSalt()))
-	}
-	if g.loras != nil && !g.loras[p.GetLoraName()] {
-		return s.refuse(cred, g.name, ci.endpoint, reasonTenant, codes.PermissionDenied,
-			g.name+" may not query lora_name "+quoteOrNone(p.GetLoraName()))
+	_, byHashes := p.GetInput().(*kvindexv1.Prompt_BlockHashes)
+	if r := ci.g.CheckPrompt(byHashes, p.GetCacheSalt(), p.GetLoraName()); r != nil {
+		return s.refuse(&security.Credential{Remote: ci.remote}, ci.endpoint, r)
 	}
 	return nil
 }
 
-func quoteOrNone(s string) string {
-	if s == "" {
-		return `"" (none)`
-	}
-	return `"` + s + `"`
-}
-
 // watchTenant applies the tenant rule to a Watch: it returns the LoRA
 // adapters the caller may watch (nil: any), or refuses a caller restricted
-// to cache salts. Events carry a block's salt at most in the first block
-// of a sequence (vLLM hashes it into that block's extra keys, which the
-// stream does not carry), never in the blocks chained after it, so kvindex
-// cannot tell which of the blocks it streams belong to a salt: a
-// salt-restricted caller may query with its salts but not watch.
+// to cache salts (security.Grant.WatchLoRAs).
 func (s *Server) watchTenant(ctx context.Context) ([]string, error) {
 	ci := callInfoOf(ctx)
-	if ci == nil || ci.g == nil || !ci.g.restricted() {
+	if ci == nil || ci.g == nil {
 		return nil, nil
 	}
-	g := ci.g
-	if g.salts != nil {
-		return nil, s.refuse(&credential{remote: ci.remote}, g.name, ci.endpoint, reasonTenant, codes.PermissionDenied,
-			g.name+" is restricted to cache salts and cannot Watch: kvindex cannot attribute streamed blocks to a salt (only a sequence's first block carries it)")
-	}
-	loras := make([]string, 0, len(g.loras))
-	for l := range g.loras {
-		loras = append(loras, l)
+	loras, r := ci.g.WatchLoRAs()
+	if r != nil {
+		return nil, s.refuse(&security.Credential{Remote: ci.remote}, ci.endpoint, r)
 	}
 	return loras, nil
 }

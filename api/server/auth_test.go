@@ -21,6 +21,8 @@ import (
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/indexerv1"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/api/server/security"
+	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/internal/testcerts"
 )
 
@@ -35,7 +37,7 @@ func testAuthFile(t *testing.T, dir, identities string) string {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString("tokens:\n")
-	for _, sc := range allScopes {
+	for _, sc := range security.Scopes() {
 		fmt.Fprintf(&b, "  - name: %s-only\n    sha256: %s\n    scopes: [%s]\n", sc, sha("TOKEN-"+string(sc)), sc)
 	}
 	b.WriteString(identities)
@@ -63,7 +65,7 @@ func tokenCalls(t *testing.T, s *secureServer, ca, token string) map[string]code
 
 // watchCode opens a Watch and returns OK once the hub holds it, or the
 // code it was refused with.
-func watchCode(t *testing.T, c *client.Client, hub *Hub) codes.Code {
+func watchCode(t *testing.T, c *client.Client, hub *watchhub.Hub) codes.Code {
 	t.Helper()
 	before := hub.Open()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -89,7 +91,7 @@ func watchCode(t *testing.T, c *client.Client, hub *Hub) codes.Code {
 }
 
 // endpointCalls calls every gRPC endpoint once.
-func endpointCalls(t *testing.T, c *client.Client, hub *Hub) map[string]codes.Code {
+func endpointCalls(t *testing.T, c *client.Client, hub *watchhub.Hub) map[string]codes.Code {
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]codes.Code{}
@@ -115,7 +117,7 @@ func TestTokenScopes(t *testing.T) {
 	ca := testcerts.NewCA(t, dir, "ca")
 	sp := ca.Server(t, "kvindex")
 	var logs syncBuf
-	s := startSecure(t, Security{CertFile: sp.CertFile, KeyFile: sp.KeyFile, AuthFile: testAuthFile(t, dir, "")}, func(c *Config) {
+	s := startSecure(t, security.Config{CertFile: sp.CertFile, KeyFile: sp.KeyFile, AuthFile: testAuthFile(t, dir, "")}, func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})
 	ok, perm, unauth := codes.OK, codes.PermissionDenied, codes.Unauthenticated
@@ -170,12 +172,12 @@ func TestTokenScopes(t *testing.T) {
 		reason, endpoint string
 		want             float64
 	}{
-		{reasonScope, "Watch", 2}, // query-only and admin-only tokens
-		{reasonBadToken, "Watch", 1},
-		{reasonNoCredentials, "Watch", 1},
-		{reasonScope, "LongestPrefix", 2},
-		{reasonScope, "/v1/pods", 1},
-		{reasonNoCredentials, "/metrics", 1},
+		{security.ReasonScope, "Watch", 2}, // query-only and admin-only tokens
+		{security.ReasonBadToken, "Watch", 1},
+		{security.ReasonNoCredentials, "Watch", 1},
+		{security.ReasonScope, "LongestPrefix", 2},
+		{security.ReasonScope, "/v1/pods", 1},
+		{security.ReasonNoCredentials, "/metrics", 1},
 	} {
 		if n := counterValue(t, refused.WithLabelValues(c.reason, c.endpoint)); n != c.want {
 			t.Errorf("kvindex_auth_refused_total{reason=%q,endpoint=%q} = %v, want %v", c.reason, c.endpoint, n, c.want)
@@ -212,8 +214,8 @@ func TestIdentityScopes(t *testing.T) {
 		"tail":     ca.Issue(t, "tail", testcerts.Leaf{CN: "y", DNS: []string{"tail.kvindex.test"}, Client: true}),
 		"stranger": ca.Client(t, "stranger"),
 	}
-	withFile := startSecure(t, Security{CertFile: sp.CertFile, KeyFile: sp.KeyFile, ClientCAFile: ca.CertFile, AuthFile: auth}, nil)
-	caOnly := startSecure(t, Security{CertFile: sp.CertFile, KeyFile: sp.KeyFile, ClientCAFile: ca.CertFile}, nil)
+	withFile := startSecure(t, security.Config{CertFile: sp.CertFile, KeyFile: sp.KeyFile, ClientCAFile: ca.CertFile, AuthFile: auth}, nil)
+	caOnly := startSecure(t, security.Config{CertFile: sp.CertFile, KeyFile: sp.KeyFile, ClientCAFile: ca.CertFile}, nil)
 	ok, perm, unauth := codes.OK, codes.PermissionDenied, codes.Unauthenticated
 	tests := []struct {
 		name   string
@@ -256,7 +258,7 @@ func TestAdminScope(t *testing.T) {
 	dir := t.TempDir()
 	ca := testcerts.NewCA(t, dir, "ca")
 	sp := ca.Server(t, "kvindex")
-	s := startSecure(t, Security{CertFile: sp.CertFile, KeyFile: sp.KeyFile, ClientCAFile: ca.CertFile, AuthFile: testAuthFile(t, dir, "")}, nil)
+	s := startSecure(t, security.Config{CertFile: sp.CertFile, KeyFile: sp.KeyFile, ClientCAFile: ca.CertFile, AuthFile: testAuthFile(t, dir, "")}, nil)
 	h := s.srv.AdminHandler()
 	tests := []struct {
 		path, token string
@@ -321,7 +323,7 @@ func TestAuthFileReload(t *testing.T) {
 	ca := testcerts.NewCA(t, dir, "ca")
 	sp := ca.Server(t, "kvindex")
 	auth := testAuthFile(t, dir, "")
-	s := startSecure(t, Security{CertFile: sp.CertFile, KeyFile: sp.KeyFile, AuthFile: auth}, nil)
+	s := startSecure(t, security.Config{CertFile: sp.CertFile, KeyFile: sp.KeyFile, AuthFile: auth}, nil)
 	lookup := func(token string) codes.Code {
 		return tokenCalls(t, s, ca.CertFile, token)["Lookup"]
 	}
@@ -348,34 +350,6 @@ func TestAuthFileReload(t *testing.T) {
 	reloads := s.srv.sec.reloads
 	if ok, bad := counterValue(t, reloads.WithLabelValues("auth", "ok")), counterValue(t, reloads.WithLabelValues("auth", "error")); ok != 1 || bad != 1 {
 		t.Errorf("auth reloads ok %v, error %v; want 1, 1", ok, bad)
-	}
-}
-
-func TestAuthFileErrors(t *testing.T) {
-	h := sha("x")
-	tests := []struct {
-		name, file, want string
-	}{
-		{"empty", "", "empty"},
-		{"nothing listed", "tokens: []\n", "no tokens and no identities"},
-		{"unknown key", "tokens:\n  - name: a\n    sha256: " + h + "\n    scopes: [query]\n    salt: [x]\n", "field salt not found"},
-		{"no name", "tokens:\n  - sha256: " + h + "\n    scopes: [query]\n", "line 2: every entry needs a name"},
-		{"short hash", "tokens:\n  - name: a\n    sha256: abc\n    scopes: [query]\n", "64 hex digits"},
-		{"bad scope", "tokens:\n  - name: a\n    sha256: " + h + "\n    scopes: [read]\n", `unknown scope "read"`},
-		{"no scopes", "tokens:\n  - name: a\n    sha256: " + h + "\n", "no scopes"},
-		{"empty salts", "tokens:\n  - name: a\n    sha256: " + h + "\n    scopes: [query]\n    salts: []\n", "an empty list allows nothing"},
-		{"same token twice", "tokens:\n  - name: a\n    sha256: " + h + "\n    scopes: [query]\n  - name: b\n    sha256: " + h + "\n    scopes: [watch]\n", `the same token as "token a"`},
-		{"same name twice", "tokens:\n  - name: a\n    sha256: " + h + "\n    scopes: [query]\nidentities:\n  - name: a\n    cn: a\n    scopes: [query]\n", `the name "a" is used twice`},
-		{"identity with two names", "identities:\n  - name: a\n    cn: a\n    dns: a\n    scopes: [query]\n", "exactly one of cn, dns or uri"},
-		{"token with a cn", "tokens:\n  - name: a\n    sha256: " + h + "\n    cn: a\n    scopes: [query]\n", "list them under identities"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := parseAuthFile([]byte(tc.file))
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("got %v, want an error containing %q", err, tc.want)
-			}
-		})
 	}
 }
 

@@ -30,10 +30,15 @@
 // never "wrong model name".
 //
 // The package does not own ingest: the wiring (cmd/kvindex) hands it the
-// index, a Hub placed between the event subscriber and the index (so that
-// Watch sees every applied event), and a StreamSource reporting the
-// subscriber's per-stream counters. It knows the subscriber only through
+// index, the watch hub placed between the event subscriber and the index
+// (package watchhub, so that Watch sees every applied event), and a
+// StreamSource reporting the subscriber's per-stream counters. It knows the subscriber only through
 // those small interfaces (streams.go), never its transport.
+//
+// With Config.Security set, every endpoint but health and reflection
+// needs a scope: the gRPC interceptors and HTTP guards (auth.go) read
+// what a caller presents and ask package security, which holds the TLS
+// certificate files, the auth file and the decision, whether it may.
 //
 // The Go client is package client (api/client). The server imports from
 // it only the JSON forms of the answers and the token-source names, which

@@ -25,7 +25,7 @@ func unknownModel(model string, known []string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "unknown model %q: ", model)
 	if len(known) == 0 {
-		b.WriteString("kvindex follows no model yet (no --model, no engine with model=, and no engine has sent events)")
+		b.WriteString("kvindex follows no model yet (it has no default model, no engine configured with a model, and no engine has sent events)")
 		return status.Error(codes.NotFound, b.String())
 	}
 	b.WriteString("kvindex follows ")

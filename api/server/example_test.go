@@ -9,17 +9,18 @@ import (
 	"strings"
 
 	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
-// A server over an index fed through its Hub, asked over HTTP/JSON which
+// A server over an index fed through a watch hub, asked over HTTP/JSON which
 // pods hold a prompt's prefix. (The gRPC side: ExampleDial in api/client.)
 func ExampleServer_Handler() {
 	hasher := blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: blockhash.DefaultSeed, BlockSize: 16})
 	ix, _ := indexer.New(indexer.Options{Hasher: hasher})
-	hub := server.NewHub(ix) // the event subscriber's Sink
+	hub := watchhub.New(ix, watchhub.Limits{}) // the event subscriber's Sink
 	srv, err := server.New(server.Config{Index: ix, BlockSize: 16, Hub: hub, DefaultModel: "qwen"})
 	if err != nil {
 		log.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/tokenizer"
@@ -68,7 +69,7 @@ func FuzzHTTPRequest(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	hub := NewHub(ix)
+	hub := watchhub.New(ix, watchhub.Limits{})
 	srv, err := New(Config{
 		Index: ix, BlockSize: testBlockSize, Hub: hub, DefaultModel: testModel, ReadyGrace: -1, MaxTokens: 4096,
 		Tokenizers: []NamedTokenizer{{client.SourceEngine, engineTok}, {client.SourceLocal, localTokenizer(f)}},

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents"
@@ -22,11 +23,11 @@ const (
 var testHasher = blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: blockhash.DefaultSeed, BlockSize: testBlockSize})
 
 // fixture is a server on loopback: gRPC on a real socket, HTTP through
-// httptest, over a real index fed through the Hub.
+// httptest, over a real index fed through a watchhub.Hub.
 type fixture struct {
 	srv    *Server
 	index  *indexer.Index
-	hub    *Hub
+	hub    *watchhub.Hub
 	client *client.Client
 	url    string // HTTP base URL
 }
@@ -38,7 +39,7 @@ func newFixture(t testing.TB, edit func(*Config)) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hub := NewHub(ix)
+	hub := watchhub.New(ix, watchhub.Limits{})
 	cfg := Config{Index: ix, BlockSize: testBlockSize, Hub: hub, DefaultModel: testModel, ReadyGrace: -1}
 	if edit != nil {
 		edit(&cfg)
@@ -107,31 +108,6 @@ func stored(t testing.TB, tokens []uint64, blocks int) kvevents.Event {
 
 func engine(pod string, rank int) kvevents.EngineID {
 	return kvevents.EngineID{Model: testModel, Pod: pod, DPRank: rank}
-}
-
-// recordingSink records the calls a Hub forwards.
-type recordingSink struct {
-	mu     sync.Mutex
-	calls  []string
-	events int
-	onCall func()
-}
-
-func (r *recordingSink) Apply(e kvevents.EngineID, seq uint64, evs []kvevents.Event) {
-	r.mu.Lock()
-	r.calls = append(r.calls, "apply "+e.String())
-	r.events += len(evs)
-	f := r.onCall
-	r.mu.Unlock()
-	if f != nil {
-		f()
-	}
-}
-
-func (r *recordingSink) Reset(e kvevents.EngineID, reason kvevents.ResetReason) {
-	r.mu.Lock()
-	r.calls = append(r.calls, "reset "+e.String()+" "+string(reason))
-	r.mu.Unlock()
 }
 
 // fakeStreams is a StreamSource with fixed content.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/tokenizer"
 )
 
@@ -38,9 +39,9 @@ type HTTPOptions struct{}
 // mistakes.
 func (s *Server) Handler(HTTPOptions) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/v1/longest-prefix", s.guard(ScopeQuery, "/v1/longest-prefix", s.method(http.MethodPost, s.httpLongestPrefix)))
-	mux.Handle("/v1/lookup", s.guard(ScopeQuery, "/v1/lookup", s.method(http.MethodPost, s.httpLookup)))
-	mux.Handle("/v1/pods", s.guard(ScopeQuery, "/v1/pods", s.method(http.MethodGet, s.httpPods)))
+	mux.Handle("/v1/longest-prefix", s.guard(security.ScopeQuery, "/v1/longest-prefix", s.method(http.MethodPost, s.httpLongestPrefix)))
+	mux.Handle("/v1/lookup", s.guard(security.ScopeQuery, "/v1/lookup", s.method(http.MethodPost, s.httpLookup)))
+	mux.Handle("/v1/pods", s.guard(security.ScopeQuery, "/v1/pods", s.method(http.MethodGet, s.httpPods)))
 	s.handleCommon(mux)
 	return mux
 }
@@ -55,7 +56,7 @@ func (s *Server) Handler(HTTPOptions) http.Handler {
 func (s *Server) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	prof := func(path string, h http.HandlerFunc) {
-		mux.Handle(path, s.guard(ScopeAdmin, "/debug/pprof/", h))
+		mux.Handle(path, s.guard(security.ScopeAdmin, "/debug/pprof/", h))
 	}
 	prof("/debug/pprof/", pprof.Index)
 	prof("/debug/pprof/cmdline", pprof.Cmdline)
@@ -69,7 +70,7 @@ func (s *Server) AdminHandler() http.Handler {
 // handleCommon adds the endpoints both HTTP listeners serve: metrics,
 // liveness, readiness, and a JSON 404 for the rest.
 func (s *Server) handleCommon(mux *http.ServeMux) {
-	mux.Handle("/metrics", s.guard(ScopeMetrics, "/metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
+	mux.Handle("/metrics", s.guard(security.ScopeMetrics, "/metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
 	})

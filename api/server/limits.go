@@ -1,14 +1,17 @@
 package server
 
 import (
-	"fmt"
 	"time"
+
+	"github.com/kvindex/kvindex/api/watchhub"
+	"github.com/kvindex/kvindex/internal/configerr"
 )
 
 // Limits bound what clients can make the server hold: connections, time,
-// concurrent streams, query tokens and watchers. Each has a default here
-// (the one home of these defaults: kvindex serve's flags take theirs from
-// DefaultLimits); a zero field takes its default.
+// concurrent streams, query tokens and watchers. Each has a default in
+// DefaultLimits, which kvindex serve's flags take theirs from; a zero
+// field takes its default. The defaults are written here, the watch
+// bounds' in package watchhub, once each.
 type Limits struct {
 	// HTTPReadHeaderTimeout bounds reading a request's headers: a client
 	// sending them byte by byte is cut off after it.
@@ -46,17 +49,12 @@ type Limits struct {
 	// 429). 0: TokensInFlightFactor x Config.MaxTokens.
 	MaxTokensInFlight int64
 
-	// MaxWatchers caps concurrent Watch streams.
-	MaxWatchers int
-	// WatchQueueEvents and WatchQueueBytes bound each watcher's queue; a
-	// watcher whose queue overflows is told so and closed.
-	WatchQueueEvents int
-	WatchQueueBytes  int64
-	// HubQueueBatches and HubQueueBytes bound the batches waiting for the
-	// watch fan-out; a batch that does not fit is dropped for every
-	// watcher (and the watchers are told, see Hub).
-	HubQueueBatches int
-	HubQueueBytes   int64
+	// Limits are the Watch bounds (MaxWatchers, WatchQueueEvents and
+	// WatchQueueBytes, HubQueueBatches and HubQueueBytes), embedded so
+	// that one Limits holds every bound of kvindex serve. They are the
+	// hub's: Watch streams are held by Config.Hub, which must be built
+	// with them (watchhub.New(sink, l.Limits)); the server reads none.
+	watchhub.Limits
 }
 
 // TokensInFlightFactor sizes the default MaxTokensInFlight: this many
@@ -77,11 +75,7 @@ var DefaultLimits = Limits{
 	GRPCKeepaliveTimeout: 20 * time.Second,
 	GRPCKeepaliveMinTime: 10 * time.Second,
 
-	MaxWatchers:      64,
-	WatchQueueEvents: DefaultWatchBuffer,
-	WatchQueueBytes:  16 << 20,
-	HubQueueBatches:  4096,
-	HubQueueBytes:    64 << 20,
+	Limits: watchhub.DefaultLimits,
 }
 
 // withDefaults fills l's zero fields; maxTokens is the query size bound
@@ -110,29 +104,24 @@ func (l Limits) withDefaults(maxTokens int) Limits {
 	if l.MaxTokensInFlight <= 0 {
 		l.MaxTokensInFlight = TokensInFlightFactor * int64(min(maxTokens, MaxMaxTokens))
 	}
-	if l.MaxWatchers <= 0 {
-		l.MaxWatchers = d.MaxWatchers
-	}
-	if l.WatchQueueEvents <= 0 {
-		l.WatchQueueEvents = d.WatchQueueEvents
-	}
-	if l.WatchQueueBytes <= 0 {
-		l.WatchQueueBytes = d.WatchQueueBytes
-	}
-	if l.HubQueueBatches <= 0 {
-		l.HubQueueBatches = d.HubQueueBatches
-	}
-	if l.HubQueueBytes <= 0 {
-		l.HubQueueBytes = d.HubQueueBytes
-	}
+	l.Limits = l.Limits.WithDefaults()
 	return l
 }
 
-// Check refuses limits that cannot work together; the messages name
-// kvindex serve's flags.
+// The settings that the server's configuration errors name
+// (configerr.Field): Config.MaxTokens and Limits.MaxTokensInFlight. A
+// front end maps them to its own names (kvindex serve: its flags).
+const (
+	FieldMaxTokens         configerr.Field = "MaxTokens"
+	FieldMaxTokensInFlight configerr.Field = "MaxTokensInFlight"
+)
+
+// Check refuses limits that cannot work together with the query size
+// bound maxTokens (Config.MaxTokens); its error is a *configerr.Error.
 func (l Limits) Check(maxTokens int) error {
 	if l.MaxTokensInFlight < int64(maxTokens) {
-		return fmt.Errorf("--max-tokens-in-flight %d is below --max-query-tokens %d: a query of the largest size could never run", l.MaxTokensInFlight, maxTokens)
+		return configerr.New(FieldMaxTokensInFlight, "%v %d is below %v %d: a query of the largest size could never run",
+			FieldMaxTokensInFlight, l.MaxTokensInFlight, FieldMaxTokens, maxTokens)
 	}
 	return nil
 }

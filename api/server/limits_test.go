@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/tokenizer"
@@ -40,9 +41,9 @@ func (g *gateTokenizer) Tokenize(ctx context.Context, _ string, _ tokenizer.Inpu
 	}
 }
 
-// Queries beyond --max-tokens-in-flight are refused at once with
-// ResourceExhausted (HTTP 429) naming the limit and its flag, while a
-// small query still fits; the refusals are counted.
+// Queries beyond Limits.MaxTokensInFlight are refused at once with
+// ResourceExhausted (HTTP 429) naming the limit, while a small query
+// still fits; the refusals are counted.
 func TestTokensInFlight(t *testing.T) {
 	gate := &gateTokenizer{entered: make(chan struct{}, 8), open: make(chan struct{})}
 	f := newFixture(t, func(c *Config) {
@@ -67,11 +68,11 @@ func TestTokensInFlight(t *testing.T) {
 	<-gate.entered // 2,000 tokens in flight
 
 	_, err := f.client.LongestPrefixText(ctx, testModel, large, nil)
-	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "2500 tokens in flight") || !strings.Contains(err.Error(), "--max-tokens-in-flight") {
-		t.Errorf("third large query: %v; want ResourceExhausted naming the limit and the flag", err)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "its limit of 2500 tokens in flight") {
+		t.Errorf("third large query: %v; want ResourceExhausted naming the limit", err)
 	}
 	code, body := post(t, f.url+"/v1/longest-prefix", `{"prompt":"`+large+`"}`)
-	if code != http.StatusTooManyRequests || !strings.Contains(string(body), "--max-tokens-in-flight") {
+	if code != http.StatusTooManyRequests || !strings.Contains(string(body), "its limit of 2500 tokens in flight") {
 		t.Errorf("HTTP large query: %d %s; want 429", code, body)
 	}
 	if _, err := f.client.LongestPrefixTokens(ctx, testModel, seqTokens(1, 64), nil); err != nil {
@@ -163,11 +164,11 @@ func grepLines(text, prefix string) string {
 }
 
 // A Watch stream that falls behind ends with ResourceExhausted saying so;
-// Watch streams beyond --max-watchers are refused with ResourceExhausted.
+// Watch streams beyond MaxWatchers are refused with ResourceExhausted.
 func TestWatchLimits(t *testing.T) {
-	var hub *Hub
+	var hub *watchhub.Hub
 	f := newFixture(t, func(c *Config) {
-		hub = NewHubLimits(c.Index.(kvevents.Sink), Limits{MaxWatchers: 1, HubQueueBatches: 2})
+		hub = watchhub.New(c.Index.(kvevents.Sink), watchhub.Limits{MaxWatchers: 1, HubQueueBytes: 1})
 		c.Hub = hub
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -181,15 +182,14 @@ func TestWatchLimits(t *testing.T) {
 	if err == nil {
 		_, err = second.Recv()
 	}
-	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "--max-watchers") {
-		t.Errorf("second watcher: %v; want ResourceExhausted naming --max-watchers", err)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "at most 1 Watch streams at once") {
+		t.Errorf("second watcher: %v; want ResourceExhausted naming the limit", err)
 	}
 
-	hub.mu.Lock() // the fan-out cannot deliver: its queue overflows
+	// Every batch is larger than the fan-out queue's 1 byte: it overflows.
 	for i := range 10 {
 		hub.Apply(engine("a", 0), uint64(i), []kvevents.Event{stored(t, seqTokens(1, 32), 2)})
 	}
-	hub.mu.Unlock()
 	for err = nil; err == nil; {
 		_, err = stream.Recv()
 	}
@@ -225,8 +225,8 @@ func TestCountsSaturate(t *testing.T) {
 	if g.tryAcquire(100) {
 		t.Error("acquire beyond the limit accepted: the sum wrapped")
 	}
-	if _, err := New(Config{Index: newTestIndex(t), BlockSize: 16, MaxTokens: MaxMaxTokens + 1}); err == nil || !strings.Contains(err.Error(), "--max-query-tokens") {
-		t.Errorf("MaxTokens beyond MaxMaxTokens: %v, want an error naming --max-query-tokens", err)
+	if _, err := New(Config{Index: newTestIndex(t), BlockSize: 16, MaxTokens: MaxMaxTokens + 1}); err == nil || !strings.Contains(err.Error(), "MaxTokens 200000001 is above") {
+		t.Errorf("MaxTokens beyond MaxMaxTokens: %v, want an error naming MaxTokens", err)
 	}
 }
 

@@ -85,7 +85,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		st.waits.Add(1)
 		now := l.s.now().UnixNano()
 		if last := st.logged.Load(); now-last >= int64(connWaitLogEvery) && st.logged.CompareAndSwap(last, now) {
-			l.s.log.Warn("HTTP connection limit reached; new connections wait (--http-max-conns)", "limit", st.max, "waits_total", st.waits.Load())
+			l.s.log.Warn("HTTP connection limit reached; new connections wait", "limit", st.max, "waits_total", st.waits.Load())
 		}
 		select {
 		case l.sem <- struct{}{}:

@@ -149,7 +149,7 @@ func fillExtras(p *kvindexv1.Prompt, tokens int, x *blockhash.Extras) error {
 func (s *Server) tokenize(ctx context.Context, model string, in tokenizer.Input) ([]uint64, string, error) {
 	if len(s.cfg.Tokenizers) == 0 {
 		return nil, "", status.Error(codes.FailedPrecondition,
-			"text and chat prompts need a tokenizer: start kvindex with --tokenize-url (the engine's /tokenize) or --tokenizer tokenizer.json, or send token ids")
+			"text and chat prompts need a tokenizer: this kvindex has none (neither the engine's /tokenize nor a local tokenizer.json); send token ids")
 	}
 	code := codes.FailedPrecondition
 	var msgs []string

@@ -2,6 +2,8 @@ package server
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvindex/kvindex/api/server/security"
 )
 
 // securityMetrics count what the security layer did: file reloads and
@@ -12,14 +14,15 @@ type securityMetrics struct {
 }
 
 // setupSecurity loads the certificate (and auth) files of
-// Config.Security and registers the security metrics.
+// Config.Security, to be reloaded when they change, and registers the
+// security metrics.
 func (s *Server) setupSecurity() error {
 	sec := &s.cfg.Security
 	if err := sec.Check(); err != nil {
 		return err
 	}
 	if sec.ReloadCheck <= 0 {
-		sec.ReloadCheck = DefaultReloadCheck
+		sec.ReloadCheck = security.DefaultReloadCheck
 	}
 	s.sec = securityMetrics{
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -43,10 +46,10 @@ func (s *Server) setupSecurity() error {
 	switch {
 	case sec.AuthFile != "":
 		s.authMode = authFile
-		s.auth, err = newReloader("auth", []string{sec.AuthFile}, sec.ReloadCheck, s.now, s.log, s.sec.reloaded("auth"), func() (*policy, error) {
-			p, err := loadAuthFile(sec.AuthFile)
+		s.auth, err = security.NewReloader("auth", []string{sec.AuthFile}, sec.ReloadCheck, s.now, s.log, s.sec.reloaded("auth"), func() (*security.Policy, error) {
+			p, err := security.LoadPolicy(sec.AuthFile)
 			if err == nil {
-				s.log.Info("auth file loaded", "file", sec.AuthFile, "tokens", len(p.tokens), "identities", len(p.identities))
+				s.log.Info("auth file loaded", "file", sec.AuthFile, "tokens", p.Tokens(), "identities", p.Identities())
 			}
 			return p, err
 		})

@@ -25,7 +25,10 @@ import (
 	"github.com/kvindex/kvindex/api/indexerv1"
 	"github.com/kvindex/kvindex/api/internal/wire"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/api/server/security"
+	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -64,8 +67,9 @@ type Config struct {
 	// order (typically the engine's /tokenize, then a local
 	// tokenizer.json). None: such prompts fail with FailedPrecondition.
 	Tokenizers []NamedTokenizer
-	// Hub feeds Watch; nil disables Watch (Unavailable).
-	Hub *Hub
+	// Hub feeds Watch: the hub the subscriber applies its batches
+	// through (its sink). nil disables Watch (Unavailable).
+	Hub *watchhub.Hub
 	// Streams reports ingest state for ListPods, health and metrics; nil
 	// means no ingest.
 	Streams StreamSource
@@ -108,12 +112,11 @@ type Config struct {
 	// waiting for ExpectStreams; ReadyGrace still applies.
 	ReadyWhen <-chan struct{}
 	// Limits bound the server's resources (zero fields: DefaultLimits).
-	// The watch fields are the Hub's: give the same Limits to
-	// NewHubLimits.
+	// The embedded watch bounds are the Hub's: build it with them.
 	Limits Limits
 	// Security configures TLS and caller authorization; the zero value
 	// serves plaintext to every caller.
-	Security Security
+	Security security.Config
 	// Registry receives the server's metrics; a new one if nil.
 	Registry *prometheus.Registry
 	// Logger logs the server's noteworthy events; slog.Default if nil.
@@ -147,8 +150,8 @@ type Server struct {
 	tokens tokenGate
 	conns  connStats
 
-	certs    *reloader[certs]  // nil without TLS
-	auth     *reloader[policy] // nil without an auth file
+	certs    *security.Reloader[security.Certs]  // nil without TLS
+	auth     *security.Reloader[security.Policy] // nil without an auth file
 	authMode authMode
 	sec      securityMetrics
 }
@@ -173,14 +176,14 @@ func New(cfg Config) (*Server, error) {
 		cfg.MaxTokens = DefaultMaxTokens
 	}
 	if cfg.MaxTokens > MaxMaxTokens {
-		return nil, fmt.Errorf("server: --max-query-tokens %d is above %d", cfg.MaxTokens, MaxMaxTokens)
+		return nil, configerr.Within("server", configerr.New(FieldMaxTokens, "%v %d is above %d", FieldMaxTokens, cfg.MaxTokens, MaxMaxTokens))
 	}
 	if cfg.ReadyGrace == 0 {
 		cfg.ReadyGrace = DefaultReadyGrace
 	}
 	cfg.Limits = cfg.Limits.withDefaults(cfg.MaxTokens)
 	if err := cfg.Limits.Check(cfg.MaxTokens); err != nil {
-		return nil, fmt.Errorf("server: %w", err)
+		return nil, configerr.Within("server", err)
 	}
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
@@ -212,7 +215,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.metrics = m
 	if err := s.setupSecurity(); err != nil {
-		return nil, fmt.Errorf("server: %w", err)
+		return nil, configerr.Within("server", err)
 	}
 	for _, svc := range healthServices {
 		s.health.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
@@ -497,7 +500,7 @@ func (s *Server) model(m string) (string, error) {
 	if s.cfg.DefaultModel != "" {
 		return s.cfg.DefaultModel, nil
 	}
-	return "", status.Error(codes.InvalidArgument, "model is required (this kvindex has no default model; see --model)")
+	return "", status.Error(codes.InvalidArgument, "model is required (this kvindex has no default model)")
 }
 
 // LongestPrefix implements kvindex.v1.IndexService.
@@ -825,9 +828,9 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream kvindexv1.IndexServic
 	}
 	w, err := s.cfg.Hub.SubscribeLoRAs(req.GetPods(), loras)
 	switch {
-	case errors.Is(err, ErrTooManyWatchers):
+	case errors.Is(err, watchhub.ErrTooManyWatchers):
 		s.log.Warn("watch refused", "limit", s.cfg.Hub.MaxWatchers())
-		return status.Errorf(codes.ResourceExhausted, "kvindex serves at most %d Watch streams at once (--max-watchers); try again later", s.cfg.Hub.MaxWatchers())
+		return status.Errorf(codes.ResourceExhausted, "kvindex serves at most %d Watch streams at once; try again later", s.cfg.Hub.MaxWatchers())
 	case err != nil:
 		return status.Error(codes.Unavailable, "kvindex is shutting down")
 	}
@@ -835,8 +838,8 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream kvindexv1.IndexServic
 	ctx := stream.Context()
 	for {
 		m, err := w.Next(ctx)
-		var behind *BehindError
-		var limit *WatchLimitError
+		var behind *watchhub.BehindError
+		var limit *watchhub.WatchLimitError
 		switch {
 		case errors.As(err, &behind):
 			s.log.Info("watcher fell behind; closed", "lost_events", behind.Events, "fan_out_queue", behind.Hub)
@@ -844,7 +847,7 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream kvindexv1.IndexServic
 		case errors.As(err, &limit):
 			s.log.Info("restricted watcher closed", "reason", limit.Error())
 			return status.Error(codes.ResourceExhausted, limit.Error())
-		case errors.Is(err, ErrHubClosed):
+		case errors.Is(err, watchhub.ErrClosed):
 			return nil // the server is shutting down
 		case err != nil:
 			return status.FromContextError(err).Err()

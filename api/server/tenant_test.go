@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/internal/testcerts"
 	"github.com/kvindex/kvindex/kvevents"
@@ -60,7 +61,7 @@ func TestTenantIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := startSecure(t, Security{CertFile: sp.CertFile, KeyFile: sp.KeyFile, AuthFile: auth}, nil)
+	s := startSecure(t, security.Config{CertFile: sp.CertFile, KeyFile: sp.KeyFile, AuthFile: auth}, nil)
 	tokens := seqTokens(500, 4*testBlockSize)
 	saltA := &blockhash.Extras{CacheSalt: "salt-a"}
 	loraX := &blockhash.Extras{LoRAName: "x"}
@@ -131,7 +132,7 @@ func TestTenantIsolation(t *testing.T) {
 	if code := watchCode(t, clients["tenant-a"], s.hub); code != codes.PermissionDenied {
 		t.Errorf("Watch by a salt-restricted caller: %v, want PermissionDenied", code)
 	}
-	if n := counterValue(t, s.srv.sec.refused.WithLabelValues(reasonTenant, "Watch")); n != 1 {
+	if n := counterValue(t, s.srv.sec.refused.WithLabelValues(security.ReasonTenant, "Watch")); n != 1 {
 		t.Errorf("tenant refusals of Watch = %v, want 1", n)
 	}
 	t.Run("watch restricted to an adapter", func(t *testing.T) { watchAdapter(t, s, clients["lora-x"]) })

@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/server/security"
+	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/testcerts"
 )
@@ -22,18 +24,18 @@ import (
 // served as kvindex serve serves them (NewGRPCServer, LimitListener).
 type secureServer struct {
 	srv      *Server
-	hub      *Hub
+	hub      *watchhub.Hub
 	grpcAddr string
 	httpURL  string
 }
 
-func startSecure(t *testing.T, sec Security, edit func(*Config)) *secureServer {
+func startSecure(t *testing.T, sec security.Config, edit func(*Config)) *secureServer {
 	t.Helper()
 	ix, err := indexer.New(indexer.Options{Hasher: testHasher})
 	if err != nil {
 		t.Fatal(err)
 	}
-	hub := NewHub(ix)
+	hub := watchhub.New(ix, watchhub.Limits{})
 	sec.ReloadCheck = time.Nanosecond // every handshake looks at the files
 	cfg := Config{Index: ix, BlockSize: testBlockSize, Hub: hub, DefaultModel: testModel, ReadyGrace: -1, Security: sec}
 	if edit != nil {
@@ -116,7 +118,7 @@ func TestTLS(t *testing.T) {
 	ca := testcerts.NewCA(t, dir, "ca")
 	other := testcerts.NewCA(t, dir, "other")
 	sp := ca.Server(t, "kvindex")
-	s := startSecure(t, Security{CertFile: sp.CertFile, KeyFile: sp.KeyFile}, nil)
+	s := startSecure(t, security.Config{CertFile: sp.CertFile, KeyFile: sp.KeyFile}, nil)
 
 	tests := []struct {
 		name string
@@ -162,7 +164,7 @@ func TestMutualTLS(t *testing.T) {
 	ca := testcerts.NewCA(t, dir, "ca")
 	rogue := testcerts.NewCA(t, dir, "rogue")
 	sp := ca.Server(t, "kvindex")
-	s := startSecure(t, Security{CertFile: sp.CertFile, KeyFile: sp.KeyFile, ClientCAFile: ca.CertFile}, nil)
+	s := startSecure(t, security.Config{CertFile: sp.CertFile, KeyFile: sp.KeyFile, ClientCAFile: ca.CertFile}, nil)
 	good := ca.Client(t, "router")
 	bad := rogue.Issue(t, "rogue-router", testcerts.Leaf{CN: "router", Client: true})
 
@@ -201,7 +203,7 @@ func TestTLSReload(t *testing.T) {
 	ca1 := testcerts.NewCA(t, dir, "ca1")
 	ca2 := testcerts.NewCA(t, dir, "ca2")
 	live := ca1.Server(t, "live")
-	s := startSecure(t, Security{CertFile: live.CertFile, KeyFile: live.KeyFile}, nil)
+	s := startSecure(t, security.Config{CertFile: live.CertFile, KeyFile: live.KeyFile}, nil)
 	trusts := func(ca *testcerts.CA) bool {
 		_, err := s.httpGet(t, client.TLSConfig{CAFile: ca.CertFile}, "/healthz")
 		return err == nil
@@ -254,21 +256,21 @@ func mustRead(t *testing.T, path string) []byte {
 	return b
 }
 
-// Files that are missing or do not match stop New with the flag named.
+// Files that are missing or do not match stop New with the setting named.
 func TestSecurityConfigErrors(t *testing.T) {
 	dir := t.TempDir()
 	ca := testcerts.NewCA(t, dir, "ca")
 	sp := ca.Server(t, "kvindex")
 	tests := []struct {
 		name string
-		sec  Security
+		sec  security.Config
 		want string
 	}{
-		{"cert without key", Security{CertFile: sp.CertFile}, "--tls-cert and --tls-key go together"},
-		{"client CA without cert", Security{ClientCAFile: ca.CertFile}, "--tls-client-ca needs --tls-cert"},
-		{"missing cert", Security{CertFile: dir + "/none.pem", KeyFile: sp.KeyFile}, "no such file"},
-		{"key of another cert", Security{CertFile: sp.CertFile, KeyFile: ca.Server(t, "x").KeyFile}, "private key does not match"},
-		{"client CA not PEM", Security{CertFile: sp.CertFile, KeyFile: sp.KeyFile, ClientCAFile: sp.KeyFile}, "no PEM certificate"},
+		{"cert without key", security.Config{CertFile: sp.CertFile}, "CertFile and KeyFile go together"},
+		{"client CA without cert", security.Config{ClientCAFile: ca.CertFile}, "ClientCAFile needs CertFile"},
+		{"missing cert", security.Config{CertFile: dir + "/none.pem", KeyFile: sp.KeyFile}, "no such file"},
+		{"key of another cert", security.Config{CertFile: sp.CertFile, KeyFile: ca.Server(t, "x").KeyFile}, "private key does not match"},
+		{"client CA not PEM", security.Config{CertFile: sp.CertFile, KeyFile: sp.KeyFile, ClientCAFile: sp.KeyFile}, "no PEM certificate"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

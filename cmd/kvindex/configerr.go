@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 
+	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/internal/configerr"
 )
 
@@ -66,4 +68,11 @@ var serveFlagNames = map[configerr.Field]string{
 	"Picker.ExtProcAddr":   "--extproc-addr",
 	"ScrapeInterval":       "--scrape-interval",
 	"Index":                "--index",
+	// The server's and its security's settings.
+	server.FieldMaxTokens:         "--max-query-tokens",
+	server.FieldMaxTokensInFlight: "--max-tokens-in-flight",
+	security.FieldCertFile:        "--tls-cert",
+	security.FieldKeyFile:         "--tls-key",
+	security.FieldClientCAFile:    "--tls-client-ca",
+	security.FieldAuthFile:        "--auth-tokens",
 }

@@ -527,7 +527,7 @@ func TestE2ETokenizer(t *testing.T) {
 func TestE2EMissingTokenizer(t *testing.T) {
 	x := startE2E(t, []string{"pod-a"})
 	_, errOut, code := runCLI(t, "query", "--server", x.svc.GRPCAddr(), "--prompt", "hello")
-	if code != 1 || !strings.HasPrefix(errOut, "kvindex: text and chat prompts need a tokenizer: start kvindex with --tokenize-url") || strings.Count(errOut, "\n") != 1 {
+	if code != 1 || !strings.HasPrefix(errOut, "kvindex: text and chat prompts need a tokenizer: this kvindex has none") || strings.Count(errOut, "\n") != 1 {
 		t.Errorf("no tokenizer: %q", errOut)
 	}
 	// A file that is not a tokenizer stops serve with one line.

@@ -66,7 +66,7 @@ func (f *limitFlags) limits(maxQueryTokens int) (server.Limits, error) {
 		l.MaxTokensInFlight = server.TokensInFlightFactor * int64(maxQueryTokens)
 	}
 	if err := l.Check(maxQueryTokens); err != nil {
-		return l, usagef("%v", err)
+		return l, configUsage(err, serveFlagNames)
 	}
 	return l, nil
 }

@@ -5,7 +5,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kvindex/kvindex/api/client"
-	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/api/server/security"
 )
 
 // securityFlags are serve's TLS and authorization settings; api/README's
@@ -24,16 +24,16 @@ func (f *securityFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.adminAddr, "admin-addr", "", "serve the admin listener here: Go profiles (/debug/pprof/), /metrics, /healthz, /readyz; keep it on loopback (e.g. 127.0.0.1:6060) unless callers need the admin scope (default: off)")
 }
 
-// options validates the flags into the server's Security and the admin
+// options validates the flags into the server's security.Config and the admin
 // address; pprof is the removed --pprof flag, refused with where profiles
 // went.
-func (f *securityFlags) options(pprof bool) (server.Security, string, error) {
-	sec := server.Security{CertFile: f.tlsCert, KeyFile: f.tlsKey, ClientCAFile: f.tlsClientCA, AuthFile: f.authTokens}
+func (f *securityFlags) options(pprof bool) (security.Config, string, error) {
+	sec := security.Config{CertFile: f.tlsCert, KeyFile: f.tlsKey, ClientCAFile: f.tlsClientCA, AuthFile: f.authTokens}
 	if pprof {
 		return sec, "", usagef("--pprof was removed: Go profiles are served on the admin listener, off the API port; give --admin-addr 127.0.0.1:6060 instead")
 	}
 	if err := sec.Check(); err != nil {
-		return sec, "", usagef("%v", err)
+		return sec, "", configUsage(err, serveFlagNames)
 	}
 	return sec, f.adminAddr, nil
 }

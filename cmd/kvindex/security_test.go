@@ -205,3 +205,33 @@ func TestE2ETokens(t *testing.T) {
 		t.Errorf("refusals should be logged with the token's name, never the token:\n%s", logs)
 	}
 }
+
+// serve's security settings: a bad combination is a usage error, a file
+// that cannot be loaded stops serve; both name the flags.
+func TestServeSecurityFlagErrors(t *testing.T) {
+	p := newPKI(t)
+	auth := writeFile(t, "auth.yaml", "tokens: []\n")
+	base := []string{"serve", "--check", "--listen", "tcp://*:1"}
+	tests := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--tls-cert", p.server.CertFile}, exitUsage,
+			"kvindex: --tls-cert and --tls-key go together: give both or neither (see 'kvindex serve --help')\n"},
+		{[]string{"--tls-client-ca", p.ca.CertFile}, exitUsage,
+			"kvindex: --tls-client-ca needs --tls-cert and --tls-key: client certificates are asked for in a TLS handshake (see 'kvindex serve --help')\n"},
+		{[]string{"--auth-tokens", auth}, exitRuntime,
+			"kvindex: server: --auth-tokens " + auth + ": no tokens and no identities: list at least one\n"},
+		{[]string{"--tls-cert", auth, "--tls-key", p.server.KeyFile}, exitRuntime,
+			"kvindex: server: --tls-cert " + auth + " / --tls-key " + p.server.KeyFile + ": tls: failed to find any PEM data in certificate input\n"},
+		{[]string{"--tls-cert", p.server.CertFile, "--tls-key", p.server.KeyFile, "--tls-client-ca", auth}, exitRuntime,
+			"kvindex: server: --tls-client-ca " + auth + ": no PEM certificate in it\n"},
+	}
+	for _, tc := range tests {
+		_, stderr, code := runCLI(t, append(base, tc.args...)...)
+		if code != tc.code || stderr != tc.want {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d, %q", tc.args, code, stderr, tc.code, tc.want)
+		}
+	}
+}

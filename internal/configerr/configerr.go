@@ -97,6 +97,17 @@ func (e *Error) Unwrap() []error {
 	return nil
 }
 
+// Within puts context before err's message ("server: ..."). A
+// configuration error stays one, of the same setting and kind, so that a
+// front end still names its settings; any other error is wrapped as
+// fmt.Errorf's %w does.
+func Within(context string, err error) error {
+	if ce, ok := err.(*Error); ok {
+		return &Error{Field: ce.Field, format: "%s: %w", args: []any{context, ce}, failed: ce.failed}
+	}
+	return fmt.Errorf("%s: %w", context, err)
+}
+
 // As finds the configuration error in err's chain, if any.
 func As(err error) (*Error, bool) {
 	var ce *Error

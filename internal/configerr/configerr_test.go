@@ -68,3 +68,19 @@ func TestUsage(t *testing.T) {
 		t.Errorf("Failed: usage %v, %q", f.Usage(), f)
 	}
 }
+
+func TestWithin(t *testing.T) {
+	inner := configerr.Failed("AuthFile", "%v %s: empty", configerr.Field("AuthFile"), "a.yaml")
+	err := configerr.Within("server", inner)
+	ce, ok := err.(*configerr.Error)
+	if !ok || ce.Field != "AuthFile" || ce.Usage() || !errors.Is(err, inner) {
+		t.Fatalf("Within: %#v", err)
+	}
+	if got := ce.Render(func(configerr.Field) string { return "--auth-tokens" }); got != "server: --auth-tokens a.yaml: empty" {
+		t.Errorf("Render = %q", got)
+	}
+	plain := configerr.Within("server", fs.ErrNotExist)
+	if _, ok := configerr.As(plain); ok || !errors.Is(plain, fs.ErrNotExist) || plain.Error() != "server: file does not exist" {
+		t.Errorf("Within a plain error: %v", plain)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"net"
 
 	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/internal/bytesize"
 )
 
@@ -19,7 +20,7 @@ func logLimits(log *slog.Logger, l server.Limits) {
 
 // logSecurity logs how the service authenticates callers, and warns when
 // a listener reachable from other hosts has no authentication.
-func logSecurity(log *slog.Logger, sec server.Security, addrs ...string) {
+func logSecurity(log *slog.Logger, sec security.Config, addrs ...string) {
 	mode := "none"
 	switch {
 	case sec.ClientCAFile != "":

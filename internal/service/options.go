@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/snapstore"
@@ -52,7 +53,7 @@ type Options struct {
 	// SnapshotInterval and at stop; "" for none.
 	StateDir         string
 	SnapshotInterval time.Duration
-	Security         server.Security
+	Security         security.Config
 	// AdminAddr serves profiles and metrics; "" for none.
 	AdminAddr string
 	Picker    *PickerOptions   // nil: no in-process picker

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/lifecycle"
 	"github.com/kvindex/kvindex/picker"
@@ -125,7 +126,7 @@ func (p *embeddedPicker) handler(api http.Handler, srv *server.Server) http.Hand
 		return api
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/v1/pick", srv.Guard(server.ScopeQuery, "Pick", p.svc.Handler()))
+	mux.Handle("/v1/pick", srv.Guard(security.ScopeQuery, "Pick", p.svc.Handler()))
 	mux.Handle("/", api)
 	return mux
 }

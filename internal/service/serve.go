@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/server"
+	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/buildinfo"
 	"github.com/kvindex/kvindex/internal/bytesize"
@@ -34,7 +35,7 @@ type Service struct {
 	o     *Options
 	log   *slog.Logger
 	index *indexer.Index
-	hub   *server.Hub
+	hub   *watchhub.Hub
 	src   eventSource
 	zsub  *zmqtransport.Subscriber // nil in NATS mode
 	api   *server.Server
@@ -97,7 +98,7 @@ func build(o *Options, log *slog.Logger, restore bool) (*Service, error) {
 			resume = s.state.restore(o)
 		}
 	}
-	s.hub = server.NewHubLimits(ix, o.Limits)
+	s.hub = watchhub.New(ix, o.Limits.Limits)
 	var replica *natsReplica
 	if o.NATS != nil {
 		replica = newNATSReplica(o.NATS, o.Model, o.Index.Hasher.Config(), ix, s.hub, log.With("component", "nats"))
@@ -459,7 +460,7 @@ func buildInfoGauge(in buildinfo.Info) prometheus.Collector {
 }
 
 // Hub is the service's watch hub: the event source's sink.
-func (s *Service) Hub() *server.Hub { return s.hub }
+func (s *Service) Hub() *watchhub.Hub { return s.hub }
 
 // API is the service's query server.
 func (s *Service) API() *server.Server { return s.api }

@@ -64,7 +64,6 @@ func TestParseEngine(t *testing.T) {
 	}
 }
 
-
 func TestParseEngines(t *testing.T) {
 	got, err := ParseEngines([]string{"a=tcp://h:5557,ranks=2", "b=tcp://h:6000"}, "m")
 	if err != nil || len(got) != 2 || got[1].Name != "b" {

@@ -1,4 +1,4 @@
-package server
+package watchhub
 
 import (
 	"context"
@@ -49,7 +49,7 @@ func flush(t testing.TB, h *Hub) {
 // The hub applies a batch to its sink before any watcher sees it.
 func TestHubAppliesBeforePublishing(t *testing.T) {
 	sink := &recordingSink{}
-	h := NewHub(sink)
+	h := New(sink, Limits{})
 	defer h.Close()
 	w, err := h.Subscribe(nil)
 	if err != nil {
@@ -84,7 +84,7 @@ func TestHubAppliesBeforePublishing(t *testing.T) {
 
 // The hub copies the hashes: the subscriber reuses its event storage.
 func TestHubCopiesHashes(t *testing.T) {
-	h := NewHub(&recordingSink{})
+	h := New(&recordingSink{}, Limits{})
 	defer h.Close()
 	w, _ := h.Subscribe(nil)
 	ev := storedHashes(1, 2, 3)
@@ -96,7 +96,7 @@ func TestHubCopiesHashes(t *testing.T) {
 }
 
 func TestHubFilter(t *testing.T) {
-	h := NewHub(&recordingSink{})
+	h := New(&recordingSink{}, Limits{})
 	defer h.Close()
 	onlyB, _ := h.Subscribe([]string{"b"})
 	all, _ := h.Subscribe(nil)
@@ -122,7 +122,7 @@ func TestHubFilter(t *testing.T) {
 // never blocks ingest or the other watchers; it gets no stream with holes.
 func TestHubSlowWatcher(t *testing.T) {
 	sink := &recordingSink{}
-	h := NewHubLimits(sink, Limits{WatchQueueEvents: 4})
+	h := New(sink, Limits{WatchQueueEvents: 4})
 	defer h.Close()
 	slow, _ := h.Subscribe(nil)
 	fast, _ := h.Subscribe(nil)
@@ -157,7 +157,7 @@ func TestHubSlowWatcher(t *testing.T) {
 
 // The queue is bounded in bytes too.
 func TestHubWatcherBytes(t *testing.T) {
-	h := NewHubLimits(&recordingSink{}, Limits{WatchQueueBytes: 1000})
+	h := New(&recordingSink{}, Limits{WatchQueueBytes: 1000})
 	defer h.Close()
 	w, _ := h.Subscribe(nil)
 	big := make([]uint64, 200) // 1,600 bytes of hashes
@@ -174,7 +174,7 @@ func TestHubWatcherBytes(t *testing.T) {
 // measures the cost).
 func TestHubNonReadingWatchers(t *testing.T) {
 	sink := &recordingSink{}
-	h := NewHubLimits(sink, Limits{WatchQueueEvents: 8, MaxWatchers: 300})
+	h := New(sink, Limits{WatchQueueEvents: 8, MaxWatchers: 300})
 	defer h.Close()
 	var ws []*Watcher
 	for range 200 {
@@ -215,7 +215,7 @@ func TestHubNonReadingWatchers(t *testing.T) {
 // it; a watcher subscribed after the drop is not closed for it.
 func TestHubQueueOverflow(t *testing.T) {
 	sink := &recordingSink{}
-	h := NewHubLimits(sink, Limits{HubQueueBatches: 2})
+	h := New(sink, Limits{HubQueueBatches: 2})
 	defer h.Close()
 	w, _ := h.Subscribe(nil)
 	h.mu.Lock() // the fan-out cannot deliver meanwhile
@@ -255,7 +255,7 @@ func TestHubQueueOverflow(t *testing.T) {
 }
 
 func TestHubMaxWatchers(t *testing.T) {
-	h := NewHubLimits(&recordingSink{}, Limits{MaxWatchers: 2})
+	h := New(&recordingSink{}, Limits{MaxWatchers: 2})
 	defer h.Close()
 	a, _ := h.Subscribe(nil)
 	h.Subscribe(nil)
@@ -281,7 +281,7 @@ func TestHubMaxWatchers(t *testing.T) {
 }
 
 func TestHubClose(t *testing.T) {
-	h := NewHub(&recordingSink{})
+	h := New(&recordingSink{}, Limits{})
 	w1, _ := h.Subscribe(nil)
 	w2, _ := h.Subscribe(nil)
 	w2.Close()
@@ -290,11 +290,11 @@ func TestHubClose(t *testing.T) {
 		t.Errorf("%d watchers, want 1", h.Watchers())
 	}
 	h.Close()
-	if _, err := w1.Next(context.Background()); !errors.Is(err, ErrHubClosed) {
+	if _, err := w1.Next(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Errorf("Next after the hub closed: %v", err)
 	}
 	w1.Close() // after the hub's Close: no double close
-	if _, err := h.Subscribe(nil); !errors.Is(err, ErrHubClosed) {
+	if _, err := h.Subscribe(nil); !errors.Is(err, ErrClosed) {
 		t.Errorf("Subscribe after Close: %v", err)
 	}
 	h.Close()
@@ -306,7 +306,7 @@ func TestHubClose(t *testing.T) {
 // with -race).
 func TestHubConcurrent(t *testing.T) {
 	sink := &recordingSink{}
-	h := NewHub(sink)
+	h := New(sink, Limits{})
 	var wg sync.WaitGroup
 	for e := range 4 {
 		wg.Add(1)
@@ -364,7 +364,7 @@ func BenchmarkHubApplyWatchers(b *testing.B) {
 	evs := []kvevents.Event{storedHashes(1, 2, 3, 4), storedHashes(5, 6, 7, 8)}
 	for _, n := range []int{0, 200} {
 		b.Run(fmt.Sprintf("watchers=%d", n), func(b *testing.B) {
-			h := NewHubLimits(nopSink{}, Limits{MaxWatchers: n + 1, WatchQueueEvents: 2*renewEvery + 1, WatchQueueBytes: 1 << 30})
+			h := New(nopSink{}, Limits{MaxWatchers: n + 1, WatchQueueEvents: 2*renewEvery + 1, WatchQueueBytes: 1 << 30})
 			defer h.Close()
 			var ws []*Watcher
 			renew := func() {
@@ -397,5 +397,23 @@ func BenchmarkHubApplyWatchers(b *testing.B) {
 				b.Fatalf("%d watchers closed: the benchmark measured fewer than %d", h.ClosedBehind(), n)
 			}
 		})
+	}
+}
+
+// A zero bound takes its default; a bound given stays.
+func TestLimitsDefaults(t *testing.T) {
+	if got := (Limits{}).WithDefaults(); got != DefaultLimits {
+		t.Errorf("zero Limits: %+v, want %+v", got, DefaultLimits)
+	}
+	got := Limits{MaxWatchers: 3, HubQueueBytes: -1}.WithDefaults()
+	want := DefaultLimits
+	want.MaxWatchers = 3
+	if got != want {
+		t.Errorf("%+v, want %+v", got, want)
+	}
+	h := New(&recordingSink{}, Limits{})
+	defer h.Close()
+	if h.MaxWatchers() != DefaultLimits.MaxWatchers {
+		t.Errorf("MaxWatchers %d, want %d", h.MaxWatchers(), DefaultLimits.MaxWatchers)
 	}
 }

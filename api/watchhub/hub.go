@@ -1,4 +1,4 @@
-package server
+package watchhub
 
 import (
 	"context"
@@ -14,17 +14,13 @@ import (
 	"github.com/kvindex/kvindex/kvevents"
 )
 
-// DefaultWatchBuffer is the number of events a watcher may fall behind
-// before it is closed (Limits.WatchQueueEvents).
-const DefaultWatchBuffer = 4096
-
-// ErrHubClosed is returned by Subscribe after Close, and by Watcher.Next
+// ErrClosed is returned by Subscribe after Close, and by Watcher.Next
 // once the hub is closed.
-var ErrHubClosed = errors.New("server: watch hub closed")
+var ErrClosed = errors.New("watchhub: hub closed")
 
 // ErrTooManyWatchers is returned by Subscribe when Limits.MaxWatchers
 // watchers are open.
-var ErrTooManyWatchers = errors.New("server: too many watchers")
+var ErrTooManyWatchers = errors.New("watchhub: too many watchers")
 
 // BehindError ends a watcher that fell too far behind: its queue
 // overflowed (Limits.WatchQueueEvents or WatchQueueBytes), or the hub's
@@ -104,14 +100,11 @@ type hubItem struct {
 	bytes  int64
 }
 
-// NewHub returns a Hub applying every batch to sink, with DefaultLimits.
-func NewHub(sink kvevents.Sink) *Hub { return NewHubLimits(sink, Limits{}) }
-
-// NewHubLimits returns a Hub with the watch bounds of l (MaxWatchers,
-// WatchQueue*, HubQueue*; zero fields take DefaultLimits').
-func NewHubLimits(sink kvevents.Sink, l Limits) *Hub {
+// New returns a Hub applying every batch to sink, with the watch bounds
+// of l (zero fields take DefaultLimits').
+func New(sink kvevents.Sink, l Limits) *Hub {
 	return &Hub{
-		sink: sink, now: time.Now, limits: l.withDefaults(DefaultMaxTokens),
+		sink: sink, now: time.Now, limits: l.WithDefaults(),
 		watchers: make(map[*Watcher]struct{}), seenCh: make(chan struct{}),
 		qsignal: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -373,7 +366,7 @@ func (h *Hub) MaxWatchers() int { return h.limits.MaxWatchers }
 
 // Subscribe opens a watcher for the events of the given pods (all pods if
 // none). It fails with ErrTooManyWatchers when Limits.MaxWatchers are
-// open, ErrHubClosed after Close.
+// open, ErrClosed after Close.
 func (h *Hub) Subscribe(pods []string) (*Watcher, error) {
 	return h.SubscribeLoRAs(pods, nil)
 }
@@ -412,7 +405,7 @@ func (h *Hub) SubscribeLoRAs(pods, loras []string) (*Watcher, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
-		return nil, ErrHubClosed
+		return nil, ErrClosed
 	}
 	if h.open.Load() >= int64(h.limits.MaxWatchers) {
 		h.refused.Add(1)
@@ -427,7 +420,7 @@ func (h *Hub) SubscribeLoRAs(pods, loras []string) (*Watcher, error) {
 	return w, nil
 }
 
-// Close ends every watcher (Next returns ErrHubClosed once their queues
+// Close ends every watcher (Next returns ErrClosed once their queues
 // are read), refuses new ones and stops the fan-out; batches keep flowing
 // to the index. Servers call it before a graceful stop so that open Watch
 // streams end.
@@ -439,7 +432,7 @@ func (h *Hub) Close() {
 	}
 	h.closed = true
 	for w := range h.watchers {
-		w.end(ErrHubClosed)
+		w.end(ErrClosed)
 		delete(h.watchers, w)
 	}
 	h.active.Store(0)
@@ -527,7 +520,7 @@ func (w *Watcher) discard() uint64 {
 }
 
 // Next returns the watcher's next event, waiting for one until ctx is
-// done. After the watcher ends it returns ErrHubClosed (the hub closed:
+// done. After the watcher ends it returns ErrClosed (the hub closed:
 // a clean end, once the queued events are read) or a *BehindError (at
 // once). The messages are shared between watchers and must not be
 // modified.
@@ -583,7 +576,7 @@ func (w *Watcher) Close() {
 		h.active.Store(int64(len(h.watchers)))
 	}
 	h.mu.Unlock()
-	w.end(ErrHubClosed)
+	w.end(ErrClosed)
 	w.discard()
 }
 

@@ -1,4 +1,4 @@
-package server
+package security
 
 import (
 	"log/slog"
@@ -10,7 +10,7 @@ import (
 )
 
 // DefaultReloadCheck is how often, at most, the certificate and auth files
-// are looked at for changes (Security.ReloadCheck).
+// are looked at for changes (Config.ReloadCheck).
 const DefaultReloadCheck = 2 * time.Second
 
 // fileStamp identifies a file's content cheaply: rewriting a file (or a
@@ -21,14 +21,14 @@ type fileStamp struct {
 	size int64
 }
 
-// reloader holds a value loaded from files and loads it again when one of
+// Reloader holds a value loaded from files and loads it again when one of
 // them changes. It is checked on use (a TLS handshake, a request), at most
 // once per interval, so an idle server does no work and a busy one one
 // stat per file per interval. A new version that fails to load keeps the
 // old one: the failure is logged and counted, and the files are tried again
 // when they change again (a certificate written before its key loads once
 // both are written).
-type reloader[T any] struct {
+type Reloader[T any] struct {
 	what   string // "tls" or "auth", for logs and kvindex_config_reloads_total
 	paths  []string
 	load   func() (*T, error)
@@ -45,10 +45,13 @@ type reloader[T any] struct {
 	lastErr string // the last stat failure logged, so a missing file logs once
 }
 
-// newReloader loads the value once; an error here stops the server from
-// starting.
-func newReloader[T any](what string, paths []string, every time.Duration, now func() time.Time, log *slog.Logger, result func(bool), load func() (*T, error)) (*reloader[T], error) {
-	r := &reloader[T]{what: what, paths: paths, load: load, every: every, now: now, log: log, result: result}
+// NewReloader loads the value of paths with load, once; an error here
+// stops the server from starting. what names the value in logs ("tls",
+// "auth"); every is how often, at most, the files are looked at (Get);
+// result is told of each reload, true when it succeeded, and of each
+// changed file it could not read.
+func NewReloader[T any](what string, paths []string, every time.Duration, now func() time.Time, log *slog.Logger, result func(ok bool), load func() (*T, error)) (*Reloader[T], error) {
+	r := &Reloader[T]{what: what, paths: paths, load: load, every: every, now: now, log: log, result: result}
 	stamps, err := r.stat()
 	if err != nil {
 		return nil, err
@@ -63,7 +66,7 @@ func newReloader[T any](what string, paths []string, every time.Duration, now fu
 	return r, nil
 }
 
-func (r *reloader[T]) stat() ([]fileStamp, error) {
+func (r *Reloader[T]) stat() ([]fileStamp, error) {
 	out := make([]fileStamp, len(r.paths))
 	for i, p := range r.paths {
 		fi, err := os.Stat(p)
@@ -75,10 +78,10 @@ func (r *reloader[T]) stat() ([]fileStamp, error) {
 	return out, nil
 }
 
-// get returns the current value, reloading it first if the check is due
+// Get returns the current value, reloading it first if the check is due
 // and a file changed. Concurrent callers never wait for a reload: they get
 // the value in place.
-func (r *reloader[T]) get() *T {
+func (r *Reloader[T]) Get() *T {
 	now := r.now().UnixNano()
 	if last := r.checked.Load(); now-last < int64(r.every) || !r.mu.TryLock() {
 		return r.cur.Load()

@@ -1,19 +1,25 @@
-package server
+package security
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/kvindex/kvindex/internal/configerr"
 )
 
-// Scope is a right a caller holds. Each endpoint needs one (endpointScopes).
+// Scope is a right a caller holds. Each endpoint of the server needs one.
 type Scope string
 
 // The scopes.
@@ -32,11 +38,15 @@ const (
 
 var allScopes = []Scope{ScopeQuery, ScopeWatch, ScopeMetrics, ScopeAdmin}
 
+// Scopes returns every scope, in the order the auth file's errors list
+// them.
+func Scopes() []Scope { return slices.Clone(allScopes) }
+
 // maxAuthFile bounds an auth file.
 const maxAuthFile = 1 << 20
 
-// grant is what one token or certificate identity may do.
-type grant struct {
+// Grant is what one token or certificate identity may do.
+type Grant struct {
 	name   string // "token gateway", "certificate router"; for logs
 	scopes map[Scope]bool
 	// salts and loras restrict the prompts (and watched events) to these
@@ -45,24 +55,30 @@ type grant struct {
 	salts, loras map[string]bool
 }
 
-func (g *grant) has(s Scope) bool { return g.scopes[s] }
+// Name names the caller in logs and refusals: "token gateway",
+// "certificate router".
+func (g *Grant) Name() string { return g.name }
 
-// restricted reports whether the grant limits tenants.
-func (g *grant) restricted() bool { return g.salts != nil || g.loras != nil }
+// Has reports whether the grant holds scope s.
+func (g *Grant) Has(s Scope) bool { return g.scopes[s] }
+
+// Restricted reports whether the grant limits tenants: some cache salts
+// or LoRA adapters only (CheckPrompt, WatchLoRAs).
+func (g *Grant) Restricted() bool { return g.salts != nil || g.loras != nil }
 
 type tokenEntry struct {
 	sum [32]byte // SHA-256 of the token
-	g   *grant
+	g   *Grant
 }
 
 // identityEntry matches a client certificate by one of its names.
 type identityEntry struct {
 	cn, dns, uri string
-	g            *grant
+	g            *Grant
 }
 
-// policy is one loaded version of the auth file.
-type policy struct {
+// Policy is one loaded version of the auth file: who may do what.
+type Policy struct {
 	tokens     []tokenEntry
 	identities []identityEntry
 }
@@ -85,8 +101,8 @@ type authFileDoc struct {
 	Identities []authFileEntry `yaml:"identities"`
 }
 
-// loadAuthFile reads and checks an auth file (serve --auth-tokens). It is
-// YAML:
+// LoadPolicy reads and checks the auth file at path (Config.AuthFile). It
+// is YAML:
 //
 //	tokens:                  # bearer tokens ("authorization: Bearer TOKEN")
 //	  - name: gateway        # shown in logs and refusals; unique
@@ -106,27 +122,65 @@ type authFileDoc struct {
 // Omitting salts or loras allows any; an empty list is refused (it would
 // allow nothing). Unknown keys are refused, so that a misspelt restriction
 // cannot silently allow everything.
-func loadAuthFile(path string) (*policy, error) {
+//
+// Its errors are configuration errors of AuthFile (*configerr.Error).
+func LoadPolicy(path string) (*Policy, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("--auth-tokens: %w", err)
+		return nil, configerr.Failed(FieldAuthFile, "%v: %w", FieldAuthFile, err)
 	}
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, maxAuthFile+1))
 	if err != nil {
-		return nil, fmt.Errorf("--auth-tokens %s: %w", path, err)
+		return nil, configerr.Failed(FieldAuthFile, "%v %s: %w", FieldAuthFile, path, err)
 	}
 	if len(data) > maxAuthFile {
-		return nil, fmt.Errorf("--auth-tokens %s: larger than %d bytes", path, maxAuthFile)
+		return nil, configerr.Failed(FieldAuthFile, "%v %s: larger than %d bytes", FieldAuthFile, path, maxAuthFile)
 	}
-	p, err := parseAuthFile(data)
+	p, err := parsePolicy(data)
 	if err != nil {
-		return nil, fmt.Errorf("--auth-tokens %s: %w", path, err)
+		return nil, configerr.Failed(FieldAuthFile, "%v %s: %w", FieldAuthFile, path, err)
 	}
 	return p, nil
 }
 
-func parseAuthFile(data []byte) (*policy, error) {
+// Tokens is the number of bearer tokens the policy lists.
+func (p *Policy) Tokens() int { return len(p.tokens) }
+
+// Identities is the number of certificate identities the policy lists.
+func (p *Policy) Identities() int { return len(p.identities) }
+
+// Token returns the grant of a bearer token, nil if the policy does not
+// list it. Every entry is compared, in constant time, whatever matches:
+// how long the check takes says nothing about which entry, or how much
+// of one, matched.
+func (p *Policy) Token(tok string) *Grant {
+	sum := sha256.Sum256([]byte(tok))
+	var g *Grant
+	for i := range p.tokens {
+		if subtle.ConstantTimeCompare(sum[:], p.tokens[i].sum[:]) == 1 {
+			g = p.tokens[i].g
+		}
+	}
+	return g
+}
+
+// Identity returns the grant of the first identity entry matching a
+// verified client certificate (its subject common name, or one of its DNS
+// or URI names), nil if none does.
+func (p *Policy) Identity(c *x509.Certificate) *Grant {
+	for _, e := range p.identities {
+		switch {
+		case e.cn != "" && c.Subject.CommonName == e.cn,
+			e.dns != "" && slices.Contains(c.DNSNames, e.dns),
+			e.uri != "" && slices.ContainsFunc(c.URIs, func(u *url.URL) bool { return u.String() == e.uri }):
+			return e.g
+		}
+	}
+	return nil
+}
+
+func parsePolicy(data []byte) (*Policy, error) {
 	var root yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&root); err != nil {
@@ -145,7 +199,7 @@ func parseAuthFile(data []byte) (*policy, error) {
 	if len(doc.Tokens) == 0 && len(doc.Identities) == 0 {
 		return nil, errors.New("no tokens and no identities: list at least one")
 	}
-	p := &policy{}
+	p := &Policy{}
 	names := map[string]int{}
 	for i := range doc.Tokens {
 		e := &doc.Tokens[i]
@@ -232,7 +286,7 @@ func (e *authFileEntry) errf(format string, args ...any) error {
 
 // grant checks the entry's name, scopes and restrictions; kind is "token"
 // or "certificate".
-func (e *authFileEntry) grant(kind string, names map[string]int) (*grant, error) {
+func (e *authFileEntry) grant(kind string, names map[string]int) (*Grant, error) {
 	if e.Name == "" {
 		return nil, e.errf("every entry needs a name (it is what logs show)")
 	}
@@ -240,7 +294,7 @@ func (e *authFileEntry) grant(kind string, names map[string]int) (*grant, error)
 		return nil, e.errf("the name %q is used twice (also line %d)", e.Name, l)
 	}
 	names[e.Name] = e.line
-	g := &grant{name: kind + " " + e.Name, scopes: map[Scope]bool{}}
+	g := &Grant{name: kind + " " + e.Name, scopes: map[Scope]bool{}}
 	if len(e.Scopes) == 0 {
 		return nil, e.errf("no scopes: give some of %s", scopeList())
 	}
