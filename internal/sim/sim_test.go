@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -112,7 +111,7 @@ func startSim(t *testing.T, o Options) *running {
 		if err == nil {
 			return r
 		}
-		if attempt == 4 || !errors.Is(err, syscall.EADDRINUSE) && !strings.Contains(err.Error(), "in use") {
+		if attempt == 4 || !strings.Contains(err.Error(), "in use") {
 			t.Fatal(err)
 		}
 	}
