@@ -1,20 +1,21 @@
 package main
 
 import (
-	"errors"
-
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/internal/configerr"
 )
 
 // configUsage renders a configuration error of the packages kvindex is
-// built from with each setting named by its flag (names): a bad setting
-// is a usage error, one that failed when used (a port taken) a runtime
-// error. Any other error is returned as it is.
+// built from with each setting named by its flag in names (or by its own
+// name if names has none): a bad setting is a usage error, one that
+// failed when used (a port taken) a runtime error. The message is the
+// configuration error's alone, without what may wrap it (a lifecycle
+// part's name): the setting it names says where it arose. Any other error
+// is returned as it is.
 func configUsage(err error, names map[configerr.Field]string) error {
-	var ce *configerr.Error
-	if !errors.As(err, &ce) || ce != err {
+	ce, ok := configerr.As(err)
+	if !ok {
 		return err
 	}
 	msg := ce.Render(func(f configerr.Field) string { return names[f] })

@@ -22,7 +22,7 @@ func TestPodsFleetCachedFraction(t *testing.T) {
 	var extra []string
 	fronts := make([]string, 2)
 	for i := range fronts {
-		addr := sim.run.fronts[i].Addr().String()
+		addr := sim.run.Fronts()[i].Addr
 		fronts[i] = "http://" + addr
 		extra = append(extra, "--endpoint", fmt.Sprintf("pod-%d=%s", i, addr))
 	}

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,20 +22,34 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/service"
-	"github.com/kvindex/kvindex/tokenizer"
+	"github.com/kvindex/kvindex/internal/sim"
 )
 
-// parseSim parses kvindex sim's flags and plans the run.
-func parseSim(args ...string) (*simPlan, error) {
+// parseSim parses kvindex sim's flags and plans the run, as the command
+// does before it starts anything.
+func parseSim(args ...string) (*sim.Plan, error) {
 	var f simFlags
 	fs := pflag.NewFlagSet("sim", pflag.ContinueOnError)
 	f.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
-	return f.plan(fs)
+	o, err := f.options(fs)
+	if err != nil {
+		return nil, err
+	}
+	p, err := sim.NewPlan(o)
+	if err != nil {
+		return nil, configUsage(err, simFlagNames)
+	}
+	return p, nil
 }
+
+// simEngine is an engine rank of the sim, as the tests below name it
+// (their sim is the running one).
+type simEngine = sim.Engine
 
 // The serve line sim prints follows its engines: every rank's event and
 // replay ports, the hashing, the tokenizer; event and replay ports never
@@ -63,19 +79,9 @@ func TestSimServeLine(t *testing.T) {
 			t.Errorf("%v: %v", tc.args, err)
 			continue
 		}
-		if got := shellLine(p.serveArgs()); got != tc.want {
+		if got := shellLine(simServeArgs(p.Follow())); got != tc.want {
 			t.Errorf("%v:\n got %s\nwant %s", tc.args, got, tc.want)
 		}
-	}
-	// Bind mode: engine i is 127.0.0.<i+1>, replaying on the template's
-	// port plus its rank.
-	p, err := parseSim("--connect", "tcp://127.0.0.1:5557", "--engines", "2", "--ranks", "2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(p.pods, []string{"127.0.0.1", "127.0.0.2"}) || p.pubs[1][1] != "tcp://127.0.0.1:5557" ||
-		!slices.Equal(p.replays[1], []string{"tcp://127.0.0.2:5558", "tcp://127.0.0.2:5559"}) {
-		t.Errorf("bind-mode layout: pods %v, pubs %v, replays %v", p.pods, p.pubs, p.replays)
 	}
 }
 
@@ -138,53 +144,63 @@ func TestSimBadFlags(t *testing.T) {
 	}
 }
 
-// The workload is a function of the seed: conversations share the system
-// prompt, each resends its context, and text prompts are single lines.
-func TestSimWorkload(t *testing.T) {
-	for _, text := range []bool{false, true} {
-		a, b := newSimWorkload(7, text, 3, 4, 5, 1000), newSimWorkload(7, text, 3, 4, 5, 1000)
-		last := map[int]simRequest{}
-		for i := range 40 {
-			ra, rb := a.next(), b.next()
-			if ra.conv != rb.conv || ra.target != rb.target || ra.prompt.text != rb.prompt.text || !slices.Equal(ra.prompt.ids, rb.prompt.ids) {
-				t.Fatalf("text %v, request %d differs between two runs of one seed", text, i)
-			}
-			if ra.target < 0 || ra.target >= 5 || ra.turn >= 4 {
-				t.Fatalf("request %d: target %d, turn %d", i, ra.target, ra.turn)
-			}
-			if text {
-				if !strings.HasPrefix(ra.prompt.text, a.system.text+" User: ") || strings.ContainsAny(ra.prompt.text, "\n\r") {
-					t.Fatalf("request %d: %.80q...", i, ra.prompt.text)
-				}
-			} else if !slices.Equal(ra.prompt.ids[:simSystemIDs], a.system.ids) || slices.ContainsFunc(ra.prompt.ids, func(id uint64) bool { return id >= 1000 }) {
-				t.Fatalf("request %d does not start with the system prompt or leaves the vocabulary", i)
-			}
-			// A conversation's next turn resends its previous prompt and
-			// stays on its engine.
-			if prev, ok := last[ra.conv]; ok {
-				grew := len(ra.prompt.text) > len(prev.prompt.text) && strings.HasPrefix(ra.prompt.text, prev.prompt.text)
-				if !text {
-					grew = len(ra.prompt.ids) > len(prev.prompt.ids) && slices.Equal(ra.prompt.ids[:len(prev.prompt.ids)], prev.prompt.ids)
-				}
-				if ra.target != prev.target || ra.turn != prev.turn+1 || !grew {
-					t.Fatalf("request %d does not continue conversation %d", i, ra.conv)
-				}
-			}
-			last[ra.conv] = ra
-		}
-		if len(last) < 4 {
-			t.Errorf("text %v: only %d conversations in 40 requests of 4 turns", text, len(last))
+// Every setting of sim's that its errors may name has its flag.
+func TestSimFlagNames(t *testing.T) {
+	var f simFlags
+	fs := pflag.NewFlagSet("sim", pflag.ContinueOnError)
+	f.register(fs)
+	fields := reflect.TypeFor[sim.Options]()
+	for i := range fields.NumField() {
+		name := fields.Field(i).Name
+		flag, ok := simFlagNames[configerr.Field(name)]
+		switch {
+		case name == "Hasher" || name == "Observe": // the hash flags' hasher; the printing
+		case !ok:
+			t.Errorf("sim.Options.%s has no flag in simFlagNames", name)
+		case fs.Lookup(strings.TrimPrefix(flag, "--")) == nil:
+			t.Errorf("sim.Options.%s is named %s, which kvindex sim does not have", name, flag)
 		}
 	}
-	if newSimWorkload(8, true, 3, 4, 5, 1000).next().prompt.text == newSimWorkload(7, true, 3, 4, 5, 1000).next().prompt.text {
-		t.Error("two seeds gave the same first prompt")
+}
+
+// A sim that cannot start names the flag to change, and fails (exit 1):
+// its flags were right, the machine is not.
+func TestSimStartFailures(t *testing.T) {
+	dir := t.TempDir()
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	port := strconv.Itoa(held.Addr().(*net.TCPAddr).Port)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"event port held", []string{"--port", port, "--engines", "1", "--replay-port", strconv.Itoa(freePorts(t, []string{"127.0.0.1"}, 1))},
+			"kvindex: pod-0: zmqtransport: "},
+		{"HTTP port held", []string{"--port", strconv.Itoa(freePorts(t, []string{"127.0.0.1"}, 2)), "--engines", "1", "--http-port", port},
+			"kvindex: pod-0: HTTP: listen tcp 127.0.0.1:" + port + ": bind: address already in use (another program holds the port? choose another --http-port)\n"},
+		{"prompt log unwritable", []string{"--log-prompts", filepath.Join(dir, "none", "prompts.txt")},
+			"kvindex: --log-prompts " + filepath.Join(dir, "none", "prompts.txt") + ": no such file or directory\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, errOut, code := runCLI(t, append([]string{"sim"}, tc.args...)...)
+			if code != exitRuntime || !strings.HasPrefix(errOut, tc.want) || out != "" {
+				t.Errorf("exit %d, %q; want %d, %q", code, errOut, exitRuntime, tc.want)
+			}
+			if strings.HasPrefix(tc.name, "event port") && !strings.HasSuffix(errOut, " in use (another program holds the port? choose others with --port and --replay-port)\n") {
+				t.Errorf("%q does not say which flags to change", errOut)
+			}
+		})
 	}
 }
 
 // simHarness runs kvindex sim in-process.
 type simHarness struct {
 	t    *testing.T
-	run  *simRun
+	run  *sim.Sim
 	out  *syncBuffer
 	done chan error
 	stop context.CancelFunc
@@ -199,21 +215,23 @@ func startSim(t *testing.T, args ...string) *simHarness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	flag, hosts, n := "--port", []string{"127.0.0.1"}, p.f.engines*p.f.ranks*2
-	if !p.bind {
-		flag, hosts, n = "--replay-port", p.pods, p.f.ranks
+	o := p.Options()
+	connectMode := o.Connect == ""
+	flag, hosts, n := "--port", []string{"127.0.0.1"}, o.Engines*o.Ranks*2
+	if !connectMode {
+		flag, hosts, n = "--replay-port", p.Pods(), o.Ranks
 	}
 	for attempt := 0; ; attempt++ {
 		base := freePorts(t, hosts, n)
 		moved := append(slices.Clone(args), flag, strconv.Itoa(base))
-		if p.f.httpPort != 0 {
+		if o.HTTPPort != 0 {
 			// The HTTP fronts move too, clear of the ports above.
-			hhosts, hn := []string{"127.0.0.1"}, p.f.engines
-			if !p.bind {
-				hhosts, hn = p.pods, 1
+			hhosts, hn := []string{"127.0.0.1"}, o.Engines
+			if !connectMode {
+				hhosts, hn = p.Pods(), 1
 			}
 			hport := freePorts(t, hhosts, hn)
-			for p.bind && hport < base+n && base < hport+hn {
+			for connectMode && hport < base+n && base < hport+hn {
 				hport = freePorts(t, hhosts, hn)
 			}
 			moved = append(moved, "--http-port", strconv.Itoa(hport))
@@ -229,8 +247,8 @@ func startSim(t *testing.T, args ...string) *simHarness {
 }
 
 func tryStartSim(t *testing.T, args ...string) (*simHarness, error) {
-	started := make(chan *simRun, 1)
-	simStarted = func(r *simRun) { started <- r }
+	started := make(chan *sim.Sim, 1)
+	simStarted = func(s *sim.Sim) { started <- s }
 	t.Cleanup(func() { simStarted = nil })
 	h := &simHarness{t: t, out: &syncBuffer{}, done: make(chan error, 1)}
 	root := newRootCmd()
@@ -341,47 +359,40 @@ func shellWords(line string) []string {
 // awaitCaughtUp waits until the sim has made at least n requests, then
 // pauses its workload (the caller must resume it) and waits until kvindex
 // has applied every batch of every engine.
-func awaitCaughtUp(t *testing.T, c *client.Client, r *simRun, n int) {
+func awaitCaughtUp(t *testing.T, c *client.Client, r *sim.Sim, n int) {
 	t.Helper()
 	// Every stream must have had a live batch: kvindex learns of the
 	// batches sent before it subscribed from the first one it sees, and
 	// replays them.
 	deadline := time.Now().Add(e2eDeadline)
-	for r.made() < n || !allStreams(t, c, r, func(e *simEngine, p *podState) bool { return p != nil && p.batches > 0 }) {
+	for r.Sent() < n || !allStreams(t, c, r, func(e *simEngine, p *podState) bool { return p != nil && p.batches > 0 }) {
 		if time.Now().After(deadline) {
 			t.Fatal("some engine's batches never reached kvindex")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	r.step.Lock()
+	r.Pause()
 	for !allStreams(t, c, r, func(e *simEngine, p *podState) bool { return p.lastSeq == e.Seq()-1 }) {
 		if time.Now().After(deadline) {
-			r.step.Unlock()
+			r.Resume()
 			t.Fatal("kvindex did not catch up with the engines")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
-// made returns the number of requests made so far.
-func (r *simRun) made() int {
-	r.step.Lock()
-	defer r.step.Unlock()
-	return r.sent
-}
-
 type podState struct{ batches, lastSeq uint64 }
 
-func allStreams(t *testing.T, c *client.Client, r *simRun, ok func(*simEngine, *podState) bool) bool {
+func allStreams(t *testing.T, c *client.Client, r *sim.Sim, ok func(*simEngine, *podState) bool) bool {
 	t.Helper()
 	pods, err := c.ListPods(context.Background(), "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range r.engines {
+	for _, e := range r.Engines() {
 		var st *podState
 		for _, p := range pods {
-			if p.GetPod() == e.pod && int(p.GetDpRank()) == e.rank {
+			if p.GetPod() == e.Pod && int(p.GetDpRank()) == e.Rank {
 				st = &podState{batches: p.GetBatches(), lastSeq: p.GetLastSeq()}
 			}
 		}
@@ -394,15 +405,15 @@ func allStreams(t *testing.T, c *client.Client, r *simRun, ok func(*simEngine, *
 
 // holdings returns what each engine holds of the prompt: its leading
 // cached blocks, by engine name.
-func holdings(t *testing.T, r *simRun, ids []uint64) map[string]uint32 {
+func holdings(t *testing.T, r *sim.Sim, ids []uint64) map[string]uint32 {
 	t.Helper()
 	out := map[string]uint32{}
-	for _, e := range r.engines {
+	for _, e := range r.Engines() {
 		n, err := e.Lookup(ids, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		out[e.name()] = uint32(n)
+		out[e.Name()] = uint32(n)
 	}
 	return out
 }
@@ -444,7 +455,7 @@ func TestSimFollowedByServe(t *testing.T) {
 			}
 			want := holdings(t, sim.run, ids)
 			r, err := c.LongestPrefixTokens(context.Background(), "", ids, nil)
-			sim.run.step.Unlock()
+			sim.run.Resume()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -508,41 +519,49 @@ func followSimService(t *testing.T, sim *simHarness, extra ...string) (*client.C
 	return c, o, svc
 }
 
-// With a tokenizer the prompts are text: the log holds them one per line
-// and the tokenizer gives back what the engines were sent.
-func TestSimTextPrompts(t *testing.T) {
+// What kvindex sim prints, with a tokenizer and without: what runs where,
+// how to ask kvindex about the last prompt logged, a line per request,
+// and the end of the workload and of the run.
+func TestSimPrinting(t *testing.T) {
 	const tk = "../../tokenizer/testdata/qwen2.5/tokenizer.json.gz"
-	log := filepath.Join(t.TempDir(), "prompts.txt")
-	sim := startSim(t, "--engines", "1", "--tokenizer", tk, "--log-prompts", log, "--rate", "200", "--requests", "5")
-	deadline := time.Now().Add(e2eDeadline)
-	for !strings.Contains(sim.out.String(), "sent 5 requests") {
-		if time.Now().After(deadline) {
-			t.Fatalf("sim did not finish 5 requests:\n%s", sim.out.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	local, err := tokenizer.LoadFile(tk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
-	if len(lines) != 5 {
-		t.Fatalf("%d prompts logged, want 5", len(lines))
-	}
-	// The last prompt is cached whole (its full blocks) on the one engine.
-	ids := local.Encode(lines[4], true)
-	if got := holdings(t, sim.run, ids)["pod-0"]; got != uint32(len(ids)/16) || got == 0 {
-		t.Errorf("pod-0 holds %d blocks of the last prompt's %d tokens", got, len(ids))
-	}
-	if !strings.Contains(sim.out.String(), " --tokenizer "+tk+" ") || !strings.Contains(sim.out.String(), `kvindex query --prompt "$(tail -n 1 `+log+`)"`) {
-		t.Errorf("the start lines do not say how to query by text:\n%s", sim.out.String())
-	}
-	if n := strings.Count(sim.out.String(), " req "); n != 5 {
-		t.Errorf("%d request lines, want 5:\n%s", n, sim.out.String())
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		query string // printed after "ask about the last one with:"; LOG is the log
+	}{
+		{"text", []string{"--tokenizer", tk}, `kvindex query --prompt "$(tail -n 1 LOG)"`},
+		{"token ids", nil, "tail -n 1 LOG | kvindex query --tokens-file -"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			log := filepath.Join(t.TempDir(), "prompts.txt")
+			sim := startSim(t, append(tc.args, "--engines", "1", "--log-prompts", log, "--rate", "200", "--requests", "5")...)
+			deadline := time.Now().Add(e2eDeadline)
+			for !strings.Contains(sim.out.String(), "sent 5 requests") {
+				if time.Now().After(deadline) {
+					t.Fatalf("sim did not finish 5 requests:\n%s", sim.out.String())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if err := sim.close(); err != nil {
+				t.Fatal(err)
+			}
+			out := sim.out.String()
+			for _, want := range []string{
+				"kvindex sim: 1 simulated vLLM engines of Qwen/Qwen2.5-7B-Instruct (4096 blocks of 16 tokens each, hash sha256 seed \"vllm-none-hash\")\n  pod-0 publishes on tcp://127.0.0.1:",
+				"\nprompts go to " + log + ", one per line; ask about the last one with:\n  " + strings.ReplaceAll(tc.query, "LOG", log) + "\n",
+				"\nsent 5 requests; the engines stay up (kvindex can still replay and query them) until Ctrl-C\nstopped after 5 requests\n",
+			} {
+				if !strings.Contains(out, want) {
+					t.Errorf("no %q in:\n%s", want, out)
+				}
+			}
+			if tc.args != nil && !strings.Contains(sim.serveLine(), " --tokenizer "+tk+" ") {
+				t.Errorf("the serve line does not name the tokenizer: %s", sim.serveLine())
+			}
+			if n := len(regexp.MustCompile(`(?m)^\d\d:\d\d:\d\d\.\d{3} req \d conv \d+ turn \d+ -> pod-0: \d+ tokens, \d+ cached \(\d+\.\d%\)$`).FindAllString(out, -1)); n != 5 {
+				t.Errorf("%d request lines, want 5:\n%s", n, out)
+			}
+		})
 	}
 }
 
@@ -555,7 +574,7 @@ func TestSimTextPrompts(t *testing.T) {
 func TestSimHTTP(t *testing.T) {
 	const tk = "../../tokenizer/testdata/qwen2.5/tokenizer.json.gz"
 	sim := startSim(t, "--engines", "2", "--tokenizer", tk, "--rate", "0", "--http-port", "8000", "--prefill-per-token", "0")
-	fronts := []string{"http://" + sim.run.fronts[0].Addr().String(), "http://" + sim.run.fronts[1].Addr().String()}
+	fronts := []string{"http://" + sim.run.Fronts()[0].Addr, "http://" + sim.run.Fronts()[1].Addr}
 	for i, f := range fronts {
 		if !strings.Contains(sim.out.String(), "\n  pod-"+strconv.Itoa(i)+" "+f+"\n") {
 			t.Fatalf("sim does not print pod-%d's HTTP address %s:\n%s", i, f, sim.out.String())

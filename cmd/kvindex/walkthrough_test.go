@@ -65,7 +65,7 @@ func TestWalkthrough(t *testing.T) {
 	// Terminal 1.
 	sim := startSim(t, append(strings.Fields(lines["sim"][0])[2:], "--rate", "50")...)
 	serveLine := sim.serveLine()
-	if want := movePorts(t, lines["serve"][0], sim.run.engines[0].PubEndpoint()); !slices.Equal(shellWords(serveLine), shellWords(want)) {
+	if want := movePorts(t, lines["serve"][0], sim.run.Engines()[0].PubEndpoint()); !slices.Equal(shellWords(serveLine), shellWords(want)) {
 		t.Fatalf("kvindex sim printed\n%s\nREADME.md shows (ports moved as the test moved them)\n%s", serveLine, want)
 	}
 
@@ -105,7 +105,7 @@ func TestWalkthrough(t *testing.T) {
 	resume := func() {
 		if !resumed {
 			resumed = true
-			sim.run.step.Unlock()
+			sim.run.Resume()
 		}
 	}
 	defer resume()
@@ -192,7 +192,7 @@ func movePorts(t *testing.T, line, endpoint string) string {
 	var f simFlags
 	fs := pflag.NewFlagSet("sim", pflag.ContinueOnError)
 	f.register(fs)
-	def := f.port
+	def := f.o.Port
 	base, err := strconv.Atoi(endpoint[strings.LastIndexByte(endpoint, ':')+1:])
 	if err != nil {
 		t.Fatal(err)

@@ -93,7 +93,9 @@ func DefaultWorkload(scenario string) WorkloadConfig {
 	return c
 }
 
-func (c *WorkloadConfig) validate() error {
+// validate checks the configuration; bounded: Requests counts too (a
+// Generator has no end).
+func (c *WorkloadConfig) validate(bounded bool) error {
 	switch {
 	case !slices.Contains(Scenarios, c.Scenario):
 		return fmt.Errorf("unknown scenario %q (want one of %v)", c.Scenario, Scenarios)
@@ -101,7 +103,7 @@ func (c *WorkloadConfig) validate() error {
 		return fmt.Errorf("conversations %d: want at least 1", c.Conversations)
 	case c.Turns < 1:
 		return fmt.Errorf("turns %d: want at least 1", c.Turns)
-	case c.Requests < 1:
+	case bounded && c.Requests < 1:
 		return fmt.Errorf("requests %d: want at least 1", c.Requests)
 	case !(c.Rate > 0) || math.IsInf(c.Rate, 0):
 		return fmt.Errorf("arrival rate %v: want a positive number", c.Rate)
@@ -126,6 +128,7 @@ func (c *WorkloadConfig) validate() error {
 type Request struct {
 	ID   int // index in Workload.Requests: the planned arrival order
 	Conv int // conversation index
+	Turn int // index of the request in its conversation
 	// Prev and Next are the neighbouring requests of the conversation (-1:
 	// none). A request cannot arrive before Prev has completed.
 	Prev, Next int
@@ -162,21 +165,23 @@ type conversation struct {
 	rng       *rand.Rand
 	tokens    []uint64
 	turnsLeft int
+	turns     int // requests made
 	last      int // last request, -1 before the first
 }
 
-// planner generates a Workload.
+// planner generates requests one at a time. It keeps only the active
+// conversations, so that a Generator runs without end in bounded memory.
 type planner struct {
-	cfg     WorkloadConfig
-	hasher  *blockhash.Hasher
-	est     func(newTokens, output int) time.Duration // ideal service time
-	arrival *rand.Rand
-	shared  []uint64
-	hot     []uint64
-	convs   []*conversation
-	slots   []slot
-	weights []float64
-	w       *Workload
+	cfg      WorkloadConfig
+	est      func(newTokens, output int) time.Duration // ideal service time
+	arrival  *rand.Rand
+	shared   []uint64
+	hot      []uint64
+	slots    []slot
+	weights  []float64
+	now      time.Duration // planned time of the last arrival
+	convs    int           // conversations created, hot requests' included
+	requests int           // requests generated: the next one's ID
 }
 
 // slot holds one of the active conversations; slot 0 is the most active.
@@ -198,22 +203,13 @@ func newRand(seed uint64, stream uint64) *rand.Rand {
 	return rand.New(rand.NewPCG(seed, stream*0x9e3779b97f4a7c15+1))
 }
 
-// Plan generates the workload. est is the ideal service time of a request
-// (a full cache hit on everything but its newTokens), used to keep a
-// conversation from being planned twice in flight; the run itself then
-// holds a request back until its predecessor completed.
-func Plan(cfg WorkloadConfig, h *blockhash.Hasher, est func(newTokens, output int) time.Duration) (*Workload, error) {
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
+func newPlanner(cfg WorkloadConfig, est func(newTokens, output int) time.Duration) *planner {
 	p := &planner{
 		cfg:     cfg,
-		hasher:  h,
 		est:     est,
 		arrival: newRand(cfg.Seed, streamArrivals),
 		slots:   make([]slot, cfg.Conversations),
 		weights: make([]float64, cfg.Conversations),
-		w:       &Workload{Config: cfg, Requests: make([]Request, 0, cfg.Requests)},
 	}
 	p.shared = randomTokens(newRand(cfg.Seed, streamShared), nil, cfg.SharedTokens, cfg.Vocab)
 	if cfg.HotShare > 0 {
@@ -222,35 +218,80 @@ func Plan(cfg WorkloadConfig, h *blockhash.Hasher, est func(newTokens, output in
 	for i := range p.weights {
 		p.weights[i] = 1 / math.Pow(float64(i+1), cfg.ZipfS)
 	}
-	var now time.Duration
-	for len(p.w.Requests) < cfg.Requests {
-		gap := p.arrival.ExpFloat64() / cfg.Rate
-		now += time.Duration(gap * float64(time.Second))
-		if cfg.HotShare > 0 && p.arrival.Float64() < cfg.HotShare {
-			p.hotRequest(now)
-			continue
-		}
-		s := p.pickSlot(&now)
-		p.turn(s, now)
-	}
-	p.w.Span = now
-	if err := p.hashAll(); err != nil {
+	return p
+}
+
+// Plan generates the workload. est is the ideal service time of a request
+// (a full cache hit on everything but its newTokens), used to keep a
+// conversation from being planned twice in flight; the run itself then
+// holds a request back until its predecessor completed.
+func Plan(cfg WorkloadConfig, h *blockhash.Hasher, est func(newTokens, output int) time.Duration) (*Workload, error) {
+	if err := cfg.validate(true); err != nil {
 		return nil, err
 	}
-	p.w.Conversations = len(p.convs) - p.w.Hot
+	p := newPlanner(cfg, est)
+	w := &Workload{Config: cfg, Requests: make([]Request, 0, cfg.Requests)}
+	for len(w.Requests) < cfg.Requests {
+		r := p.next()
+		if r.Prev >= 0 {
+			w.Requests[r.Prev].Next = r.ID
+		}
+		if r.Hot {
+			w.Hot++
+		}
+		if r.Fork {
+			w.Forks++
+		}
+		w.Requests = append(w.Requests, r)
+	}
+	w.Span = p.now
+	if err := hashAll(w, h, p.convs); err != nil {
+		return nil, err
+	}
+	w.Conversations = p.convs - w.Hot
 	var ctx, n float64
-	for i := range p.w.Requests {
-		r := &p.w.Requests[i]
+	for i := range w.Requests {
+		r := &w.Requests[i]
 		if !r.Hot {
 			ctx += float64(len(r.Prompt) - cfg.SharedTokens)
 			n++
 		}
-		p.w.MaxBlocks = max(p.w.MaxBlocks, (len(r.Full)+h.BlockSize()-1)/h.BlockSize())
+		w.MaxBlocks = max(w.MaxBlocks, (len(r.Full)+h.BlockSize()-1)/h.BlockSize())
 	}
 	if n > 0 {
-		p.w.MeanContext = ctx / n
+		w.MeanContext = ctx / n
 	}
-	return p.w, nil
+	return w, nil
+}
+
+// Generator draws the requests of a workload one at a time, the same ones
+// Plan lists for the same configuration, without end: a live run (kvindex
+// sim) sends them as they come and keeps none. Requests is ignored.
+type Generator struct{ p *planner }
+
+// NewGenerator returns the generator of cfg's requests; est is as Plan's.
+func NewGenerator(cfg WorkloadConfig, est func(newTokens, output int) time.Duration) (*Generator, error) {
+	if err := cfg.validate(false); err != nil {
+		return nil, err
+	}
+	return &Generator{p: newPlanner(cfg, est)}, nil
+}
+
+// Next returns the next request. Its Prev is the ID of its conversation's
+// previous request; Next is -1 and Keys nil, as only the whole workload
+// knows them.
+func (g *Generator) Next() Request { return g.p.next() }
+
+// next plans the next arrival: a hot request, or the next turn of the
+// conversation in the slot it draws.
+func (p *planner) next() Request {
+	gap := p.arrival.ExpFloat64() / p.cfg.Rate
+	p.now += time.Duration(gap * float64(time.Second))
+	if p.cfg.HotShare > 0 && p.arrival.Float64() < p.cfg.HotShare {
+		return p.hotRequest(p.now)
+	}
+	s := p.pickSlot(&p.now)
+	return p.turn(s, p.now)
 }
 
 // pickSlot draws an idle slot by Zipf weight; if every conversation is
@@ -290,7 +331,7 @@ func (p *planner) pickSlot(now *time.Duration) int {
 
 // turn plans the next request of slot s's conversation, starting a new
 // conversation when the slot has none or its conversation has ended.
-func (p *planner) turn(s int, now time.Duration) {
+func (p *planner) turn(s int, now time.Duration) Request {
 	sl := &p.slots[s]
 	newTokens := 0
 	fork := false
@@ -309,7 +350,6 @@ func (p *planner) turn(s int, now time.Duration) {
 			c.turnsLeft = max(1, p.cfg.Turns/2)
 			newTokens = n
 			fork = true
-			p.w.Forks++
 		} else {
 			n := between(c.rng, p.cfg.HistoryMin, p.cfg.HistoryMax)
 			c.tokens = make([]uint64, 0, len(p.shared)+n+p.cfg.Turns*(p.cfg.MessageMax+p.cfg.OutputMax))
@@ -327,10 +367,11 @@ func (p *planner) turn(s int, now time.Duration) {
 	}
 	c := sl.conv
 	out := between(c.rng, p.cfg.OutputMin, p.cfg.OutputMax)
-	id := p.add(c, now, out, false)
-	p.w.Requests[id].Fork = fork
+	r := p.add(c, now, out, false)
+	r.Fork = fork
 	c.turnsLeft--
 	sl.busyUntil = now + p.est(newTokens, out)
+	return r
 }
 
 // pickParent draws the conversation a sub-agent forks from, by the same
@@ -362,54 +403,55 @@ func (p *planner) pickParent(self int) *conversation {
 }
 
 // hotRequest plans a single request: the hot prompt plus a unique suffix.
-func (p *planner) hotRequest(now time.Duration) {
+func (p *planner) hotRequest(now time.Duration) Request {
 	c := p.newConversation()
 	n := between(c.rng, p.cfg.HotSuffixMin, p.cfg.HotSuffixMax)
 	out := between(c.rng, p.cfg.HotOutputMin, p.cfg.HotOutputMax)
 	c.tokens = make([]uint64, 0, len(p.hot)+n+out)
 	c.tokens = append(c.tokens, p.hot...)
 	c.tokens = randomTokens(c.rng, c.tokens, n, p.cfg.Vocab)
-	p.add(c, now, out, true)
-	p.w.Hot++
+	return p.add(c, now, out, true)
 }
 
 func (p *planner) newConversation() *conversation {
-	id := len(p.convs)
-	c := &conversation{id: id, rng: newRand(p.cfg.Seed, streamConv+uint64(id)), last: -1}
-	p.convs = append(p.convs, c)
-	return c
+	id := p.convs
+	p.convs++
+	return &conversation{id: id, rng: newRand(p.cfg.Seed, streamConv+uint64(id)), last: -1}
 }
 
-// add appends the request made of c's current tokens and out generated
+// add returns the request made of c's current tokens and out generated
 // tokens, which become part of c's context.
-func (p *planner) add(c *conversation, now time.Duration, out int, hot bool) int {
-	id := len(p.w.Requests)
+func (p *planner) add(c *conversation, now time.Duration, out int, hot bool) Request {
+	id := p.requests
+	p.requests++
 	n := len(c.tokens)
 	c.tokens = randomTokens(c.rng, c.tokens, out, p.cfg.Vocab)
-	p.w.Requests = append(p.w.Requests, Request{
-		ID: id, Conv: c.id, Prev: c.last, Next: -1, Planned: now,
+	r := Request{
+		ID: id, Conv: c.id, Turn: c.turns, Prev: c.last, Next: -1, Planned: now,
 		Prompt: c.tokens[:n:n], Full: c.tokens[: n+out : n+out], Hot: hot,
-	})
-	if c.last >= 0 {
-		p.w.Requests[c.last].Next = id
 	}
+	c.turns++
 	c.last = id
-	return id
+	return r
 }
 
 // hashAll computes every prompt's block keys: one chain per conversation
-// over its final token list, of which each of its prompts is a prefix.
-func (p *planner) hashAll() error {
-	keys := make([][]uint64, len(p.convs))
+// over its final token list, its last request's Full, of which each of
+// its prompts is a prefix. convs is the number of conversations.
+func hashAll(w *Workload, h *blockhash.Hasher, convs int) error {
+	last := make([]int, convs)
+	for i := range w.Requests {
+		last[w.Requests[i].Conv] = i
+	}
+	keys := make([][]uint64, convs)
 	var chain []blockhash.Hash
 	var err error
-	for i := range p.w.Requests {
-		r := &p.w.Requests[i]
+	for i := range w.Requests {
+		r := &w.Requests[i]
 		if keys[r.Conv] == nil {
-			c := p.convs[r.Conv]
-			chain, err = p.hasher.Chain(chain[:0], nil, 0, c.tokens, nil)
+			chain, err = h.Chain(chain[:0], nil, 0, w.Requests[last[r.Conv]].Full, nil)
 			if err != nil {
-				return fmt.Errorf("hashing conversation %d: %w", c.id, err)
+				return fmt.Errorf("hashing conversation %d: %w", r.Conv, err)
 			}
 			ks := make([]uint64, len(chain))
 			for j := range chain {
@@ -417,7 +459,7 @@ func (p *planner) hashAll() error {
 			}
 			keys[r.Conv] = ks
 		}
-		r.Keys = keys[r.Conv][:len(r.Prompt)/p.hasher.BlockSize()]
+		r.Keys = keys[r.Conv][:len(r.Prompt)/h.BlockSize()]
 	}
 	return nil
 }

@@ -244,3 +244,38 @@ func TestPlanRejectsBadConfigs(t *testing.T) {
 		})
 	}
 }
+
+// A Generator draws the requests Plan lists, in the same order, each
+// numbered by its turn in its conversation.
+func TestGeneratorDrawsThePlan(t *testing.T) {
+	for _, sc := range Scenarios {
+		t.Run(sc, func(t *testing.T) {
+			c := smallWorkload(sc, 4)
+			w := plan(t, c)
+			c.Requests = 0 // a Generator has no end
+			g, err := NewGenerator(c, estimate)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range w.Requests {
+				want, got := w.Requests[i], g.Next()
+				want.Next, want.Keys = -1, nil
+				if got.ID != want.ID || got.Conv != want.Conv || got.Turn != want.Turn || got.Prev != want.Prev || got.Next != want.Next ||
+					got.Planned != want.Planned || got.Hot != want.Hot || got.Fork != want.Fork ||
+					!slices.Equal(got.Prompt, want.Prompt) || !slices.Equal(got.Full, want.Full) || got.Keys != nil {
+					t.Fatalf("request %d: the generator and the plan differ", i)
+				}
+				turn := 0
+				if want.Prev >= 0 {
+					turn = w.Requests[want.Prev].Turn + 1
+				}
+				if want.Turn != turn {
+					t.Fatalf("request %d is turn %d of its conversation, want %d", i, want.Turn, turn)
+				}
+			}
+		})
+	}
+	if _, err := NewGenerator(WorkloadConfig{Scenario: ScenarioAgents}, estimate); err == nil || !strings.Contains(err.Error(), "conversations") {
+		t.Errorf("a zero configuration: %v", err)
+	}
+}
