@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/flagsource"
 	"github.com/kvindex/kvindex/internal/service"
 )
 
@@ -31,7 +32,7 @@ func parseServeEnv(t *testing.T, env map[string]string, args ...string) (*servic
 		return nil, nil, err
 	}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	if err := applyFlagSettings(fs, "kvindex serve", lookup); err != nil {
+	if err := configUsage(flagsource.Apply(fs, "kvindex serve", lookup), flagNames(fs)); err != nil {
 		return nil, nil, err
 	}
 	o, err := f.options()
@@ -238,7 +239,7 @@ func TestServeEveryFlagSettable(t *testing.T) {
 			return
 		}
 		val := fl.DefValue
-		if repeatable(fl) {
+		if _, list := fl.Value.(pflag.SliceValue); list {
 			val = "x=tcp://h:1"
 		}
 		for _, src := range []string{"env", "file"} {
@@ -247,12 +248,12 @@ func TestServeEveryFlagSettable(t *testing.T) {
 			f2.register(fs2)
 			env := map[string]string{}
 			if src == "env" {
-				env[envName(fl.Name)] = val
+				env[flagsource.EnvName(fl.Name)] = val
 			} else {
 				env["KVINDEX_CONFIG"] = writeFile(t, "c.yaml", fl.Name+": "+strconv.Quote(val)+"\n")
 			}
 			lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-			if err := applyFlagSettings(fs2, "kvindex serve", lookup); err != nil {
+			if err := configUsage(flagsource.Apply(fs2, "kvindex serve", lookup), flagNames(fs2)); err != nil {
 				t.Errorf("%s from %s: %v", fl.Name, src, err)
 				continue
 			}

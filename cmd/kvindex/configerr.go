@@ -4,6 +4,7 @@ import (
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/internal/configerr"
+	"github.com/spf13/pflag"
 )
 
 // configUsage renders a configuration error of the packages kvindex is
@@ -76,4 +77,12 @@ var serveFlagNames = map[configerr.Field]string{
 	security.FieldKeyFile:         "--tls-key",
 	security.FieldClientCAFile:    "--tls-client-ca",
 	security.FieldAuthFile:        "--auth-tokens",
+}
+
+// flagNames names settings that packages call by their flag's name (the
+// demo's, flagsource's) by the flags of fs.
+func flagNames(fs *pflag.FlagSet) map[configerr.Field]string {
+	names := map[configerr.Field]string{}
+	fs.VisitAll(func(f *pflag.Flag) { names[configerr.Field(f.Name)] = "--" + f.Name })
+	return names
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvindex/kvindex/internal/buildinfo"
+	"github.com/kvindex/kvindex/internal/flagsource"
 )
 
 func main() {
@@ -87,7 +88,8 @@ Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			return applySettings(cmd, os.LookupEnv)
+			fs := cmd.Flags()
+			return configUsage(flagsource.Apply(fs, cmd.CommandPath(), os.LookupEnv), flagNames(fs))
 		},
 	}
 	root.SetVersionTemplate("{{.Version}}\n")

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvindex/kvindex/internal/configerr"
 )
 
 // Config holds the settings of a demo run that a person chooses: each
@@ -84,38 +86,23 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	}
 }
 
-// ErrBadSettings is matched (errors.Is) by every error that the run's
-// settings caused, from Validate or from Run (a capacity that cannot hold
-// the workload), as opposed to failures while running.
-var ErrBadSettings = errors.New("bad demo settings")
-
-// settingsError marks an error as caused by the settings.
-type settingsError struct{ error }
-
-func (e settingsError) Is(target error) bool { return target == ErrBadSettings }
-func (e settingsError) Unwrap() error        { return e.error }
-
-// Validate checks every field against its limits. The error names the
-// flag and the value given, as in "--capacity-factor must be > 0 (got 0)",
-// and matches ErrBadSettings.
+// Validate checks every field against its limits. The error is a
+// *configerr.Error naming the setting by its flag's name (RegisterFlags)
+// and the value given, as in "capacity-factor must be > 0 (got 0)"; the
+// kvindex command writes the name as its flag.
 func (c *Config) Validate() error {
-	if err := c.validate(); err != nil {
-		return settingsError{err}
-	}
-	return nil
-}
-
-func (c *Config) validate() error {
 	for _, s := range c.settings() {
 		if err := s.check(); err != nil {
-			return fmt.Errorf("--%s %w", s.flag, err)
+			f := configerr.Field(s.flag)
+			return configerr.New(f, "%v %w", f, err)
 		}
 	}
 	if c.Weights == (Weights{}) {
-		return errors.New("--prefix-weight and --load-weight must not both be 0")
+		return configerr.New("prefix-weight", "%v and %v must not both be 0", configerr.Field("prefix-weight"), configerr.Field("load-weight"))
 	}
 	if c.Requests == 0 && c.requests() > maxRequests {
-		return fmt.Errorf("--requests 0 means 4 x --sessions x --turns = %d, over the limit of %d", c.requests(), maxRequests)
+		return configerr.New("requests", "%v 0 means 4 x %v x %v = %d, over the limit of %d",
+			configerr.Field("requests"), configerr.Field("sessions"), configerr.Field("turns"), c.requests(), maxRequests)
 	}
 	return nil
 }

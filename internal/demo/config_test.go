@@ -3,10 +3,13 @@ package demo
 import (
 	"context"
 	"flag"
+	"fmt"
 	"io"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/kvindex/kvindex/internal/configerr"
 )
 
 // parse registers a Config's flags on a fresh flag set, starting from
@@ -124,11 +127,11 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			c := parse(t, tc.args...)
 			err := c.Validate()
-			if err == nil || err.Error() != tc.want {
-				t.Fatalf("Validate() = %v, want %q", err, tc.want)
+			if got := asFlags(err); got != tc.want {
+				t.Fatalf("Validate() = %v, want %q", got, tc.want)
 			}
 			// Run refuses the same settings rather than replacing them.
-			if _, err := Run(context.Background(), Options{Config: c}); err == nil || err.Error() != tc.want {
+			if _, err := Run(context.Background(), Options{Config: c}); asFlags(err) != tc.want {
 				t.Fatalf("Run: %v, want %q", err, tc.want)
 			}
 		})
@@ -176,8 +179,19 @@ func TestCapacityErrorNamesItsSource(t *testing.T) {
 		{[]string{"--capacity-factor", "0.01"}, "--capacity-factor 0.01 gives"},
 	} {
 		_, err := Run(context.Background(), Options{Config: parse(t, tc.args...)})
-		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
-			t.Errorf("%v: %v, want an error starting %q", tc.args, err, tc.want)
+		if got := asFlags(err); !strings.HasPrefix(got, tc.want) {
+			t.Errorf("%v: %v, want an error starting %q", tc.args, got, tc.want)
 		}
 	}
+}
+
+// asFlags is a configuration error as the kvindex command prints it:
+// each setting named by its flag. Anything else is "not a configuration
+// error: ...".
+func asFlags(err error) string {
+	ce, ok := configerr.As(err)
+	if !ok || !ce.Usage() {
+		return fmt.Sprintf("not a configuration error: %v", err)
+	}
+	return ce.Render(func(f configerr.Field) string { return "--" + string(f) })
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/picker"
 )
 
@@ -183,16 +184,16 @@ func (o *Options) plan() (*runPlan, error) {
 		setup = append(setup, fmt.Sprintf("capacity %s blocks per engine (~%s tokens) = %.2fx the working set over the fleet",
 			commas(capacity), kTokens(float64(capacity*bs)), float64(capacity*o.Pods)/float64(workingBlocks)))
 	}
-	// Name the flag the capacity came from.
-	source := fmt.Sprintf("--capacity %d", o.Capacity)
+	// Name the setting the capacity came from.
+	field, source := configerr.Field("capacity"), fmt.Sprintf("%d", o.Capacity)
 	if o.Capacity == 0 {
-		source = fmt.Sprintf("--capacity-factor %v gives %d blocks per engine, which", o.CapacityFactor, capacity)
+		field, source = "capacity-factor", fmt.Sprintf("%v gives %d blocks per engine, which", o.CapacityFactor, capacity)
 	}
 	switch {
 	case capacity < w.MaxBlocks:
-		return nil, settingsError{fmt.Errorf("%s cannot hold the largest request (%d blocks)", source, w.MaxBlocks)}
+		return nil, configerr.New(field, "%v %s cannot hold the largest request (%d blocks)", field, source, w.MaxBlocks)
 	case capacity > maxCapacity:
-		return nil, settingsError{fmt.Errorf("%s exceeds the limit of %d blocks per engine", source, maxCapacity)}
+		return nil, configerr.New(field, "%v %s exceeds the limit of %d blocks per engine", field, source, maxCapacity)
 	}
 	hotReqs := ""
 	if w.Hot > 0 {

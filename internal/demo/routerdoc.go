@@ -157,6 +157,68 @@ func RoutersHelp() string {
 	return b.String()
 }
 
+// Help is the long help of "kvindex demo": the routers (RoutersHelp),
+// the workload, the capacity (with Defaults' factor) and the time model,
+// and what it prints.
+func Help() string {
+	return fmt.Sprintf(`kvindex demo replays one generated agent workload against six routers, each
+with its own fresh fleet of simulated vLLM engines, and reports for each the
+number that tells the truth: the fleet-wide cached-prefix fraction (of the
+prompt tokens every request carried, how many its engine served from cache
+after routing), the prefill work left, and the time to first token it buys.
+No GPU and no external server is needed; the same --seed gives the same
+numbers.
+
+Routers:
+%s
+Workload (agents): --sessions conversations are active at once. Each shares a
+2,048-token system prompt and tool schema, then carries 10-15k tokens of its
+own history, growing per turn by the previous answer (50-250 tokens) and the
+next message (50-350 tokens). Activity is Zipf-skewed (a few hot
+conversations, a long tail). After --turns turns a conversation ends and a new
+one takes its place; 30%% of new ones are sub-agents forked from an active
+conversation (its whole context plus their own instructions). Arrivals are
+Poisson at --load times the rate the fleet could serve if every request hit
+the cache on all but its new tokens; a conversation has at most one request in
+flight. Token ids come from PRNG streams seeded by --seed, in a 151k
+vocabulary; every router replays exactly the same requests.
+Scenarios: agents; churn (the same, plus one engine restarting with an empty
+cache at 40%% of the run and a new engine joining at 60%%); hot-prefix (70%% of
+the requests are one 8,192-token prompt with a short unique suffix, the rest
+agent turns; it also runs precise with load weight 0, reported as the extra
+row "precise(load=0)"); gateways (agents routed by 3 gateway replicas, request
+i to replica i mod 3: each keeps its own router state, so approximate guesses
+from a third of the traffic, while all see the pods' load and precise's
+replicas share one kvindex); sessions (agents, plus the extra row
+"session-affinity" after consistent-hash).
+
+Capacity is realistic: a 32B model on one 80 GB GPU holds ~40k tokens of KV
+cache. By default the fleet holds --capacity-factor (%v) copies of the active
+working set (shared prefix + every active conversation), so a conversation
+duplicated on every pod does not fit. The arithmetic is printed first.
+
+Time model (simulated): an engine is a single server taking one request at a
+time from a FIFO queue (real engines batch; the model keeps what routing
+changes: work saved by cache hits, work piled on one engine). Service time =
+--overhead-ms + --prefill-us per uncached prompt token + --decode-ms per
+output token; TTFT = queueing + overhead + prefill. The engine's cache changes
+at admission (the prompt) and at completion (prompt + answer, which the next
+turn resends).
+
+The precise router takes the real event path. A batch published at simulated
+time t becomes visible to it at t + --delay-ms: a delay line between the
+subscriber and the index holds what arrives, and before each decision the run
+waits (real time) until the subscriber has delivered every batch due, so
+wall-clock ZMQ latency is absorbed and results depend only on the flags.
+
+--json prints {"scenario","pods","routers":[{"name","fleet_cached_fraction",
+"prefill_tokens","ttft_p50_ms","ttft_p90_ms","imbalance","engine_hit_rate"}],
+...}: the six standard routers in the order above; a scenario's extra row goes
+to "extra_routers". --out DIR writes demo.svg (charts) and demo.html (a
+self-contained report). A progress bar goes to stderr when it is a terminal
+(not with --json).`, RoutersHelp(), Defaults().CapacityFactor)
+}
+
 // RoutersMarkdown lists the routers as a Markdown bullet list, each with
 // its summary and explanation, wrapped at 100 columns like README.md.
 func RoutersMarkdown() string {
