@@ -1,6 +1,7 @@
 # kvindex developer commands. The two that matter:
 #   make demo   run kvindex's main job on its embedded default (no external servers)
-#   make test   the checks (gofmt, go vet, staticcheck, the cgo-free build, the
+#   make test   the checks (gofmt, go.mod and go.sum tidy, go vet,
+#               staticcheck, the cgo-free build, the
 #               golden-file generators reproduce their files), every
 #               test with the race detector, the race-shortened tests without it,
 #               the decoder's tests against the msgpack library's reader,
@@ -80,6 +81,7 @@ $(STATICCHECK):
 check: $(STATICCHECK)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) mod tidy -diff
 	$(GO) vet $(PKGS)
 	$(STATICCHECK) $(PKGS)
 	CGO_ENABLED=0 $(GO) build $(CGO_FREE)
