@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -132,7 +133,7 @@ func (s *Server) refuse(cred *credential, who, endpoint, reason string, code cod
 	if who == "" && cred.cert != nil {
 		who = "certificate " + certName(cred.cert)
 	}
-	s.log.Warn("request refused", "endpoint", endpoint, "reason", reason, "remote", cred.remote, "caller", cmpOr(who, "anonymous"))
+	s.log.Warn("request refused", "endpoint", endpoint, "reason", reason, "remote", cred.remote, "caller", cmp.Or(who, "anonymous"))
 	return status.Error(code, msg)
 }
 

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -130,7 +131,7 @@ func TestTokenScopes(t *testing.T) {
 		{"", map[string]codes.Code{"LongestPrefix": unauth, "Lookup": unauth, "ListPods": unauth, "GetPodScores": unauth, "Watch": unauth, "health": ok}},
 	}
 	for _, tc := range tests {
-		t.Run("grpc "+cmpOr(tc.token, "no token"), func(t *testing.T) {
+		t.Run("grpc "+cmp.Or(tc.token, "no token"), func(t *testing.T) {
 			got := tokenCalls(t, s, ca.CertFile, tc.token)
 			for ep, want := range tc.want {
 				if got[ep] != want {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -56,11 +57,7 @@ func TestHTTPLongestPrefix(t *testing.T) {
 	var raw map[string]any
 	json.Unmarshal(body, &raw)
 	pod := raw["pods"].([]any)[0].(map[string]any)
-	var keys []string
-	for k := range pod {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+	keys := slices.Sorted(maps.Keys(pod))
 	if want := []string{"dp_rank", "hash_check", "health", "matched_blocks", "matched_tokens", "pod", "tiers"}; !slices.Equal(keys, want) {
 		t.Errorf("pod keys %v, want %v", keys, want)
 	}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -114,7 +115,7 @@ func (s *Server) newCertReloader(sec Security) (*reloader[certs], error) {
 		c, err := loadCerts(sec)
 		if err == nil {
 			s.log.Info("TLS certificate loaded", "file", sec.CertFile, "not_after", c.notAfter.UTC().Format(time.RFC3339),
-				"client_ca", cmpOr(sec.ClientCAFile, "none"))
+				"client_ca", cmp.Or(sec.ClientCAFile, "none"))
 		}
 		return c, err
 	})
@@ -161,11 +162,4 @@ func tlsListener(lis net.Listener, cfg *tls.Config) net.Listener {
 		return lis
 	}
 	return tls.NewListener(lis, cfg)
-}
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }

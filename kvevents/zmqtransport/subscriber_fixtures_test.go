@@ -1,6 +1,7 @@
 package zmqtransport
 
 import (
+	"cmp"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -305,7 +306,7 @@ func (p *testPublisher) open() {
 		must(pub.Connect(p.opts.connect))
 		p.PubEP = p.opts.connect
 	} else {
-		at := cmpOr(p.PubEP, p.opts.pubAt, "tcp://127.0.0.1:*")
+		at := cmp.Or(p.PubEP, p.opts.pubAt, "tcp://127.0.0.1:*")
 		if err := bindRetry(pub, at); err != nil {
 			pub.Close()
 			t.Fatal(err)
@@ -319,7 +320,7 @@ func (p *testPublisher) open() {
 		must(err)
 		must(r.SetLinger(0))
 		must(r.SetSndhwm(0))
-		if err := bindRetry(r, cmpOr(p.ReplayEP, p.opts.replayAt, "tcp://127.0.0.1:*")); err != nil {
+		if err := bindRetry(r, cmp.Or(p.ReplayEP, p.opts.replayAt, "tcp://127.0.0.1:*")); err != nil {
 			r.Close()
 			p.pub.Close()
 			t.Fatal(err)
@@ -344,15 +345,6 @@ func bindRetry(sock *zmq.Socket, endpoint string) error {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-func cmpOr(vals ...string) string {
-	for _, v := range vals {
-		if v != "" {
-			return v
-		}
-	}
-	return ""
 }
 
 // serveReplay answers replay requests the way vLLM's _service_replay does.
