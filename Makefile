@@ -34,8 +34,9 @@ DEB_BUILD_PKGS := gcc libzmq3-dev pkg-config
 DEB_TEST_PKGS  := $(DEB_BUILD_PKGS) python3-zmq python3-msgpack python3-cbor2 python3-xxhash nginx libnginx-mod-http-js nats-server
 
 # The packages that must build without cgo (no libzmq, no C compiler): the
-# core, the Go client and the server (only kvevents/zmqtransport needs libzmq).
-CGO_FREE := ./blockhash/... ./kvevents ./kvevents/enginesim ./kvevents/natstransport ./indexer/... ./api/client ./api/server ./tokenizer/... ./picker/... ./kvevents/enginesim/simhttp ./internal/statefile ./internal/snapstore ./internal/kubediscovery
+# core, the Go client and the server (only kvevents/zmqtransport needs libzmq),
+# and internal/testutil, which their tests share.
+CGO_FREE := ./blockhash/... ./kvevents ./kvevents/enginesim ./kvevents/natstransport ./indexer/... ./api/client ./api/server ./tokenizer/... ./picker/... ./kvevents/enginesim/simhttp ./internal/statefile ./internal/snapstore ./internal/kubediscovery ./internal/testutil
 # Packages whose tests skip or shrink under the race detector (they carry a
 # `//go:build race` file); their tests also run once without it.
 NORACE_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^//go:build race' .)))

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -23,6 +22,7 @@ import (
 	"github.com/kvindex/kvindex/api/indexerv1"
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/internal/testcerts"
+	"github.com/kvindex/kvindex/internal/testutil"
 )
 
 func sha(tok string) string {
@@ -72,7 +72,7 @@ func watchCode(t *testing.T, c *client.Client, hub *Hub) codes.Code {
 	done := make(chan error, 1)
 	go func() { done <- c.Watch(ctx, nil, func(*kvindexv1.WatchResponse) error { return nil }) }()
 	var code codes.Code
-	waitFor(t, func() bool {
+	testutil.Await(t, awaitBound, "the watch refused or open", func() bool {
 		select {
 		case err := <-done:
 			code = status.Code(err)
@@ -84,7 +84,7 @@ func watchCode(t *testing.T, c *client.Client, hub *Hub) codes.Code {
 	cancel()
 	if code == codes.OK {
 		<-done
-		waitFor(t, func() bool { return hub.Open() == before })
+		testutil.Await(t, awaitBound, "the watch closed", func() bool { return hub.Open() == before })
 	}
 	return code
 }
@@ -115,7 +115,7 @@ func TestTokenScopes(t *testing.T) {
 	dir := t.TempDir()
 	ca := testcerts.NewCA(t, dir, "ca")
 	sp := ca.Server(t, "kvindex")
-	var logs syncBuf
+	var logs testutil.SyncBuffer
 	s := startSecure(t, Security{CertFile: sp.CertFile, KeyFile: sp.KeyFile, AuthFile: testAuthFile(t, dir, "")}, func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})
@@ -378,22 +378,4 @@ func TestAuthFileErrors(t *testing.T) {
 			}
 		})
 	}
-}
-
-// syncBuf is a log buffer safe for concurrent writers.
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

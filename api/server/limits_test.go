@@ -19,6 +19,7 @@ import (
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/tokenizer"
 )
@@ -176,7 +177,7 @@ func TestWatchLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return hub.Watchers() == 1 })
+	testutil.Await(t, awaitBound, "the watch registered", func() bool { return hub.Watchers() == 1 })
 	second, err := f.client.Index.Watch(ctx, &kvindexv1.WatchRequest{})
 	if err == nil {
 		_, err = second.Recv()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/tokenizer"
 )
@@ -176,7 +177,7 @@ func TestUnknownModel(t *testing.T) {
 // unreachable kvindex, but says so in an ErrorInfo (client.TokenizerUnavailable)
 // naming the backend's URL, so that callers can tell the two apart.
 func TestTokenizerUnavailableDetail(t *testing.T) {
-	downURL := closedPort(t)
+	downURL := "http://" + testutil.FreeAddr(t)
 	f := newFixture(t, func(c *Config) {
 		c.Tokenizers = []NamedTokenizer{{client.SourceEngine, engineTokenizer(t, downURL)}}
 	})

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/tokenizer"
 )
@@ -272,18 +272,6 @@ func engineTokenizer(t *testing.T, url string) *tokenizer.HTTP {
 	return tk
 }
 
-// closedPort returns a loopback URL nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
-	return "http://" + addr
-}
-
 func TestChatThroughEngineTokenizer(t *testing.T) {
 	ids := seqTokens(50, 32)
 	hs := vllmTokenize(t, ids, http.StatusOK)
@@ -309,7 +297,7 @@ func uitoa(v uint64) string { return strconv.FormatUint(v, 10) }
 
 func TestErrorCodes(t *testing.T) {
 	tk := localTokenizer(t)
-	downURL := closedPort(t)
+	downURL := "http://" + testutil.FreeAddr(t)
 	down := engineTokenizer(t, downURL)
 	refusing := engineTokenizer(t, vllmTokenize(t, nil, http.StatusNotFound).URL)
 	f := newFixture(t, func(c *Config) { c.MaxTokens = 64; c.DefaultModel = "" })
@@ -499,7 +487,7 @@ func TestWatch(t *testing.T) {
 	}
 	// The subscription is registered once the server handler runs; wait
 	// for it through the hub's own count.
-	waitFor(t, func() bool { return f.hub.Watchers() == 1 })
+	testutil.Await(t, awaitBound, "the watch registered", func() bool { return f.hub.Watchers() == 1 })
 	tokens := seqTokens(1, 64)
 	loadThree(t, f, tokens)
 	f.hub.Apply(engine("b", 0), 1, []kvevents.Event{{Kind: kvevents.BlockRemoved, Hashes: chainKeys(t, tokens, nil)[1:2]}})
@@ -530,16 +518,8 @@ func TestWatch(t *testing.T) {
 	}
 }
 
-func waitFor(t testing.TB, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// awaitBound bounds every wait for a condition.
+const awaitBound = 10 * time.Second
 
 func TestReadiness(t *testing.T) {
 	t.Run("bind mode: first event", func(t *testing.T) {

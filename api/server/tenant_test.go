@@ -15,6 +15,7 @@ import (
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/internal/testcerts"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -148,7 +149,7 @@ func watchAdapter(t *testing.T, s *secureServer, c *client.Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return s.hub.Open() > before })
+	testutil.Await(t, awaitBound, "the watch open", func() bool { return s.hub.Open() > before })
 	tokens := seqTokens(9000, 3*testBlockSize)
 	x := storedWith(t, tokens, 3, &blockhash.Extras{LoRAName: "x"})
 	y := storedWith(t, tokens, 2, &blockhash.Extras{LoRAName: "y"})

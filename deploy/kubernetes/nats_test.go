@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/testutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -295,7 +296,7 @@ func memoryProblem(budget string, c corev1.Container) string {
 	if budget == "" {
 		return ""
 	}
-	b, err := parseSize(budget)
+	b, err := testutil.ParseSize(budget)
 	if err != nil {
 		return "memory-budget " + budget + ": " + err.Error()
 	}
@@ -304,20 +305,6 @@ func memoryProblem(budget string, c corev1.Container) string {
 		return fmt.Sprintf("memory limit %s is below memory-budget %s + 10%% + 48 MiB (%d B)", lim, budget, need)
 	}
 	return ""
-}
-
-// parseSize reads a kvindex size: "3GiB", "512MiB", bytes.
-func parseSize(s string) (int64, error) {
-	for _, u := range []struct {
-		suffix string
-		shift  uint
-	}{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}} {
-		if n, ok := strings.CutSuffix(s, u.suffix); ok {
-			v, err := strconv.ParseInt(n, 10, 64)
-			return v << u.shift, err
-		}
-	}
-	return strconv.ParseInt(s, 10, 64)
 }
 
 // relayContainer is the relay sidecar's container name.

@@ -6,10 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/kvindex/kvindex/internal/testutil"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
@@ -137,10 +137,10 @@ func loadStream(t *testing.T) streamSettings {
 		t.Fatal(err)
 	}
 	var s streamSettings
-	if s.MaxBytes, err = parseSize(cfg.MaxBytes); err != nil {
+	if s.MaxBytes, err = testutil.ParseSize(cfg.MaxBytes); err != nil {
 		t.Fatalf("nats-max-bytes: %v", err)
 	}
-	if s.MemoryBudget, err = parseSize(cfg.MemoryBudget); err != nil {
+	if s.MemoryBudget, err = testutil.ParseSize(cfg.MemoryBudget); err != nil {
 		t.Fatalf("memory-budget: %v", err)
 	}
 	s.Replicas, s.SnapshotKeep = cfg.Replicas, cfg.SnapshotKeep
@@ -181,20 +181,6 @@ func natsArgs(doc any) []string {
 		}
 	}
 	return out
-}
-
-// parseSize reads a kvindex size ("64GiB", "512MiB", bytes).
-func parseSize(s string) (int64, error) {
-	for _, u := range []struct {
-		suffix string
-		shift  uint
-	}{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}} {
-		if n, ok := strings.CutSuffix(s, u.suffix); ok {
-			v, err := strconv.ParseInt(n, 10, 64)
-			return v << u.shift, err
-		}
-	}
-	return strconv.ParseInt(s, 10, 64)
 }
 
 // The client port the chart's Service exposes (config.nats.port, not set
@@ -263,7 +249,7 @@ func problems(v values, s streamSettings) []string {
 	res := v.Container.Merge.Resources
 	if res == nil || res.Limits.Memory().IsZero() || res.Requests.Memory().IsZero() {
 		add("container.merge.resources: give memory requests and limits")
-	} else if gml, err := parseSize(v.Container.Env["GOMEMLIMIT"]); err != nil || gml <= 0 || gml >= res.Limits.Memory().Value() {
+	} else if gml, err := testutil.ParseSize(v.Container.Env["GOMEMLIMIT"]); err != nil || gml <= 0 || gml >= res.Limits.Memory().Value() {
 		add("container.env.GOMEMLIMIT %q: give one below the memory limit %s", v.Container.Env["GOMEMLIMIT"], res.Limits.Memory())
 	}
 	if !v.Config.Monitor.Enabled {

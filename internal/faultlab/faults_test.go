@@ -15,6 +15,7 @@ import (
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/internal/statefile"
+	"github.com/kvindex/kvindex/internal/testutil"
 )
 
 // fixedOverhead is the part of kvindex's resident memory that the memory
@@ -244,7 +245,7 @@ func awaitSnapshot(t *testing.T, dir string, since time.Time) time.Time {
 // whatever kvindex still reports for them must not be reported ok.
 func churn(t *testing.T) {
 	const waves, perWave = 10, 100
-	listen := freeEndpoint(t)
+	listen := "tcp://" + testutil.FreeAddr(t)
 	// Departed engines are forgotten 2 s after their connection went.
 	k := startKvindex(t, "--listen", listen, "--forget-after", "2s")
 	tr := newTraffic(2)
@@ -286,17 +287,6 @@ func churn(t *testing.T) {
 		t.Errorf("%d of %d departed engines still reported ok, e.g. %s", len(stale), len(departed), stale[0])
 	}
 	settle(t, k, faultEnd, live, departed, 0)
-}
-
-// freeEndpoint returns a tcp endpoint on a free loopback port.
-func freeEndpoint(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return "tcp://" + l.Addr().String()
 }
 
 // Each flooding engine makes floodRequests requests, every other one a

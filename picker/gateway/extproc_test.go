@@ -20,6 +20,7 @@ import (
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simhttp"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
@@ -102,7 +103,7 @@ func newFleet(t *testing.T, pods ...string) *fleet {
 	// AllBlocksCleared batches until each engine's arrive.
 	for _, pod := range pods {
 		eng := f.engines[pod]
-		await(t, "the subscription to "+pod, func() bool {
+		testutil.Await(t, waitFor, "the subscription to "+pod, func() bool {
 			if err := eng.Clear(); err != nil {
 				t.Fatal(err)
 			}
@@ -324,17 +325,6 @@ func (e *envoy) finish(t *testing.T, respBody []byte) {
 	}
 }
 
-func await(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(waitFor)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func idsBody(ids []uint64) string {
 	s := make([]string, len(ids))
 	for i, id := range ids {
@@ -394,7 +384,7 @@ func TestExtProcConversationSticks(t *testing.T) {
 			e := send(t, c, "/v1/completions", nil, nil, idsBody(turn1), 100)
 			first := f.podOf[e.dest]
 			e.forward(t, "/v1/completions")
-			await(t, "the index to hear turn 1", func() bool { return f.held(t, first, turn1) == 8 })
+			testutil.Await(t, waitFor, "the index to hear turn 1", func() bool { return f.held(t, first, turn1) == 8 })
 			turn2 := append(append([]uint64{}, turn1...), seq(50000, 4*bs)...)
 			for range 3 {
 				e := send(t, c, "/v1/completions", nil, nil, idsBody(turn2), 333)
@@ -421,7 +411,7 @@ func TestExtProcLoadAndSubset(t *testing.T) {
 	e := send(t, c, "/v1/completions", nil, nil, idsBody(turn1), 200)
 	holder := e.dest
 	e.forward(t, "/v1/completions")
-	await(t, "the index to hear turn 1", func() bool { return f.held(t, f.podOf[holder], turn1) == 8 })
+	testutil.Await(t, waitFor, "the index to hear turn 1", func() bool { return f.held(t, f.podOf[holder], turn1) == 8 })
 
 	// Requests stay in flight on the holder while their streams are
 	// open; within a few the next one goes elsewhere.
@@ -444,7 +434,7 @@ func TestExtProcLoadAndSubset(t *testing.T) {
 	for _, e := range open {
 		e.finish(t, []byte(`{}`))
 	}
-	await(t, "in-flight counts to drop", func() bool { return svc.InFlight(holder) == 0 })
+	testutil.Await(t, waitFor, "in-flight counts to drop", func() bool { return svc.InFlight(holder) == 0 })
 
 	// Subset hint: only the listed endpoint may be picked, even against
 	// the prefix.
@@ -567,7 +557,7 @@ func TestExtProcOutcomes(t *testing.T) {
 	turn1 := seq(7000, 8*bs)
 	e := send(t, c, "/v1/completions", nil, nil, idsBody(turn1), 100)
 	e.forward(t, "/v1/completions")
-	await(t, "the index to hear turn 1", func() bool { return f.held(t, f.podOf[e.dest], turn1) == 8 })
+	testutil.Await(t, waitFor, "the index to hear turn 1", func() bool { return f.held(t, f.podOf[e.dest], turn1) == 8 })
 	turn2 := append(append([]uint64{}, turn1...), seq(80000, 4*bs)...)
 	e = send(t, c, "/v1/completions", nil, nil, idsBody(turn2), 100)
 	e.forward(t, "/v1/completions")

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/picker/gateway"
 )
 
@@ -74,7 +75,7 @@ func TestHTTPPick(t *testing.T) {
 	}
 	resp.Body.Close()
 	holder := d.Pod
-	await(t, "the index to hear the prompt", func() bool { return f.held(t, holder, held) == 8 })
+	testutil.Await(t, waitFor, "the index to hear the prompt", func() bool { return f.held(t, holder, held) == 8 })
 
 	for _, tt := range []struct {
 		name    string
