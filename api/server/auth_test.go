@@ -94,9 +94,9 @@ func endpointCalls(t *testing.T, c *client.Client, hub *Hub) map[string]codes.Co
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]codes.Code{}
-	_, err := c.LongestPrefixTokens(ctx, testModel, seqTokens(1, 32), nil)
+	_, err := c.LongestPrefixTokens(ctx, testModel, testutil.Seq(1, 32), nil)
 	out["LongestPrefix"] = status.Code(err)
-	_, err = c.LookupTokens(ctx, testModel, seqTokens(1, 32), nil)
+	_, err = c.LookupTokens(ctx, testModel, testutil.Seq(1, 32), nil)
 	out["Lookup"] = status.Code(err)
 	_, err = c.ListPods(ctx, "")
 	out["ListPods"] = status.Code(err)

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -33,7 +34,7 @@ func post(t *testing.T, url, body string) (int, []byte) {
 
 func TestHTTPLongestPrefix(t *testing.T) {
 	f := newFixture(t, nil)
-	tokens := seqTokens(1000, 5*testBlockSize+3)
+	tokens := testutil.Seq(1000, 5*testBlockSize+3)
 	loadThree(t, f, tokens)
 	ids, _ := json.Marshal(tokens)
 	code, body := post(t, f.url+"/v1/longest-prefix", `{"model":"qwen","tokens":`+string(ids)+`,"candidate_pods":["a","b"]}`)
@@ -76,8 +77,8 @@ func TestHTTPLookupAndPods(t *testing.T) {
 	streams := &fakeStreams{}
 	streams.set(kvevents.StreamStats{Engine: engine("a", 0), Endpoint: "tcp://a:5557", Connected: true, LastSeq: 3})
 	f := newFixture(t, func(c *Config) { c.Streams = streams })
-	tokens := seqTokens(1, 40)
-	loadThree(t, f, seqTokens(1, 64))
+	tokens := testutil.Seq(1, 40)
+	loadThree(t, f, testutil.Seq(1, 64))
 	ids, _ := json.Marshal(tokens)
 	code, body := post(t, f.url+"/v1/lookup", `{"model":"qwen","tokens":`+string(ids)+`}`)
 	if code != http.StatusOK {

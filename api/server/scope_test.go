@@ -113,7 +113,7 @@ func TestUnknownModel(t *testing.T) {
 		c.Streams = streams
 		c.Tokenizers = []NamedTokenizer{{client.SourceLocal, localTokenizer(t)}}
 	})
-	f.hub.Apply(kvevents.EngineID{Model: "indexed", Pod: "i"}, 0, []kvevents.Event{stored(t, seqTokens(1, 16), 1)})
+	f.hub.Apply(kvevents.EngineID{Model: "indexed", Pod: "i"}, 0, []kvevents.Event{stored(t, testutil.Seq(1, 16), 1)})
 	none := newFixture(t, func(c *Config) { c.DefaultModel = "" })
 	const known = `kvindex follows "configured", "indexed", "qwen"`
 
@@ -134,8 +134,8 @@ func TestUnknownModel(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := tc.f.client.LongestPrefixTokens(ctx, tc.model, seqTokens(1, 32), nil)
-			_, lkErr := tc.f.client.LookupTokens(ctx, tc.model, seqTokens(1, 32), nil)
+			r, err := tc.f.client.LongestPrefixTokens(ctx, tc.model, testutil.Seq(1, 32), nil)
+			_, lkErr := tc.f.client.LookupTokens(ctx, tc.model, testutil.Seq(1, 32), nil)
 			_, psErr := tc.f.client.PodScores(ctx, tc.model, "hello", nil)
 			for what, e := range map[string]error{"LongestPrefix": err, "Lookup": lkErr, "GetPodScores": psErr} {
 				if st := status.Convert(e); st.Code() != tc.code || !strings.HasPrefix(st.Message(), tc.msg) {
@@ -164,11 +164,11 @@ func TestUnknownModel(t *testing.T) {
 
 	// A model whose first event has just arrived is known at once, even
 	// while the cached view of the engines predates it.
-	if _, err := f.client.LongestPrefixTokens(ctx, "late", seqTokens(1, 32), nil); status.Code(err) != codes.NotFound {
+	if _, err := f.client.LongestPrefixTokens(ctx, "late", testutil.Seq(1, 32), nil); status.Code(err) != codes.NotFound {
 		t.Fatalf("before its first event: %v", err)
 	}
 	f.hub.Apply(kvevents.EngineID{Model: "late", Pod: "l"}, 0, nil)
-	if r, err := f.client.LongestPrefixTokens(ctx, "late", seqTokens(1, 32), nil); err != nil || len(r.GetPods()) != 1 {
+	if r, err := f.client.LongestPrefixTokens(ctx, "late", testutil.Seq(1, 32), nil); err != nil || len(r.GetPods()) != 1 {
 		t.Errorf("after its first event: %v, %v", r, err)
 	}
 }

@@ -333,14 +333,6 @@ func idsBody(ids []uint64) string {
 	return fmt.Sprintf(`{"model":%q,"prompt":[%s],"max_tokens":1}`, testModel, strings.Join(s, ","))
 }
 
-func seq(from, n int) []uint64 {
-	out := make([]uint64, n)
-	for i := range out {
-		out[i] = uint64(from + i)
-	}
-	return out
-}
-
 // noSpeculation: the picker's own speculative entries would keep turn 2
 // on turn 1's pod without the index; the tests are about the index.
 func noSpeculation() picker.Config {
@@ -380,12 +372,12 @@ func TestExtProcConversationSticks(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			svc, _ := newService(t, f, s.src, nil)
 			c, _ := startPicker(t, svc)
-			turn1 := seq(1000*(i+1), 8*bs)
+			turn1 := testutil.Seq(1000*(i+1), 8*bs)
 			e := send(t, c, "/v1/completions", nil, nil, idsBody(turn1), 100)
 			first := f.podOf[e.dest]
 			e.forward(t, "/v1/completions")
 			testutil.Await(t, waitFor, "the index to hear turn 1", func() bool { return f.held(t, first, turn1) == 8 })
-			turn2 := append(append([]uint64{}, turn1...), seq(50000, 4*bs)...)
+			turn2 := append(append([]uint64{}, turn1...), testutil.Seq(50000, 4*bs)...)
 			for range 3 {
 				e := send(t, c, "/v1/completions", nil, nil, idsBody(turn2), 333)
 				if got := f.podOf[e.dest]; got != first {
@@ -407,7 +399,7 @@ func TestExtProcLoadAndSubset(t *testing.T) {
 	f := newFleet(t, "pod-a", "pod-b")
 	svc, _ := newService(t, f, remote(t, f.indexAddr), nil)
 	c, _ := startPicker(t, svc)
-	turn1 := seq(7, 8*bs)
+	turn1 := testutil.Seq(7, 8*bs)
 	e := send(t, c, "/v1/completions", nil, nil, idsBody(turn1), 200)
 	holder := e.dest
 	e.forward(t, "/v1/completions")
@@ -483,7 +475,7 @@ func TestExtProcIndexFallback(t *testing.T) {
 
 	svc, reg := newService(t, f, remote(t, stuckAddr), func(c *gateway.Config) { c.IndexTimeout = 20 * time.Millisecond })
 	c, _ := startPicker(t, svc)
-	e := send(t, c, "/v1/completions", nil, nil, idsBody(seq(1, 64)), 40)
+	e := send(t, c, "/v1/completions", nil, nil, idsBody(testutil.Seq(1, 64)), 40)
 	if e.dest == "" || e.status != 0 {
 		t.Fatalf("not routed: status %d %s", e.status, e.body)
 	}
@@ -499,7 +491,7 @@ func TestExtProcIndexFallback(t *testing.T) {
 	gs.Stop()
 	svc2, reg2 := newService(t, f, src, nil)
 	c2, _ := startPicker(t, svc2)
-	e = send(t, c2, "/v1/completions", nil, nil, idsBody(seq(1, 64)), 40)
+	e = send(t, c2, "/v1/completions", nil, nil, idsBody(testutil.Seq(1, 64)), 40)
 	if e.dest == "" {
 		t.Fatalf("not routed: status %d %s", e.status, e.body)
 	}
@@ -554,11 +546,11 @@ func TestExtProcOutcomes(t *testing.T) {
 	rec := &outcomeLog{}
 	svc, _ := newService(t, f, gateway.Local{Server: f.srv}, func(c *gateway.Config) { c.Outcomes = rec })
 	c, _ := startPicker(t, svc)
-	turn1 := seq(7000, 8*bs)
+	turn1 := testutil.Seq(7000, 8*bs)
 	e := send(t, c, "/v1/completions", nil, nil, idsBody(turn1), 100)
 	e.forward(t, "/v1/completions")
 	testutil.Await(t, waitFor, "the index to hear turn 1", func() bool { return f.held(t, f.podOf[e.dest], turn1) == 8 })
-	turn2 := append(append([]uint64{}, turn1...), seq(80000, 4*bs)...)
+	turn2 := append(append([]uint64{}, turn1...), testutil.Seq(80000, 4*bs)...)
 	e = send(t, c, "/v1/completions", nil, nil, idsBody(turn2), 100)
 	e.forward(t, "/v1/completions")
 

@@ -106,7 +106,7 @@ func TestRemoteWarmUp(t *testing.T) {
 	xc, _ := startPicker(t, svc)
 	pick := func(what string) {
 		t.Helper()
-		e := send(t, xc, "/v1/completions", nil, nil, idsBody(seq(1, 64)), 100)
+		e := send(t, xc, "/v1/completions", nil, nil, idsBody(testutil.Seq(1, 64)), 100)
 		if e.dest == "" {
 			t.Fatalf("%s: not routed: status %d %s", what, e.status, e.body)
 		}
