@@ -1,6 +1,7 @@
 # kvindex developer commands. The two that matter:
 #   make demo   run kvindex's main job on its embedded default (no external servers)
-#   make test   the checks (gofmt, go vet, staticcheck, the cgo-free build, the
+#   make test   the checks (gofmt, go.mod and go.sum tidy, go vet,
+#               staticcheck, the cgo-free build, the
 #               golden-file generators reproduce their files), every
 #               test with the race detector, the race-shortened tests without it,
 #               the decoder's tests against the msgpack library's reader,
@@ -33,8 +34,9 @@ DEB_BUILD_PKGS := gcc libzmq3-dev pkg-config
 DEB_TEST_PKGS  := $(DEB_BUILD_PKGS) python3-zmq python3-msgpack python3-cbor2 python3-xxhash nginx libnginx-mod-http-js nats-server
 
 # The packages that must build without cgo (no libzmq, no C compiler): the
-# core, the Go client and the server (only kvevents/zmqtransport needs libzmq).
-CGO_FREE := ./blockhash/... ./kvevents ./kvevents/enginesim ./kvevents/natstransport ./indexer/... ./api/client ./api/server ./api/server/security ./api/watchhub ./tokenizer/... ./picker/... ./kvevents/enginesim/simhttp ./internal/statefile ./internal/snapstore ./internal/kubediscovery ./internal/bytesize ./internal/memlimit ./internal/flagsource ./internal/configerr ./internal/lifecycle
+# core, the Go client and the server (only kvevents/zmqtransport needs libzmq),
+# and internal/testutil, which their tests share.
+CGO_FREE := ./blockhash/... ./kvevents ./kvevents/enginesim ./kvevents/natstransport ./indexer/... ./api/client ./api/server ./api/server/security ./api/watchhub ./tokenizer/... ./picker/... ./kvevents/enginesim/simhttp ./internal/statefile ./internal/snapstore ./internal/kubediscovery ./internal/bytesize ./internal/memlimit ./internal/flagsource ./internal/configerr ./internal/lifecycle ./internal/testutil
 # Packages whose tests skip or shrink under the race detector (they carry a
 # `//go:build race` file); their tests also run once without it.
 NORACE_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^//go:build race' .)))
@@ -80,6 +82,7 @@ $(STATICCHECK):
 check: $(STATICCHECK)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) mod tidy -diff
 	$(GO) vet $(PKGS)
 	$(STATICCHECK) $(PKGS)
 	CGO_ENABLED=0 $(GO) build $(CGO_FREE)

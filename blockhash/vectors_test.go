@@ -3,8 +3,9 @@ package blockhash_test
 import (
 	"encoding/hex"
 	"encoding/json"
+	"maps"
 	"os"
-	"sort"
+	"slices"
 	"testing"
 
 	"github.com/kvindex/kvindex/blockhash"
@@ -86,19 +87,10 @@ func (s scenario) extras(t testing.TB, blockSize int) *blockhash.Extras {
 	return x
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
-}
-
 func TestNoneHashGolden(t *testing.T) {
 	v := loadVectors(t)
-	for _, algo := range sortedKeys(v.NoneHash) {
-		for _, seed := range sortedKeys(v.NoneHash[algo]) {
+	for _, algo := range slices.Sorted(maps.Keys(v.NoneHash)) {
+		for _, seed := range slices.Sorted(maps.Keys(v.NoneHash[algo])) {
 			want := v.NoneHash[algo][seed].Hex
 			t.Run(algo+"/"+seed, func(t *testing.T) {
 				h, err := blockhash.New(blockhash.Config{Algo: blockhash.Algo(algo), Seed: seed, BlockSize: 16})
@@ -118,9 +110,9 @@ func TestNoneHashGolden(t *testing.T) {
 func TestChainGolden(t *testing.T) {
 	v := loadVectors(t)
 	n := 0
-	for _, algo := range sortedKeys(v.Vectors) {
-		for _, seed := range sortedKeys(v.Vectors[algo]) {
-			for _, name := range sortedKeys(v.Vectors[algo][seed]) {
+	for _, algo := range slices.Sorted(maps.Keys(v.Vectors)) {
+		for _, seed := range slices.Sorted(maps.Keys(v.Vectors[algo])) {
+			for _, name := range slices.Sorted(maps.Keys(v.Vectors[algo][seed])) {
 				sc := v.Vectors[algo][seed][name]
 				n++
 				t.Run(algo+"/"+seed+"/"+name, func(t *testing.T) {
@@ -163,8 +155,8 @@ func TestChainGolden(t *testing.T) {
 // record them (the shape KV events carry) to ChainKeys.
 func TestChainKeysGolden(t *testing.T) {
 	v := loadVectors(t)
-	for _, algo := range sortedKeys(v.Vectors) {
-		for _, name := range sortedKeys(v.Vectors[algo]["42"]) {
+	for _, algo := range slices.Sorted(maps.Keys(v.Vectors)) {
+		for _, name := range slices.Sorted(maps.Keys(v.Vectors[algo]["42"])) {
 			sc := v.Vectors[algo]["42"][name]
 			t.Run(algo+"/"+name, func(t *testing.T) {
 				h := blockhash.MustNew(blockhash.Config{Algo: blockhash.Algo(algo), Seed: "42", BlockSize: 16})

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -58,14 +59,6 @@ func matched(res Result) []string {
 	var out []string
 	for _, p := range res.Pods {
 		out = append(out, fmt.Sprintf("%s:%d", p.Engine, p.MatchedBlocks))
-	}
-	return out
-}
-
-func seq(from, n int) []uint64 {
-	out := make([]uint64, n)
-	for i := range out {
-		out[i] = uint64(from + i)
 	}
 	return out
 }
@@ -126,11 +119,11 @@ func TestQueryErrors(t *testing.T) {
 	ix = mustNew(t, Options{Hasher: h})
 	ix.Apply(eng("a", 0), 1, []kvevents.Event{stored(1)})
 	// Empty BlockHashes: the tokens count.
-	res = query(t, ix, &Query{Model: "m", Tokens: seq(0, 40), BlockHashes: []uint64{}})
+	res = query(t, ix, &Query{Model: "m", Tokens: testutil.Seq(0, 40), BlockHashes: []uint64{}})
 	if res.BlocksTotal != 2 || !slices.Equal(matched(res), []string{"a:0"}) {
 		t.Errorf("empty BlockHashes: %+v", res)
 	}
-	res = query(t, ix, &Query{Model: "m", Tokens: seq(0, 15)}) // no full block
+	res = query(t, ix, &Query{Model: "m", Tokens: testutil.Seq(0, 15)}) // no full block
 	if res.BlocksTotal != 0 || res.BlockSize != 16 || !slices.Equal(matched(res), []string{"a:0"}) {
 		t.Errorf("partial block: %+v", res)
 	}
@@ -138,7 +131,7 @@ func TestQueryErrors(t *testing.T) {
 	sg := blockhash.MustNew(blockhash.Config{Algo: blockhash.SGLang, BlockSize: 16})
 	ix = mustNew(t, Options{Hasher: sg})
 	ix.Apply(eng("a", 0), 1, []kvevents.Event{stored(1)})
-	err = ix.LongestPrefix(&Query{Model: "m", Tokens: seq(0, 32), Extras: &blockhash.Extras{LoRAName: "x"}}, &res)
+	err = ix.LongestPrefix(&Query{Model: "m", Tokens: testutil.Seq(0, 32), Extras: &blockhash.Extras{LoRAName: "x"}}, &res)
 	if !errors.Is(err, blockhash.ErrUnsupported) {
 		t.Errorf("sglang with extras: %v", err)
 	}
@@ -236,7 +229,7 @@ func TestLookupHolders(t *testing.T) {
 // 64-engine bitmap word, in both directions.
 func TestManyHolders(t *testing.T) {
 	ix := mustNew(t, Options{})
-	chain := seq(100, 40)
+	chain := testutil.Seq(100, 40)
 	var all []string
 	for i := range 200 {
 		id := eng(fmt.Sprintf("p%03d", i), 0)
@@ -320,7 +313,7 @@ func TestResetIsolation(t *testing.T) {
 		t.Run(string(reason), func(t *testing.T) {
 			ix := mustNew(t, Options{})
 			other := mustNew(t, Options{})
-			chain := seq(1, 300)
+			chain := testutil.Seq(1, 300)
 			for _, ix := range []*Index{ix, other} {
 				ix.Apply(eng("b", 0), 1, []kvevents.Event{stored(chain...), storedIn("CPU", 2, chain[:30]...)})
 				ix.Apply(eng("c", 1), 1, []kvevents.Event{stored(chain[:100]...)})
@@ -426,11 +419,11 @@ func TestMemoryBudgetEvictsLeastRecentlyStored(t *testing.T) {
 	ix := mustNew(t, Options{MemoryBudget: budget})
 	a, b := eng("a", 0), eng("b", 0)
 	// Old blocks first, then a stream of new ones well past the budget.
-	old := seq(1, 5000)
+	old := testutil.Seq(1, 5000)
 	ix.Apply(a, 1, []kvevents.Event{stored(old...)})
 	var next uint64 = 1 << 32
 	for i := 0; ix.Stats().Evictions == 0 && i < 10000; i++ {
-		ix.Apply(b, uint64(i), []kvevents.Event{stored(seq(int(next), 500)...)})
+		ix.Apply(b, uint64(i), []kvevents.Event{stored(testutil.Seq(int(next), 500)...)})
 		next += 500
 	}
 	st := ix.Stats()
@@ -445,7 +438,7 @@ func TestMemoryBudgetEvictsLeastRecentlyStored(t *testing.T) {
 	if got := matched(res); !slices.Equal(got, []string{"a:0", "b:0"}) {
 		t.Errorf("old blocks survived: %v", got)
 	}
-	newest := seq(int(next-500), 500)
+	newest := testutil.Seq(int(next-500), 500)
 	if got := matched(query(t, ix, &Query{Model: "m", BlockHashes: newest})); !slices.Equal(got, []string{"b:500", "a:0"}) {
 		t.Errorf("newest blocks: %v", got)
 	}
@@ -459,7 +452,7 @@ func TestMemoryBudgetEvictsLeastRecentlyStored(t *testing.T) {
 	}
 	// Keeps working at the budget.
 	for i := range 100 {
-		ix.Apply(b, uint64(i), []kvevents.Event{stored(seq(int(next), 500)...)})
+		ix.Apply(b, uint64(i), []kvevents.Event{stored(testutil.Seq(int(next), 500)...)})
 		next += 500
 	}
 	if st := ix.Stats(); st.Bytes > budget {
@@ -474,7 +467,7 @@ func TestApplyConcurrentWithReset(t *testing.T) {
 	go func() {
 		defer close(done)
 		for i := range 200 {
-			ix.Apply(eng("a", 0), uint64(i), []kvevents.Event{stored(seq(i*10, 50)...)})
+			ix.Apply(eng("a", 0), uint64(i), []kvevents.Event{stored(testutil.Seq(i*10, 50)...)})
 		}
 	}()
 	for range 50 {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/testutil"
 )
 
 // memoKeys runs the key source of a query to completion and reports how
@@ -34,10 +35,10 @@ func TestMemoReusesChains(t *testing.T) {
 		}
 		return keysOf(hs)
 	}
-	system := seq(5000, 16*70)
-	turn1 := append(slices.Clone(system), seq(1, 16*10+5)...)
-	turn2 := append(slices.Clone(turn1[:16*80]), seq(900, 16*12)...) // next turn: old prompt + new blocks
-	other := append(slices.Clone(system), seq(77, 16*3)...)          // another conversation, same system prompt
+	system := testutil.Seq(5000, 16*70)
+	turn1 := append(slices.Clone(system), testutil.Seq(1, 16*10+5)...)
+	turn2 := append(slices.Clone(turn1[:16*80]), testutil.Seq(900, 16*12)...) // next turn: old prompt + new blocks
+	other := append(slices.Clone(system), testutil.Seq(77, 16*3)...)          // another conversation, same system prompt
 	lora := &blockhash.Extras{LoRAName: "a"}
 	steps := []struct {
 		name     string
@@ -54,7 +55,7 @@ func TestMemoReusesChains(t *testing.T) {
 		{"other conversation shares the system prompt", other, nil, 64},
 		{"extras keep chains apart", turn1, lora, 0},
 		{"with extras, repeat", turn1, lora, 80},
-		{"no full block", seq(1, 15), nil, 0},
+		{"no full block", testutil.Seq(1, 15), nil, 0},
 	}
 	for _, st := range steps {
 		keys, fromMemo := memoKeys(t, ix, st.toks, st.x)

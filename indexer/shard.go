@@ -101,11 +101,7 @@ func recHeader(npairs, nd int, class uint8) uint64 {
 }
 
 func classFor(words int) uint8 {
-	c := uint8(bits.Len(uint(words - 1)))
-	if c < minClass {
-		c = minClass
-	}
-	return c
+	return max(uint8(bits.Len(uint(words-1))), minClass)
 }
 
 // A holding packs engine id (24 bits), KV-cache group (12), medium id (8)

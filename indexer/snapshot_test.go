@@ -16,6 +16,7 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -26,10 +27,10 @@ func snapshotWorld(t testing.TB, ix *Index, h *blockhash.Hasher) {
 	t.Helper()
 	for i := range 70 {
 		id := kvevents.EngineID{Model: "m", Pod: fmt.Sprintf("p%02d", i%35), DPRank: i / 35}
-		ix.Apply(id, uint64(10+i), []kvevents.Event{stored(seq(1, 20+i%5)...), stored(seq(1000*i, 30)...)})
+		ix.Apply(id, uint64(10+i), []kvevents.Event{stored(testutil.Seq(1, 20+i%5)...), stored(testutil.Seq(1000*i, 30)...)})
 	}
 	ix.Apply(eng("x", 0), 5, []kvevents.Event{stored(1, 2), stored(1), storedIn("CPU", 2, 1, 2, 3), storedIn("DISK", 0, 9)})
-	toks := seq(40, 64)
+	toks := testutil.Seq(40, 64)
 	good, _ := storedChain(t, h, nil, toks, nil)
 	ix.Apply(kvevents.EngineID{Model: "tok", Pod: "good"}, 1, []kvevents.Event{good})
 	wrong := blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "other", BlockSize: h.BlockSize()})
@@ -70,9 +71,9 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		}
 	}
 	for _, q := range []*Query{
-		{Model: "m", BlockHashes: seq(1, 30)},
+		{Model: "m", BlockHashes: testutil.Seq(1, 30)},
 		{Model: "m", BlockHashes: []uint64{1, 2, 3}, Candidates: []string{"x", "p01"}},
-		{Model: "tok", Tokens: seq(40, 64)},
+		{Model: "tok", Tokens: testutil.Seq(40, 64)},
 	} {
 		if a, b := query(t, src, q), query(t, dst, q); !reflect.DeepEqual(a, b) {
 			t.Errorf("query %+v: %s", q, diffResults(b, a))
@@ -81,7 +82,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	checkInvariants(t, dst)
 	// The fallback engine's map came along: its removals still resolve.
 	wrong := blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "other", BlockSize: 16})
-	_, wh := storedChain(t, wrong, nil, seq(40, 64), nil)
+	_, wh := storedChain(t, wrong, nil, testutil.Seq(40, 64), nil)
 	bad := kvevents.EngineID{Model: "tok", Pod: "bad"}
 	for _, ix := range []*Index{src, dst} {
 		ix.Apply(bad, 8, []kvevents.Event{removed(wh[3].Key)})
@@ -113,7 +114,7 @@ func TestSnapshotEmptyAndLarge(t *testing.T) {
 	}
 	// Several frames.
 	for i := range 20 {
-		ix.Apply(eng(fmt.Sprintf("p%d", i), 0), 1, []kvevents.Event{stored(seq(i*10000, 5000)...)})
+		ix.Apply(eng(fmt.Sprintf("p%d", i), 0), 1, []kvevents.Event{stored(testutil.Seq(i*10000, 5000)...)})
 	}
 	buf.Reset()
 	if err := ix.Snapshot(&buf); err != nil {
@@ -224,7 +225,7 @@ func TestRestoreRejectsCorruption(t *testing.T) {
 	var big bytes.Buffer
 	large := mustNew(t, Options{})
 	for i := range 8 {
-		large.Apply(eng(fmt.Sprintf("p%d", i), 0), 1, []kvevents.Event{stored(seq(i*100000, 20000)...)})
+		large.Apply(eng(fmt.Sprintf("p%d", i), 0), 1, []kvevents.Event{stored(testutil.Seq(i*100000, 20000)...)})
 	}
 	if err := large.Snapshot(&big); err != nil {
 		t.Fatal(err)
@@ -246,7 +247,7 @@ func (w *errWriter) Write(p []byte) (int, error) {
 
 func TestSnapshotWriteError(t *testing.T) {
 	ix := mustNew(t, Options{})
-	ix.Apply(eng("a", 0), 1, []kvevents.Event{stored(seq(1, 100000)...)})
+	ix.Apply(eng("a", 0), 1, []kvevents.Event{stored(testutil.Seq(1, 100000)...)})
 	for _, n := range []int{0, 11, 100, 1 << 20} {
 		if err := ix.Snapshot(&errWriter{n: n}); !errors.Is(err, io.ErrShortWrite) {
 			t.Errorf("writer failing after %d bytes: %v", n, err)

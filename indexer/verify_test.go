@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -67,7 +68,7 @@ func TestVerifiedEngine(t *testing.T) {
 	h := mustHasher(t, blockhash.SHA256CBOR, "42", 16)
 	ix := mustNew(t, Options{Hasher: h})
 	a := eng("a", 0)
-	toks := seq(1000, 16*6)
+	toks := testutil.Seq(1000, 16*6)
 	lora := &blockhash.Extras{LoRAName: "sql-lora"}
 	ev1, h1 := storedChain(t, h, nil, toks[:48], lora)
 	// The continuation names its parent by key only: verified through
@@ -98,13 +99,13 @@ func TestDigestParents(t *testing.T) {
 	// Engines sending 32-byte hashes also send the parent's digest.
 	h := mustHasher(t, blockhash.SHA256CBOR, "0", 4)
 	ix := mustNew(t, Options{Hasher: h, DigestEntries: 1})
-	ev1, h1 := storedChain(t, h, nil, seq(0, 8), nil)
-	ev2, _ := storedChain(t, h, &h1[1], seq(8, 8), nil)
+	ev1, h1 := storedChain(t, h, nil, testutil.Seq(0, 8), nil)
+	ev2, _ := storedChain(t, h, &h1[1], testutil.Seq(8, 8), nil)
 	for _, hh := range h1 {
 		ev1.Digests = append(ev1.Digests, slices.Clone(hh.Digest()))
 	}
 	ev2.ParentDigest = slices.Clone(h1[1].Digest())
-	other, _ := storedChain(t, h, nil, seq(500, 4), nil) // pushes h1 out of the one-entry digest LRU
+	other, _ := storedChain(t, h, nil, testutil.Seq(500, 4), nil) // pushes h1 out of the one-entry digest LRU
 	ix.Apply(eng("a", 0), 1, []kvevents.Event{ev1, other, ev2})
 	if info := engineInfo(t, ix, eng("a", 0)); info.HashCheck != HashVerified || info.Verified != 5 || info.Unverifiable != 0 {
 		t.Errorf("info %+v", info)
@@ -122,7 +123,7 @@ func TestMismatchedEngineFallsBack(t *testing.T) {
 	wrong := mustHasher(t, blockhash.SHA256CBOR, "1", 16) // another PYTHONHASHSEED
 	ix := mustNew(t, Options{Hasher: right})
 	a, b := eng("a", 0), eng("b", 0)
-	toks := seq(7, 16*8)
+	toks := testutil.Seq(7, 16*8)
 	ev1, w1 := storedChain(t, wrong, nil, toks[:16*5], nil)
 	ev2, w2 := storedChain(t, wrong, &w1[4], toks[16*5:], nil) // parent by the engine's (wrong) key
 	ix.Apply(a, 1, []kvevents.Event{ev1})
@@ -162,7 +163,7 @@ func TestMismatchedEngineFallsBack(t *testing.T) {
 	}
 	checkInvariants(t, ix)
 	// A child of a block the index never saw cannot be keyed.
-	orphan, _ := storedChain(t, wrong, &blockhash.Hash{Key: 12345}, seq(900, 32), nil)
+	orphan, _ := storedChain(t, wrong, &blockhash.Hash{Key: 12345}, testutil.Seq(900, 32), nil)
 	ix.Apply(a, 5, []kvevents.Event{orphan})
 	if info := engineInfo(t, ix, a); info.Dropped != 2 {
 		t.Errorf("dropped %d, want 2", info.Dropped)
@@ -188,7 +189,7 @@ func TestMismatchedEngineFallsBack(t *testing.T) {
 func TestBlockSizeMismatch(t *testing.T) {
 	kv := mustHasher(t, blockhash.SHA256CBOR, "0", 16)
 	ix := mustNew(t, Options{Hasher: kv})
-	toks := seq(3, 32*4)
+	toks := testutil.Seq(3, 32*4)
 	// The engine caches 32-token blocks: each is two of kvindex's.
 	big := mustHasher(t, blockhash.SHA256CBOR, "0", 32)
 	ev1, e1 := storedChain(t, big, nil, toks[:64], &blockhash.Extras{LoRAName: "l"})
@@ -221,7 +222,7 @@ func TestVerificationSampling(t *testing.T) {
 	ix := mustNew(t, Options{Hasher: h, VerifyFirst: 2, VerifyEvery: 3})
 	a := eng("a", 0)
 	for i := range 10 {
-		ev, _ := storedChain(t, h, nil, seq(100*i, 8), nil) // two blocks, no parent
+		ev, _ := storedChain(t, h, nil, testutil.Seq(100*i, 8), nil) // two blocks, no parent
 		ix.Apply(a, uint64(i), []kvevents.Event{ev})
 	}
 	// Events 1, 2 (the first two), then 5 and 8 (one in three).
@@ -230,13 +231,13 @@ func TestVerificationSampling(t *testing.T) {
 	}
 	// A sampled event whose parent is unknown defers to the next one.
 	ix = mustNew(t, Options{Hasher: h, VerifyFirst: 1, VerifyEvery: 2})
-	_, root := storedChain(t, h, nil, seq(0, 4), nil)
+	_, root := storedChain(t, h, nil, testutil.Seq(0, 4), nil)
 	var evs []kvevents.Event
-	first, _ := storedChain(t, h, nil, seq(50, 4), nil)
+	first, _ := storedChain(t, h, nil, testutil.Seq(50, 4), nil)
 	evs = append(evs, first)
-	orphan, _ := storedChain(t, h, &root[0], seq(4, 4), nil) // never-seen parent
-	evs = append(evs, orphan, orphan)                        // event 2 not sampled, 3 sampled but unverifiable
-	fresh, _ := storedChain(t, h, nil, seq(70, 4), nil)
+	orphan, _ := storedChain(t, h, &root[0], testutil.Seq(4, 4), nil) // never-seen parent
+	evs = append(evs, orphan, orphan)                                 // event 2 not sampled, 3 sampled but unverifiable
+	fresh, _ := storedChain(t, h, nil, testutil.Seq(70, 4), nil)
 	evs = append(evs, fresh) // event 4: verified in 3's stead
 	ix.Apply(a, 1, evs)
 	if info := engineInfo(t, ix, a); info.Verified != 2 || info.Unverifiable != 1 {
@@ -255,14 +256,14 @@ func TestMismatchHints(t *testing.T) {
 	ix := mustNew(t, Options{Hasher: h})
 	// Right tokens and seed, but the engine hashed a LoRA name it does
 	// not report: the first block differs.
-	ev, _ := storedChain(t, h, nil, seq(0, 8), &blockhash.Extras{LoRAName: "x"})
+	ev, _ := storedChain(t, h, nil, testutil.Seq(0, 8), &blockhash.Extras{LoRAName: "x"})
 	ev.LoRAName = ""
 	ix.Apply(eng("a", 0), 1, []kvevents.Event{ev})
 	if info := engineInfo(t, ix, eng("a", 0)); !strings.Contains(info.Message, "algorithm or seed") {
 		t.Errorf("message %q", info.Message)
 	}
 	// Extra keys that differ from block 1 on.
-	ev, _ = storedChain(t, h, nil, seq(0, 8), nil)
+	ev, _ = storedChain(t, h, nil, testutil.Seq(0, 8), nil)
 	ev.ExtraKeys = []blockhash.BlockExtra{nil, {blockhash.Str("salt")}}
 	ix.Apply(eng("b", 0), 1, []kvevents.Event{ev})
 	if info := engineInfo(t, ix, eng("b", 0)); !strings.Contains(info.Message, "extra keys") || info.Verified != 1 || info.Mismatches != 1 {

@@ -126,9 +126,7 @@ func (r *reader) bytes() ([]byte, error) {
 	if err != nil {
 		return nil, libErr(err)
 	}
-	if n < 0 {
-		n = 0
-	}
+	n = max(n, 0)
 	if n > r.br.Len() {
 		return nil, errTruncated
 	}
@@ -206,9 +204,7 @@ func (r *reader) skip() error {
 
 // discard skips n bytes of the payload.
 func (r *reader) discard(n int) error {
-	if n < 0 {
-		n = 0
-	}
+	n = max(n, 0)
 	if n > r.br.Len() {
 		return errTruncated
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -117,14 +118,6 @@ func packValue(e *msgpack.Encoder, buf *bytes.Buffer, v any) error {
 		return nil
 	}
 	return fmt.Errorf("packValue: unsupported %T", v)
-}
-
-func seq(from, n int) []uint64 {
-	s := make([]uint64, n)
-	for i := range s {
-		s[i] = uint64(from + i)
-	}
-	return s
 }
 
 // ---------------------------------------------------------------------
@@ -436,7 +429,7 @@ func TestDecodeGoldenKnownValues(t *testing.T) {
 	}
 	// The blockhash package computes the same keys from the tokens.
 	h := blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "0", BlockSize: 16})
-	chain, err := h.Chain(nil, nil, 0, seq(0, 48), nil)
+	chain, err := h.Chain(nil, nil, 0, testutil.Seq(0, 48), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -459,7 +452,7 @@ func TestDecodeGoldenKnownValues(t *testing.T) {
 				t.Fatalf("%d events, want %d", len(b.Events), wantEvents)
 			}
 			st := b.Events[0]
-			if st.Kind != kvevents.BlockStored || !slices.Equal(st.Hashes, want) || !slices.Equal(st.TokenIDs, seq(0, 48)) ||
+			if st.Kind != kvevents.BlockStored || !slices.Equal(st.Hashes, want) || !slices.Equal(st.TokenIDs, testutil.Seq(0, 48)) ||
 				st.BlockSize != 16 || st.HasParent || st.HasLoRAID {
 				t.Errorf("BlockStored = %+v", st)
 			}
@@ -502,7 +495,7 @@ func storedFields() []any {
 	return []any{
 		[]any{uint64(11), uint64(22)}, // block_hashes
 		uint64(10),                    // parent_block_hash
-		seq(0, 8),                     // token_ids
+		testutil.Seq(0, 8),            // token_ids
 		4,                             // block_size
 		7,                             // lora_id
 		"CPU",                         // medium
@@ -516,7 +509,7 @@ func storedFields() []any {
 
 // storedAfter returns the Event the first n fields of storedFields give.
 func storedAfter(n int) kvevents.Event {
-	ev := kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{11, 22}, HasParent: true, Parent: 10, TokenIDs: seq(0, 8), BlockSize: 4}
+	ev := kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{11, 22}, HasParent: true, Parent: 10, TokenIDs: testutil.Seq(0, 8), BlockSize: 4}
 	if n > 4 {
 		ev.HasLoRAID, ev.LoRAID = true, 7
 	}
@@ -580,7 +573,7 @@ func TestDecodeArrayLengths(t *testing.T) {
 // TestDecodeTable covers layouts and value encodings one by one.
 func TestDecodeTable(t *testing.T) {
 	stored := func(hashes any, parent any) []any {
-		return []any{"BlockStored", hashes, parent, seq(0, 4), 4, nil}
+		return []any{"BlockStored", hashes, parent, testutil.Seq(0, 4), 4, nil}
 	}
 	ev := func(e kvevents.Event) []kvevents.Event { return []kvevents.Event{e} }
 	digest := bytes.Repeat([]byte{0xab}, 31)
@@ -631,19 +624,19 @@ func TestDecodeTable(t *testing.T) {
 			payload: []any{1.0, []any{stored([]any{
 				5, u8(200), u16(60000), u32(4000000000), u64(1 << 63), i8(5), i16(-2), i32(-3), i64(math.MinInt64), -1,
 			}, nil)}},
-			want: kvevents.Batch{TS: 1, Events: ev(kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 4, TokenIDs: seq(0, 4),
+			want: kvevents.Batch{TS: 1, Events: ev(kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 4, TokenIDs: testutil.Seq(0, 4),
 				Hashes: []uint64{5, 200, 60000, 4000000000, 1 << 63, 5, math.MaxUint64 - 1, math.MaxUint64 - 2, 1 << 63, math.MaxUint64}})},
 		},
 		{
 			name:    "negative int64 hash and parent (SGLang, old builtin hash)",
 			payload: []any{1.0, []any{stored([]any{i64(-5758849010611061604)}, i64(-1))}},
-			want: kvevents.Batch{TS: 1, Events: ev(kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 4, TokenIDs: seq(0, 4),
+			want: kvevents.Batch{TS: 1, Events: ev(kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 4, TokenIDs: testutil.Seq(0, 4),
 				Hashes: []uint64{12687895063098490012}, HasParent: true, Parent: math.MaxUint64})},
 		},
 		{
 			name:    "bytes hashes of every length, bin and str",
 			payload: []any{1.0, []any{stored([]any{bin(digest), bin([]byte{1, 2}), string([]byte{0, 0, 0, 0, 0, 0, 0, 0, 9}), bin(hybrid)}, bin(digest))}},
-			want: kvevents.Batch{TS: 1, Events: ev(kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 4, TokenIDs: seq(0, 4),
+			want: kvevents.Batch{TS: 1, Events: ev(kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 4, TokenIDs: testutil.Seq(0, 4),
 				Hashes:    []uint64{0xabababababab_ab01, 0x0102, 9, 0x38393a3b3c3d3e3f},
 				Digests:   [][]byte{digest, {1, 2}, {0, 0, 0, 0, 0, 0, 0, 0, 9}, hybrid},
 				HasParent: true, Parent: 0xababababababab01, ParentDigest: digest})},
@@ -651,13 +644,13 @@ func TestDecodeTable(t *testing.T) {
 		{
 			name:    "int and bytes hashes mixed",
 			payload: []any{1.0, []any{stored([]any{7, bin([]byte{8})}, nil)}},
-			want: kvevents.Batch{TS: 1, Events: ev(kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 4, TokenIDs: seq(0, 4),
+			want: kvevents.Batch{TS: 1, Events: ev(kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 4, TokenIDs: testutil.Seq(0, 4),
 				Hashes: []uint64{7, 8}, Digests: [][]byte{nil, {8}}})},
 		},
 		{
 			name:    "empty bytes parent means none",
 			payload: []any{1.0, []any{stored([]any{7}, bin([]byte{}))}},
-			want:    kvevents.Batch{TS: 1, Events: ev(kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 4, TokenIDs: seq(0, 4), Hashes: []uint64{7}})},
+			want:    kvevents.Batch{TS: 1, Events: ev(kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 4, TokenIDs: testutil.Seq(0, 4), Hashes: []uint64{7}})},
 		},
 		{
 			name: "token ids of every width",
@@ -685,13 +678,13 @@ func TestDecodeTable(t *testing.T) {
 		{
 			name: "map events with defaults omitted and unknown keys",
 			payload: []any{1.0, []any{
-				kv{"type", "BlockStored", "block_hashes", []any{1}, "parent_block_hash", nil, "token_ids", seq(5, 2), "block_size", 2,
+				kv{"type", "BlockStored", "block_hashes", []any{1}, "parent_block_hash", nil, "token_ids", testutil.Seq(5, 2), "block_size", 2,
 					"lora_id", nil, "medium", nil, "lora_name", nil, "locality", kv{"node", "a"}},
 				kv{"type", "BlockRemoved", "block_hashes", []any{1}, "medium", "CPU", "ownership", 1},
 				kv{"type", "AllBlocksCleared", "reason", "reset"},
 			}, 0},
 			want: kvevents.Batch{TS: 1, HasDPRank: true, Events: []kvevents.Event{
-				{Kind: kvevents.BlockStored, Hashes: []uint64{1}, TokenIDs: seq(5, 2), BlockSize: 2},
+				{Kind: kvevents.BlockStored, Hashes: []uint64{1}, TokenIDs: testutil.Seq(5, 2), BlockSize: 2},
 				{Kind: kvevents.BlockRemoved, Hashes: []uint64{1}, Medium: "CPU"},
 				{Kind: kvevents.AllBlocksCleared},
 			}},
@@ -706,16 +699,16 @@ func TestDecodeTable(t *testing.T) {
 		{
 			name: "extra keys: nil, None entries, empty tuple, nesting, bytes",
 			payload: []any{1.0, []any{
-				[]any{"BlockStored", []any{1, 2, 3}, nil, seq(0, 3), 1, nil, nil, nil,
+				[]any{"BlockStored", []any{1, 2, 3}, nil, testutil.Seq(0, 3), 1, nil, nil, nil,
 					[]any{nil, []any{}, []any{"lora", bin([]byte{1, 2}), []any{"img", u16(4), []any{i8(-1)}}}}},
-				[]any{"BlockStored", []any{1}, nil, seq(0, 1), 1, nil, nil, nil, nil},
+				[]any{"BlockStored", []any{1}, nil, testutil.Seq(0, 1), 1, nil, nil, nil, nil},
 				[]any{"BlockStored", []any{}, nil, []any{}, 1, nil, nil, nil, []any{}},
 			}},
 			want: kvevents.Batch{TS: 1, Events: []kvevents.Event{
-				{Kind: kvevents.BlockStored, Hashes: []uint64{1, 2, 3}, TokenIDs: seq(0, 3), BlockSize: 1,
+				{Kind: kvevents.BlockStored, Hashes: []uint64{1, 2, 3}, TokenIDs: testutil.Seq(0, 3), BlockSize: 1,
 					ExtraKeys: []blockhash.BlockExtra{nil, {}, {blockhash.Str("lora"), blockhash.Bytes([]byte{1, 2}),
 						blockhash.Tuple(blockhash.Str("img"), blockhash.Int(4), blockhash.Tuple(blockhash.Int(-1)))}}},
-				{Kind: kvevents.BlockStored, Hashes: []uint64{1}, TokenIDs: seq(0, 1), BlockSize: 1},
+				{Kind: kvevents.BlockStored, Hashes: []uint64{1}, TokenIDs: testutil.Seq(0, 1), BlockSize: 1},
 				{Kind: kvevents.BlockStored, BlockSize: 1, ExtraKeys: []blockhash.BlockExtra{}},
 			}},
 		},
@@ -728,12 +721,12 @@ func TestDecodeTable(t *testing.T) {
 			name:   "SGLang positional fields, medium, later fields ignored",
 			flavor: kvevents.FlavorSGLang,
 			payload: []any{1.0, []any{
-				[]any{"BlockStored", []any{i64(-2), i64(3)}, i64(-9), seq(1, 8), 4, nil, "GPU", kv{"meta", 1}, []any{"x"}},
+				[]any{"BlockStored", []any{i64(-2), i64(3)}, i64(-9), testutil.Seq(1, 8), 4, nil, "GPU", kv{"meta", 1}, []any{"x"}},
 				[]any{"BlockRemoved", []any{i64(-2)}, "GPU", 5},
 			}, 1},
 			want: kvevents.Batch{TS: 1, HasDPRank: true, DPRank: 1, Events: []kvevents.Event{
 				{Kind: kvevents.BlockStored, Hashes: []uint64{math.MaxUint64 - 1, 3}, HasParent: true, Parent: math.MaxUint64 - 8,
-					TokenIDs: seq(1, 8), BlockSize: 4, Medium: "GPU"},
+					TokenIDs: testutil.Seq(1, 8), BlockSize: 4, Medium: "GPU"},
 				{Kind: kvevents.BlockRemoved, Hashes: []uint64{math.MaxUint64 - 1}, Medium: "GPU"},
 			}},
 		},
@@ -779,7 +772,7 @@ func TestDecodeErrors(t *testing.T) {
 	}
 	nested = append(nested, 0xc0)
 	small := kvevents.Limits{MaxEvents: 2, MaxHashes: 2, MaxTokens: 3, MaxDigest: 40, MaxPayload: 1 << 10}
-	good := []any{"BlockStored", []any{1}, nil, seq(0, 2), 2, nil}
+	good := []any{"BlockStored", []any{1}, nil, testutil.Seq(0, 2), 2, nil}
 	tests := []struct {
 		name    string
 		flavor  kvevents.Flavor
@@ -816,17 +809,17 @@ func TestDecodeErrors(t *testing.T) {
 			"block_hashes[0]: expected int or bytes, got float"},
 		{"empty digest", 0, kvevents.Limits{}, []any{1.0, []any{[]any{"BlockRemoved", []any{bin{}}}}}, kvevents.ErrMalformed,
 			"block_hashes[0]: empty digest"},
-		{"parent is an array", 0, kvevents.Limits{}, []any{1.0, []any{[]any{"BlockStored", []any{1}, []any{}, seq(0, 2), 2}}}, kvevents.ErrMalformed,
+		{"parent is an array", 0, kvevents.Limits{}, []any{1.0, []any{[]any{"BlockStored", []any{1}, []any{}, testutil.Seq(0, 2), 2}}}, kvevents.ErrMalformed,
 			"parent_block_hash: expected int, bytes or nil, got array"},
-		{"block size is nil", 0, kvevents.Limits{}, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, seq(0, 2), nil}}}, kvevents.ErrMalformed,
+		{"block size is nil", 0, kvevents.Limits{}, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, testutil.Seq(0, 2), nil}}}, kvevents.ErrMalformed,
 			"block_size: expected int, got nil"},
-		{"negative block size", 0, kvevents.Limits{}, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, seq(0, 2), -16}}}, kvevents.ErrMalformed,
+		{"negative block size", 0, kvevents.Limits{}, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, testutil.Seq(0, 2), -16}}}, kvevents.ErrMalformed,
 			"block_size: negative value -16"},
 		{"medium is an int", 0, kvevents.Limits{}, []any{1.0, []any{[]any{"BlockRemoved", []any{1}, 1}}}, kvevents.ErrMalformed,
 			"medium: expected str or nil, got int"},
-		{"lora id is a str", 0, kvevents.Limits{}, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, seq(0, 2), 2, "x"}}}, kvevents.ErrMalformed,
+		{"lora id is a str", 0, kvevents.Limits{}, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, testutil.Seq(0, 2), 2, "x"}}}, kvevents.ErrMalformed,
 			"lora_id: expected int or nil, got str"},
-		{"lora id out of int64", 0, kvevents.Limits{}, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, seq(0, 2), 2, uint64(1 << 63)}}}, kvevents.ErrMalformed,
+		{"lora id out of int64", 0, kvevents.Limits{}, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, testutil.Seq(0, 2), 2, uint64(1 << 63)}}}, kvevents.ErrMalformed,
 			"lora_id: value 9223372036854775808 out of range"},
 		{"extra keys is a str", 0, kvevents.Limits{}, []any{1.0, []any{append(slices.Clone(good), nil, nil, "x")}}, kvevents.ErrMalformed,
 			"extra_keys: expected array, got str"},
@@ -843,7 +836,7 @@ func TestDecodeErrors(t *testing.T) {
 			kvevents.ErrMalformed, "event 0 (BlockStored): token_ids: missing field"},
 		{"duplicate map key", 0, kvevents.Limits{}, []any{1.0, []any{kv{"type", "BlockRemoved", "block_hashes", []any{1}, "block_hashes", []any{2}}}},
 			kvevents.ErrMalformed, "block_hashes: duplicate key"},
-		{"truncated token list", 0, kvevents.Limits{}, raw(pack(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, seq(1000, 4), 4}}})[:35]),
+		{"truncated token list", 0, kvevents.Limits{}, raw(pack(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, testutil.Seq(1000, 4), 4}}})[:35]),
 			kvevents.ErrMalformed, "token_ids[2]: truncated"},
 		{"truncated inside a uint16 token", 0, kvevents.Limits{}, raw{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x95, 0xab, 'B', 'l', 'o', 'c', 'k', 'S', 't', 'o', 'r', 'e', 'd', 0x91, 1, 0xc0, 0x91, 0xcd, 0x01},
 			kvevents.ErrMalformed, "token_ids[0]: truncated"},
@@ -865,15 +858,15 @@ func TestDecodeErrors(t *testing.T) {
 			"events: 3 elements exceed the limit of 2"},
 		{"too many hashes", 0, small, []any{1.0, []any{[]any{"BlockRemoved", []any{1, 2, 3}}}}, kvevents.ErrTooLarge,
 			"block_hashes: 3 elements exceed the limit of 2"},
-		{"too many tokens", 0, small, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, seq(0, 4), 4}}}, kvevents.ErrTooLarge,
+		{"too many tokens", 0, small, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, testutil.Seq(0, 4), 4}}}, kvevents.ErrTooLarge,
 			"token_ids: 4 elements exceed the limit of 3"},
 		{"too many hashes in the batch", 0, kvevents.Limits{MaxBatchHashes: 3}, []any{1.0, []any{[]any{"BlockRemoved", []any{1, 2}}, []any{"BlockRemoved", []any{3, 4}}}},
 			kvevents.ErrTooLarge, "event 1 (BlockRemoved): block_hashes: the batch's hashes exceed the limit of 3"},
-		{"too many tokens in the batch", 0, kvevents.Limits{MaxBatchTokens: 5}, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, seq(0, 3), 3}, []any{"BlockStored", []any{1}, nil, seq(0, 3), 3}}},
+		{"too many tokens in the batch", 0, kvevents.Limits{MaxBatchTokens: 5}, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, testutil.Seq(0, 3), 3}, []any{"BlockStored", []any{1}, nil, testutil.Seq(0, 3), 3}}},
 			kvevents.ErrTooLarge, "event 1 (BlockStored): token_ids: the batch's token ids exceed the limit of 5"},
 		{"digest too long", 0, small, []any{1.0, []any{[]any{"BlockRemoved", []any{bin(make([]byte, 41))}}}}, kvevents.ErrTooLarge,
 			"block_hashes[0]: digest of 41 bytes exceeds the limit of 40"},
-		{"SGLang wrong type", kvevents.FlavorSGLang, kvevents.Limits{}, []any{1.0, []any{[]any{"BlockStored", "h", nil, seq(0, 2), 2}}}, kvevents.ErrMalformed,
+		{"SGLang wrong type", kvevents.FlavorSGLang, kvevents.Limits{}, []any{1.0, []any{[]any{"BlockStored", "h", nil, testutil.Seq(0, 2), 2}}}, kvevents.ErrMalformed,
 			"block_hashes: expected array, got str"},
 	}
 	for i, tc := range tests {
@@ -976,9 +969,9 @@ func TestDecodeReusesSlots(t *testing.T) {
 	}
 	payloads = append(payloads,
 		pack(t, []any{1.0, []any{append([]any{"BlockStored"}, storedFields()...), []any{"BlockRemoved", []any{bin{1, 2, 3}}, "CPU", 4}}, 3}),
-		pack(t, []any{1.0, []any{[]any{"BlockRemoved", []any{5}}, []any{"BlockStored", []any{1}, nil, seq(0, 1), 1}}}),
-		pack(t, []any{1.0, []any{[]any{"BlockStored", []any{1, 2}, bin{9}, seq(0, 2), 1, nil, nil, "lora-b", []any{[]any{"lora-b", []any{"img", 3}}, []any{"lora-b"}}}}}),
-		pack(t, []any{1.0, []any{[]any{"BlockStored", []any{1, 2}, nil, seq(0, 2), 1, nil, nil, "lora-b", []any{[]any{"lora-c", []any{"img", 4}}, nil}}}}),
+		pack(t, []any{1.0, []any{[]any{"BlockRemoved", []any{5}}, []any{"BlockStored", []any{1}, nil, testutil.Seq(0, 1), 1}}}),
+		pack(t, []any{1.0, []any{[]any{"BlockStored", []any{1, 2}, bin{9}, testutil.Seq(0, 2), 1, nil, nil, "lora-b", []any{[]any{"lora-b", []any{"img", 3}}, []any{"lora-b"}}}}}),
+		pack(t, []any{1.0, []any{[]any{"BlockStored", []any{1, 2}, nil, testutil.Seq(0, 2), 1, nil, nil, "lora-b", []any{[]any{"lora-c", []any{"img", 4}}, nil}}}}),
 	)
 	var d kvevents.Decoder
 	var reused kvevents.Batch

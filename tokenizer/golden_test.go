@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -288,7 +289,7 @@ func TestGoldenCorpus(t *testing.T) {
 		t.Errorf("corpus has no %s", name)
 	}
 	contains := func(sub string) func(string) bool {
-		return func(s string) bool { return bytes.Contains([]byte(s), []byte(sub)) }
+		return func(s string) bool { return strings.Contains(s, sub) }
 	}
 	anyRune := func(lo, hi rune) func(string) bool {
 		return func(s string) bool {

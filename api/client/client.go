@@ -309,8 +309,8 @@ func (c *Client) Watch(ctx context.Context, pods []string, fn func(*kvindexv1.Wa
 // ("dial tcp 127.0.0.1:50051: connect: connection refused").
 func dialMessage(err error) string {
 	msg := status.Convert(err).Message()
-	if i := strings.Index(msg, "Error while dialing: "); i >= 0 {
-		msg = strings.TrimSuffix(msg[i+len("Error while dialing: "):], `"`)
+	if _, after, ok := strings.Cut(msg, "Error while dialing: "); ok {
+		msg = strings.TrimSuffix(after, `"`)
 	}
 	return msg
 }

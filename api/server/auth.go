@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/x509"
 	"net/http"
@@ -86,7 +87,7 @@ func (s *Server) refuse(cred *security.Credential, endpoint string, r *security.
 	if who == "" && cred.Cert != nil {
 		who = "certificate " + security.CertName(cred.Cert)
 	}
-	s.log.Warn("request refused", "endpoint", endpoint, "reason", r.Reason, "remote", cred.Remote, "caller", cmpOr(who, "anonymous"))
+	s.log.Warn("request refused", "endpoint", endpoint, "reason", r.Reason, "remote", cred.Remote, "caller", cmp.Or(who, "anonymous"))
 	return status.Error(r.Code, r.Message)
 }
 

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -10,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -24,6 +24,7 @@ import (
 	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/internal/testcerts"
+	"github.com/kvindex/kvindex/internal/testutil"
 )
 
 func sha(tok string) string {
@@ -73,7 +74,7 @@ func watchCode(t *testing.T, c *client.Client, hub *watchhub.Hub) codes.Code {
 	done := make(chan error, 1)
 	go func() { done <- c.Watch(ctx, nil, func(*kvindexv1.WatchResponse) error { return nil }) }()
 	var code codes.Code
-	waitFor(t, func() bool {
+	testutil.Await(t, awaitBound, "the watch refused or open", func() bool {
 		select {
 		case err := <-done:
 			code = status.Code(err)
@@ -85,7 +86,7 @@ func watchCode(t *testing.T, c *client.Client, hub *watchhub.Hub) codes.Code {
 	cancel()
 	if code == codes.OK {
 		<-done
-		waitFor(t, func() bool { return hub.Open() == before })
+		testutil.Await(t, awaitBound, "the watch closed", func() bool { return hub.Open() == before })
 	}
 	return code
 }
@@ -95,9 +96,9 @@ func endpointCalls(t *testing.T, c *client.Client, hub *watchhub.Hub) map[string
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]codes.Code{}
-	_, err := c.LongestPrefixTokens(ctx, testModel, seqTokens(1, 32), nil)
+	_, err := c.LongestPrefixTokens(ctx, testModel, testutil.Seq(1, 32), nil)
 	out["LongestPrefix"] = status.Code(err)
-	_, err = c.LookupTokens(ctx, testModel, seqTokens(1, 32), nil)
+	_, err = c.LookupTokens(ctx, testModel, testutil.Seq(1, 32), nil)
 	out["Lookup"] = status.Code(err)
 	_, err = c.ListPods(ctx, "")
 	out["ListPods"] = status.Code(err)
@@ -116,7 +117,7 @@ func TestTokenScopes(t *testing.T) {
 	dir := t.TempDir()
 	ca := testcerts.NewCA(t, dir, "ca")
 	sp := ca.Server(t, "kvindex")
-	var logs syncBuf
+	var logs testutil.SyncBuffer
 	s := startSecure(t, security.Config{CertFile: sp.CertFile, KeyFile: sp.KeyFile, AuthFile: testAuthFile(t, dir, "")}, func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})
@@ -132,7 +133,7 @@ func TestTokenScopes(t *testing.T) {
 		{"", map[string]codes.Code{"LongestPrefix": unauth, "Lookup": unauth, "ListPods": unauth, "GetPodScores": unauth, "Watch": unauth, "health": ok}},
 	}
 	for _, tc := range tests {
-		t.Run("grpc "+cmpOr(tc.token, "no token"), func(t *testing.T) {
+		t.Run("grpc "+cmp.Or(tc.token, "no token"), func(t *testing.T) {
 			got := tokenCalls(t, s, ca.CertFile, tc.token)
 			for ep, want := range tc.want {
 				if got[ep] != want {
@@ -351,22 +352,4 @@ func TestAuthFileReload(t *testing.T) {
 	if ok, bad := counterValue(t, reloads.WithLabelValues("auth", "ok")), counterValue(t, reloads.WithLabelValues("auth", "error")); ok != 1 || bad != 1 {
 		t.Errorf("auth reloads ok %v, error %v; want 1, 1", ok, bad)
 	}
-}
-
-// syncBuf is a log buffer safe for concurrent writers.
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -93,7 +94,7 @@ const (
 // tool calls), tools and template arguments as the caller wrote them, and
 // prompts that differ only in their tools are different prompts.
 func TestChatRenderingFields(t *testing.T) {
-	idsA, idsB := seqTokens(1000, 3*testBlockSize), seqTokens(5000, 2*testBlockSize)
+	idsA, idsB := testutil.Seq(1000, 3*testBlockSize), testutil.Seq(5000, 2*testBlockSize)
 	eng, url := newChatEngine(t, map[string][]uint64{toolsA: idsA, toolsB: idsB})
 	f := newFixture(t, func(c *Config) {
 		c.Tokenizers = []NamedTokenizer{{client.SourceEngine, engineTokenizer(t, url)}, {client.SourceLocal, localTokenizer(t)}}
@@ -189,7 +190,7 @@ func TestChatRenderingFields(t *testing.T) {
 
 // Chat fields that cannot be honoured are refused, naming the problem.
 func TestChatErrors(t *testing.T) {
-	_, url := newChatEngine(t, map[string][]uint64{"": seqTokens(0, 16)})
+	_, url := newChatEngine(t, map[string][]uint64{"": testutil.Seq(0, 16)})
 	f := newFixture(t, func(c *Config) {
 		c.Tokenizers = []NamedTokenizer{{client.SourceEngine, engineTokenizer(t, url)}}
 	})

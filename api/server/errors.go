@@ -59,8 +59,8 @@ func tokenizeProblem(t NamedTokenizer, err error) string {
 		return where + " is unreachable: " + ue.Err.Error()
 	}
 	msg := err.Error()
-	if i := strings.Index(msg, u.URL()+": "); i >= 0 {
-		msg = msg[i+len(u.URL())+2:] // the URL is said already
+	if _, after, ok := strings.Cut(msg, u.URL()+": "); ok {
+		msg = after // the URL is said already
 	}
 	return where + ": " + msg
 }

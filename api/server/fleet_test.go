@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/internal/testutil"
 )
 
 // fakeFleet is a FleetSource with fixed figures.
@@ -55,7 +56,7 @@ func TestListPodsFleet(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t, func(c *Config) { c.Fleet = tt.src })
-			loadThree(t, f, seqTokens(1000, 4*testBlockSize)) // pods a and b of testModel
+			loadThree(t, f, testutil.Seq(1000, 4*testBlockSize)) // pods a and b of testModel
 			r, err := f.client.Index.ListPods(context.Background(), &kvindexv1.ListPodsRequest{Model: tt.model})
 			if err != nil {
 				t.Fatal(err)

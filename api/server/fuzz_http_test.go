@@ -14,6 +14,7 @@ import (
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/tokenizer"
 )
@@ -78,7 +79,7 @@ func FuzzHTTPRequest(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Cleanup(srv.Shutdown)
-	hub.Apply(kvevents.EngineID{Model: testModel, Pod: "a"}, 0, []kvevents.Event{stored(f, seqTokens(1, 17), 1)})
+	hub.Apply(kvevents.EngineID{Model: testModel, Pod: "a"}, 0, []kvevents.Event{stored(f, testutil.Seq(1, 17), 1)})
 	h := srv.Handler(HTTPOptions{})
 
 	f.Fuzz(func(t *testing.T, which byte, body []byte) {

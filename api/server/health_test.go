@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -33,7 +34,7 @@ func TestHealthStates(t *testing.T) {
 			streams := &fakeStreams{}
 			streams.set(kvevents.StreamStats{Engine: engine("a", 0), Connected: tt.connected, Health: tt.health})
 			f := newFixture(t, func(c *Config) { c.Streams = streams })
-			tokens := seqTokens(1, 64)
+			tokens := testutil.Seq(1, 64)
 			loadThree(t, f, tokens)
 			ctx := context.Background()
 

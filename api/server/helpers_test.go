@@ -70,15 +70,6 @@ func newFixture(t testing.TB, edit func(*Config)) *fixture {
 	return &fixture{srv: srv, index: ix, hub: hub, client: c, url: hs.URL}
 }
 
-// seqTokens returns n token ids starting at from.
-func seqTokens(from, n int) []uint64 {
-	out := make([]uint64, n)
-	for i := range out {
-		out[i] = uint64(from + i)
-	}
-	return out
-}
-
 // chainKeys hashes tokens the way the engines do and returns the keys.
 func chainKeys(t testing.TB, tokens []uint64, x *blockhash.Extras) []uint64 {
 	t.Helper()

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -32,7 +34,7 @@ func post(t *testing.T, url, body string) (int, []byte) {
 
 func TestHTTPLongestPrefix(t *testing.T) {
 	f := newFixture(t, nil)
-	tokens := seqTokens(1000, 5*testBlockSize+3)
+	tokens := testutil.Seq(1000, 5*testBlockSize+3)
 	loadThree(t, f, tokens)
 	ids, _ := json.Marshal(tokens)
 	code, body := post(t, f.url+"/v1/longest-prefix", `{"model":"qwen","tokens":`+string(ids)+`,"candidate_pods":["a","b"]}`)
@@ -56,11 +58,7 @@ func TestHTTPLongestPrefix(t *testing.T) {
 	var raw map[string]any
 	json.Unmarshal(body, &raw)
 	pod := raw["pods"].([]any)[0].(map[string]any)
-	var keys []string
-	for k := range pod {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+	keys := slices.Sorted(maps.Keys(pod))
 	if want := []string{"dp_rank", "hash_check", "health", "matched_blocks", "matched_tokens", "pod", "tiers"}; !slices.Equal(keys, want) {
 		t.Errorf("pod keys %v, want %v", keys, want)
 	}
@@ -79,8 +77,8 @@ func TestHTTPLookupAndPods(t *testing.T) {
 	streams := &fakeStreams{}
 	streams.set(kvevents.StreamStats{Engine: engine("a", 0), Endpoint: "tcp://a:5557", Connected: true, LastSeq: 3})
 	f := newFixture(t, func(c *Config) { c.Streams = streams })
-	tokens := seqTokens(1, 40)
-	loadThree(t, f, seqTokens(1, 64))
+	tokens := testutil.Seq(1, 40)
+	loadThree(t, f, testutil.Seq(1, 64))
 	ids, _ := json.Marshal(tokens)
 	code, body := post(t, f.url+"/v1/lookup", `{"model":"qwen","tokens":`+string(ids)+`}`)
 	if code != http.StatusOK {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -55,7 +56,7 @@ func TestIndexSeq(t *testing.T) {
 					c.IndexSeq = seq.Load
 				}
 			})
-			tokens := seqTokens(1000, 5*testBlockSize)
+			tokens := testutil.Seq(1000, 5*testBlockSize)
 			f.hub.Apply(engine("a", 0), 0, []kvevents.Event{stored(t, tokens, 4)})
 			ctx := context.Background()
 

@@ -20,6 +20,7 @@ import (
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/tokenizer"
 )
@@ -35,7 +36,7 @@ func (g *gateTokenizer) Tokenize(ctx context.Context, _ string, _ tokenizer.Inpu
 	g.entered <- struct{}{}
 	select {
 	case <-g.open:
-		return seqTokens(1, 32), nil
+		return testutil.Seq(1, 32), nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -51,7 +52,7 @@ func TestTokensInFlight(t *testing.T) {
 		c.Limits.MaxTokensInFlight = 2500
 		c.Tokenizers = []NamedTokenizer{{client.SourceLocal, gate}}
 	})
-	loadThree(t, f, seqTokens(1, 64))
+	loadThree(t, f, testutil.Seq(1, 64))
 	ctx := context.Background()
 	large := strings.Repeat("x", 1000) // counts 1,000 tokens
 	var wg sync.WaitGroup
@@ -75,10 +76,10 @@ func TestTokensInFlight(t *testing.T) {
 	if code != http.StatusTooManyRequests || !strings.Contains(string(body), "its limit of 2500 tokens in flight") {
 		t.Errorf("HTTP large query: %d %s; want 429", code, body)
 	}
-	if _, err := f.client.LongestPrefixTokens(ctx, testModel, seqTokens(1, 64), nil); err != nil {
+	if _, err := f.client.LongestPrefixTokens(ctx, testModel, testutil.Seq(1, 64), nil); err != nil {
 		t.Errorf("small query: %v", err)
 	}
-	if _, err := f.client.LookupTokens(ctx, testModel, seqTokens(1, 64), nil); err != nil {
+	if _, err := f.client.LookupTokens(ctx, testModel, testutil.Seq(1, 64), nil); err != nil {
 		t.Errorf("small lookup: %v", err)
 	}
 	text := scrape(t, f.url)
@@ -177,7 +178,7 @@ func TestWatchLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return hub.Watchers() == 1 })
+	testutil.Await(t, awaitBound, "the watch registered", func() bool { return hub.Watchers() == 1 })
 	second, err := f.client.Index.Watch(ctx, &kvindexv1.WatchRequest{})
 	if err == nil {
 		_, err = second.Recv()
@@ -188,7 +189,7 @@ func TestWatchLimits(t *testing.T) {
 
 	// Every batch is larger than the fan-out queue's 1 byte: it overflows.
 	for i := range 10 {
-		hub.Apply(engine("a", 0), uint64(i), []kvevents.Event{stored(t, seqTokens(1, 32), 2)})
+		hub.Apply(engine("a", 0), uint64(i), []kvevents.Event{stored(t, testutil.Seq(1, 32), 2)})
 	}
 	for err = nil; err == nil; {
 		_, err = stream.Recv()

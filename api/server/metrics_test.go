@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -31,13 +32,13 @@ func TestMetrics(t *testing.T) {
 		Engine: engine("a", 0), Connected: true, Batches: 10, Events: 25, DecodeErrors: 2, UnknownEvents: 3,
 		Gaps: 4, ReplaysOK: 5, ReplaysFailed: 6, Resets: 7, LastSeq: 99, Health: kvevents.HealthDegraded, LastEventUnixNano: 1_500_000_000_000_000_000,
 	})
-	ids := seqTokens(1, 32)
+	ids := testutil.Seq(1, 32)
 	engineTok := engineTokenizer(t, vllmTokenize(t, ids, http.StatusOK).URL)
 	f := newFixture(t, func(c *Config) {
 		c.Streams = streams
 		c.Tokenizers = []NamedTokenizer{{client.SourceEngine, engineTok}}
 	})
-	loadThree(t, f, seqTokens(1, 64))
+	loadThree(t, f, testutil.Seq(1, 64))
 	ctx := context.Background()
 	if _, err := f.client.LongestPrefixTokens(ctx, testModel, ids, nil); err != nil {
 		t.Fatal(err)

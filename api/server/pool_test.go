@@ -14,6 +14,7 @@ import (
 	"github.com/kvindex/kvindex/api/internal/wire"
 	"github.com/kvindex/kvindex/api/internal/wiretest"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/internal/testutil"
 )
 
 func roundTrip(t *testing.T, in proto.Message, out proto.Message) {
@@ -76,7 +77,7 @@ func TestPoolingCodecOneofOrder(t *testing.T) {
 // The pooling codec decodes a request split over several buffers, as
 // gRPC hands them over.
 func TestPoolingCodecSplit(t *testing.T) {
-	in := &kvindexv1.LongestPrefixRequest{Model: "m", Prompt: client.TokensPrompt(seqTokens(0, 20000))}
+	in := &kvindexv1.LongestPrefixRequest{Model: "m", Prompt: client.TokensPrompt(testutil.Seq(0, 20000))}
 	b, err := proto.Marshal(in)
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +93,7 @@ func TestPoolingCodecSplit(t *testing.T) {
 }
 
 func TestPoolingCodecLookup(t *testing.T) {
-	in := &kvindexv1.LookupRequest{Model: "m", Prompt: client.TokensPrompt(seqTokens(0, 1000))}
+	in := &kvindexv1.LookupRequest{Model: "m", Prompt: client.TokensPrompt(testutil.Seq(0, 1000))}
 	var got kvindexv1.LookupRequest
 	roundTrip(t, in, &got)
 	if !slices.Equal(got.GetPrompt().GetTokens().GetIds(), in.GetPrompt().GetTokens().GetIds()) {
@@ -130,7 +131,7 @@ func TestPoolingCodecReusesBuffers(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items under the race detector")
 	}
-	b, _ := proto.Marshal(&kvindexv1.LongestPrefixRequest{Model: "m", Prompt: client.TokensPrompt(seqTokens(0, 16384))})
+	b, _ := proto.Marshal(&kvindexv1.LongestPrefixRequest{Model: "m", Prompt: client.TokensPrompt(testutil.Seq(0, 16384))})
 	data := mem.BufferSlice{mem.SliceBuffer(b)}
 	allocs := testing.AllocsPerRun(100, func() {
 		var m kvindexv1.LongestPrefixRequest

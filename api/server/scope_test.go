@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/tokenizer"
 )
@@ -112,7 +113,7 @@ func TestUnknownModel(t *testing.T) {
 		c.Streams = streams
 		c.Tokenizers = []NamedTokenizer{{client.SourceLocal, localTokenizer(t)}}
 	})
-	f.hub.Apply(kvevents.EngineID{Model: "indexed", Pod: "i"}, 0, []kvevents.Event{stored(t, seqTokens(1, 16), 1)})
+	f.hub.Apply(kvevents.EngineID{Model: "indexed", Pod: "i"}, 0, []kvevents.Event{stored(t, testutil.Seq(1, 16), 1)})
 	none := newFixture(t, func(c *Config) { c.DefaultModel = "" })
 	const known = `kvindex follows "configured", "indexed", "qwen"`
 
@@ -133,8 +134,8 @@ func TestUnknownModel(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := tc.f.client.LongestPrefixTokens(ctx, tc.model, seqTokens(1, 32), nil)
-			_, lkErr := tc.f.client.LookupTokens(ctx, tc.model, seqTokens(1, 32), nil)
+			r, err := tc.f.client.LongestPrefixTokens(ctx, tc.model, testutil.Seq(1, 32), nil)
+			_, lkErr := tc.f.client.LookupTokens(ctx, tc.model, testutil.Seq(1, 32), nil)
 			_, psErr := tc.f.client.PodScores(ctx, tc.model, "hello", nil)
 			for what, e := range map[string]error{"LongestPrefix": err, "Lookup": lkErr, "GetPodScores": psErr} {
 				if st := status.Convert(e); st.Code() != tc.code || !strings.HasPrefix(st.Message(), tc.msg) {
@@ -163,11 +164,11 @@ func TestUnknownModel(t *testing.T) {
 
 	// A model whose first event has just arrived is known at once, even
 	// while the cached view of the engines predates it.
-	if _, err := f.client.LongestPrefixTokens(ctx, "late", seqTokens(1, 32), nil); status.Code(err) != codes.NotFound {
+	if _, err := f.client.LongestPrefixTokens(ctx, "late", testutil.Seq(1, 32), nil); status.Code(err) != codes.NotFound {
 		t.Fatalf("before its first event: %v", err)
 	}
 	f.hub.Apply(kvevents.EngineID{Model: "late", Pod: "l"}, 0, nil)
-	if r, err := f.client.LongestPrefixTokens(ctx, "late", seqTokens(1, 32), nil); err != nil || len(r.GetPods()) != 1 {
+	if r, err := f.client.LongestPrefixTokens(ctx, "late", testutil.Seq(1, 32), nil); err != nil || len(r.GetPods()) != 1 {
 		t.Errorf("after its first event: %v, %v", r, err)
 	}
 }
@@ -176,7 +177,7 @@ func TestUnknownModel(t *testing.T) {
 // unreachable kvindex, but says so in an ErrorInfo (client.TokenizerUnavailable)
 // naming the backend's URL, so that callers can tell the two apart.
 func TestTokenizerUnavailableDetail(t *testing.T) {
-	downURL := closedPort(t)
+	downURL := "http://" + testutil.FreeAddr(t)
 	f := newFixture(t, func(c *Config) {
 		c.Tokenizers = []NamedTokenizer{{client.SourceEngine, engineTokenizer(t, downURL)}}
 	})

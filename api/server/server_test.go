@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/tokenizer"
 )
@@ -52,7 +52,7 @@ func loadThree(t *testing.T, f *fixture, tokens []uint64) {
 
 func TestLongestPrefix(t *testing.T) {
 	f := newFixture(t, nil)
-	tokens := seqTokens(1000, 5*testBlockSize+3)
+	tokens := testutil.Seq(1000, 5*testBlockSize+3)
 	loadThree(t, f, tokens)
 	ctx := context.Background()
 	keys := chainKeys(t, tokens, nil)
@@ -69,7 +69,7 @@ func TestLongestPrefix(t *testing.T) {
 		{"tokens", client.TokensPrompt(tokens), nil, all, 83, client.SourceCaller},
 		{"hashes", client.HashesPrompt(keys), nil, all, 0, client.SourceHashes},
 		{"candidates", client.TokensPrompt(tokens), &client.QueryOptions{Candidates: []string{"b"}}, all[1:], 83, client.SourceCaller},
-		{"other prefix", client.TokensPrompt(seqTokens(7, 80)), nil,
+		{"other prefix", client.TokensPrompt(testutil.Seq(7, 80)), nil,
 			[]matchRow{{"a", 0, 0, 0, 0}, {"b", 0, 0, 0, 0}, {"b", 1, 0, 0, 0}}, 80, client.SourceCaller},
 		{"salted", client.TokensPrompt(tokens), &client.QueryOptions{CacheSalt: "s"},
 			[]matchRow{{"a", 0, 0, 0, 0}, {"b", 0, 0, 0, 0}, {"b", 1, 0, 0, 0}}, 83, client.SourceCaller},
@@ -96,7 +96,7 @@ func TestLongestPrefix(t *testing.T) {
 // The default model applies to requests without one.
 func TestLongestPrefixDefaultModel(t *testing.T) {
 	f := newFixture(t, nil)
-	tokens := seqTokens(1, 32)
+	tokens := testutil.Seq(1, 32)
 	f.hub.Apply(engine("a", 0), 0, []kvevents.Event{stored(t, tokens, 2)})
 	r, err := f.client.LongestPrefixTokens(context.Background(), "", tokens, nil)
 	if err != nil {
@@ -272,20 +272,8 @@ func engineTokenizer(t *testing.T, url string) *tokenizer.HTTP {
 	return tk
 }
 
-// closedPort returns a loopback URL nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
-	return "http://" + addr
-}
-
 func TestChatThroughEngineTokenizer(t *testing.T) {
-	ids := seqTokens(50, 32)
+	ids := testutil.Seq(50, 32)
 	hs := vllmTokenize(t, ids, http.StatusOK)
 	f := newFixture(t, func(c *Config) {
 		c.Tokenizers = []NamedTokenizer{{client.SourceEngine, engineTokenizer(t, hs.URL)}, {client.SourceLocal, localTokenizer(t)}}
@@ -309,7 +297,7 @@ func uitoa(v uint64) string { return strconv.FormatUint(v, 10) }
 
 func TestErrorCodes(t *testing.T) {
 	tk := localTokenizer(t)
-	downURL := closedPort(t)
+	downURL := "http://" + testutil.FreeAddr(t)
 	down := engineTokenizer(t, downURL)
 	refusing := engineTokenizer(t, vllmTokenize(t, nil, http.StatusNotFound).URL)
 	f := newFixture(t, func(c *Config) { c.MaxTokens = 64; c.DefaultModel = "" })
@@ -329,9 +317,9 @@ func TestErrorCodes(t *testing.T) {
 	}
 	withSalt := client.HashesPrompt([]uint64{1})
 	withSalt.CacheSalt = "x"
-	mmBeyond := client.TokensPrompt(seqTokens(0, 16))
+	mmBeyond := client.TokensPrompt(testutil.Seq(0, 16))
 	mmBeyond.MmItems = []*kvindexv1.MultimodalItem{{Identifier: "img", Offset: 10, Length: 10}}
-	mmUnsorted := client.TokensPrompt(seqTokens(0, 48))
+	mmUnsorted := client.TokensPrompt(testutil.Seq(0, 48))
 	mmUnsorted.MmItems = []*kvindexv1.MultimodalItem{{Identifier: "a", Offset: 20, Length: 4}, {Identifier: "b", Offset: 2, Length: 4}}
 
 	tests := []struct {
@@ -344,8 +332,8 @@ func TestErrorCodes(t *testing.T) {
 		{"no prompt", f, req("m", nil), codes.InvalidArgument, "prompt is required"},
 		{"empty prompt", f, req("m", &kvindexv1.Prompt{}), codes.InvalidArgument, "prompt is required"},
 		{"no model", f, req("", client.TokensPrompt([]uint64{1})), codes.InvalidArgument, "model is required"},
-		{"too many tokens", f, req("m", client.TokensPrompt(seqTokens(0, 65))), codes.InvalidArgument, "65 tokens; the limit is 64"},
-		{"too many hashes", f, req("m", client.HashesPrompt(seqTokens(0, 5))), codes.InvalidArgument, "5 block hashes; the limit is 4"},
+		{"too many tokens", f, req("m", client.TokensPrompt(testutil.Seq(0, 65))), codes.InvalidArgument, "65 tokens; the limit is 64"},
+		{"too many hashes", f, req("m", client.HashesPrompt(testutil.Seq(0, 5))), codes.InvalidArgument, "5 block hashes; the limit is 4"},
 		{"hashes with salt", f, req("m", withSalt), codes.InvalidArgument, "do not apply to block_hashes"},
 		{"empty candidate", f, req("m", client.TokensPrompt([]uint64{1}), "a", ""), codes.InvalidArgument, "candidate_pods[1] is empty"},
 		{"mm beyond prompt", f, req("m", mmBeyond), codes.InvalidArgument, "beyond the prompt's 16 tokens"},
@@ -394,8 +382,8 @@ func TestMessageSizeLimit(t *testing.T) {
 
 func TestLookup(t *testing.T) {
 	f := newFixture(t, nil)
-	loadThree(t, f, seqTokens(1000, 4*testBlockSize))
-	tokens := seqTokens(1000, 3*testBlockSize)
+	loadThree(t, f, testutil.Seq(1000, 4*testBlockSize))
+	tokens := testutil.Seq(1000, 3*testBlockSize)
 	r, err := f.client.LookupTokens(context.Background(), testModel, tokens, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -423,7 +411,7 @@ func TestLookup(t *testing.T) {
 func TestListPods(t *testing.T) {
 	streams := &fakeStreams{}
 	f := newFixture(t, func(c *Config) { c.Streams = streams })
-	tokens := seqTokens(1000, 4*testBlockSize)
+	tokens := testutil.Seq(1000, 4*testBlockSize)
 	loadThree(t, f, tokens)
 	last := time.UnixMilli(1_700_000_000_123)
 	streams.set(
@@ -474,7 +462,7 @@ func TestLongestPrefixHealth(t *testing.T) {
 		kvevents.StreamStats{Engine: engine("b", 0), Connected: true, Health: kvevents.HealthDegraded},
 	)
 	f := newFixture(t, func(c *Config) { c.Streams = streams })
-	tokens := seqTokens(1, 64)
+	tokens := testutil.Seq(1, 64)
 	loadThree(t, f, tokens)
 	r, err := f.client.LongestPrefixTokens(context.Background(), testModel, tokens, nil)
 	if err != nil {
@@ -499,8 +487,8 @@ func TestWatch(t *testing.T) {
 	}
 	// The subscription is registered once the server handler runs; wait
 	// for it through the hub's own count.
-	waitFor(t, func() bool { return f.hub.Watchers() == 1 })
-	tokens := seqTokens(1, 64)
+	testutil.Await(t, awaitBound, "the watch registered", func() bool { return f.hub.Watchers() == 1 })
+	tokens := testutil.Seq(1, 64)
 	loadThree(t, f, tokens)
 	f.hub.Apply(engine("b", 0), 1, []kvevents.Event{{Kind: kvevents.BlockRemoved, Hashes: chainKeys(t, tokens, nil)[1:2]}})
 	f.hub.Reset(engine("b", 1), kvevents.ResetRestart)
@@ -530,16 +518,8 @@ func TestWatch(t *testing.T) {
 	}
 }
 
-func waitFor(t testing.TB, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// awaitBound bounds every wait for a condition.
+const awaitBound = 10 * time.Second
 
 func TestReadiness(t *testing.T) {
 	t.Run("bind mode: first event", func(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/internal/testcerts"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -62,7 +63,7 @@ func TestTenantIsolation(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := startSecure(t, security.Config{CertFile: sp.CertFile, KeyFile: sp.KeyFile, AuthFile: auth}, nil)
-	tokens := seqTokens(500, 4*testBlockSize)
+	tokens := testutil.Seq(500, 4*testBlockSize)
 	saltA := &blockhash.Extras{CacheSalt: "salt-a"}
 	loraX := &blockhash.Extras{LoRAName: "x"}
 	s.hub.Apply(engine("plain", 0), 0, []kvevents.Event{storedWith(t, tokens, 4, &blockhash.Extras{})})
@@ -149,8 +150,8 @@ func watchAdapter(t *testing.T, s *secureServer, c *client.Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return s.hub.Open() > before })
-	tokens := seqTokens(9000, 3*testBlockSize)
+	testutil.Await(t, awaitBound, "the watch open", func() bool { return s.hub.Open() > before })
+	tokens := testutil.Seq(9000, 3*testBlockSize)
 	x := storedWith(t, tokens, 3, &blockhash.Extras{LoRAName: "x"})
 	y := storedWith(t, tokens, 2, &blockhash.Extras{LoRAName: "y"})
 	base := storedWith(t, tokens, 2, &blockhash.Extras{})

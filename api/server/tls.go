@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"crypto/tls"
 	"net"
 	"time"
@@ -17,7 +18,7 @@ func (s *Server) newCertReloader(sec security.Config) (*security.Reloader[securi
 		c, err := security.LoadCerts(sec)
 		if err == nil {
 			s.log.Info("TLS certificate loaded", "file", sec.CertFile, "not_after", c.NotAfter.UTC().Format(time.RFC3339),
-				"client_ca", cmpOr(sec.ClientCAFile, "none"))
+				"client_ca", cmp.Or(sec.ClientCAFile, "none"))
 		}
 		return c, err
 	})
@@ -63,11 +64,4 @@ func tlsListener(lis net.Listener, cfg *tls.Config) net.Listener {
 		return lis
 	}
 	return tls.NewListener(lis, cfg)
-}
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }

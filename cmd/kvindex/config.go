@@ -73,6 +73,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.maxQueryTokens, "max-query-tokens", server.DefaultMaxTokens, "largest prompt a query may carry, in tokens")
 	fs.DurationVar(&f.readyGrace, "ready-grace", server.DefaultReadyGrace, "report ready after this long even if some engines never connected")
 	fs.BoolVar(&f.pprof, "pprof", false, "removed: Go profiles are served on the admin listener, see --admin-addr")
+	_ = fs.MarkHidden("pprof") // still refused with where profiles went; not listed in --help
 	fs.StringVar(&f.stateDir, "state-dir", "", "directory where kvindex keeps its index and the engines' positions across restarts (created if missing; default: none, a restart starts empty)")
 	fs.DurationVar(&f.snapshotEvery, "snapshot-interval", service.DefaultSnapshotInterval, "with --state-dir: how often the state is saved (also when serve stops); ingest pauses while the index is copied, queries go on")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")

@@ -16,13 +16,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/internal/kvindexbin"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/picker/enginemetrics"
 )
 
@@ -67,7 +67,7 @@ func TestNginxRoutesByPrefix(t *testing.T) {
 	kvindex := buildKvindex(t, dir)
 
 	// The engines, their HTTP fronts and kvindex serve following them.
-	evPorts, httpPorts := freePorts(t, 2*engines), freePorts(t, engines)
+	evPorts, httpPorts := testutil.FreePorts(t, 2*engines), testutil.FreePorts(t, engines)
 	sim := start(t, kvindex, "sim", "--engines", strconv.Itoa(engines), "--rate", "0",
 		"--port", strconv.Itoa(evPorts), "--http-port", strconv.Itoa(httpPorts))
 	serveLine := sim.await(t, regexp.MustCompile(`follow these engines with:\n(kvindex serve [^\n]*)\n`))[1]
@@ -84,7 +84,7 @@ func TestNginxRoutesByPrefix(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer idx.Close()
-	await(t, "kvindex ready", func() bool { ok, err := idx.Ready(ctx); return err == nil && ok })
+	testutil.Await(t, awaitBound, "kvindex ready", func() bool { ok, err := idx.Ready(ctx); return err == nil && ok })
 
 	pods := make([]string, engines)
 	addrs := make([]string, engines)
@@ -105,7 +105,7 @@ func TestNginxRoutesByPrefix(t *testing.T) {
 	// Two nginx: one asking the picker, one whose picker is a closed port,
 	// so that every request takes the fallback.
 	routed := startNginx(t, nginxBin, filepath.Join(dir, "routed"), pickerAddr, addrs)
-	fallback := startNginx(t, nginxBin, filepath.Join(dir, "fallback"), closedAddr(t), addrs)
+	fallback := startNginx(t, nginxBin, filepath.Join(dir, "fallback"), testutil.FreeAddr(t), addrs)
 
 	rng := rand.New(rand.NewPCG(13, 1))
 	const conversations, turns = 4, 4
@@ -178,22 +178,9 @@ func buildKvindex(t *testing.T, dir string) string {
 // proc is a process the test started; it is killed when the test ends and
 // its output shown if the test failed.
 type proc struct {
-	mu   sync.Mutex
-	out  bytes.Buffer
+	testutil.SyncBuffer
 	done chan struct{}
 	err  error
-}
-
-func (p *proc) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.Write(b)
-}
-
-func (p *proc) String() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
 }
 
 func start(t *testing.T, bin string, args ...string) *proc {
@@ -232,7 +219,7 @@ func start(t *testing.T, bin string, args ...string) *proc {
 func (p *proc) await(t *testing.T, re *regexp.Regexp) []string {
 	t.Helper()
 	var m []string
-	await(t, re.String(), func() bool {
+	testutil.Await(t, awaitBound, re.String(), func() bool {
 		select {
 		case <-p.done:
 			t.Fatalf("exited (%v) before printing %s:\n%s", p.err, re, p.String())
@@ -242,52 +229,6 @@ func (p *proc) await(t *testing.T, re *regexp.Regexp) []string {
 		return m != nil
 	})
 	return m
-}
-
-// await polls cond until it holds.
-func await(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(awaitBound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// freePorts finds n consecutive free loopback ports and returns the
-// first (kvindex sim lays its engines' ports out consecutively).
-func freePorts(t *testing.T, n int) int {
-	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		first := l.Addr().(*net.TCPAddr).Port
-		ls := []net.Listener{l}
-		for i := 1; i < n; i++ {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", first+i))
-			if err != nil {
-				break
-			}
-			ls = append(ls, l)
-		}
-		for _, l := range ls {
-			l.Close()
-		}
-		if len(ls) == n {
-			return first
-		}
-	}
-	t.Fatalf("no %d consecutive free ports", n)
-	return 0
-}
-
-// closedAddr is a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
-	return fmt.Sprintf("127.0.0.1:%d", freePorts(t, 1))
 }
 
 // renderConf is nginx.conf with the example's addresses (the lines marked
@@ -323,7 +264,7 @@ func renderConf(t *testing.T, listen, picker string, engines []string) string {
 // base URL once it accepts connections.
 func startNginx(t *testing.T, bin, dir, picker string, engines []string) string {
 	t.Helper()
-	listen := closedAddr(t)
+	listen := testutil.FreeAddr(t)
 	for _, d := range []string{"logs", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			t.Fatal(err)
@@ -350,7 +291,7 @@ func startNginx(t *testing.T, bin, dir, picker string, engines []string) string 
 			t.Logf("%s/logs/error.log:\n%s", dir, b)
 		}
 	})
-	await(t, "nginx listening on "+listen, func() bool {
+	testutil.Await(t, awaitBound, "nginx listening on "+listen, func() bool {
 		select {
 		case <-p.done:
 			t.Fatalf("nginx exited: %v\n%s", p.err, p.String())
@@ -452,7 +393,7 @@ func servedBy(t *testing.T, addrs []string, last *[]enginemetrics.Counters, prom
 // awaitHeld waits until kvindex reports pod holding prompt's full blocks.
 func awaitHeld(t *testing.T, ctx context.Context, idx *client.Client, pod string, prompt []uint64) {
 	t.Helper()
-	await(t, pod+" holding the prompt in kvindex", func() bool {
+	testutil.Await(t, awaitBound, pod+" holding the prompt in kvindex", func() bool {
 		r, err := idx.LongestPrefixTokens(ctx, model, prompt, nil)
 		if err != nil {
 			t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/internal/statefile"
+	"github.com/kvindex/kvindex/internal/testutil"
 )
 
 // TestFaults runs each fault against a fresh kvindex process and checks
@@ -237,7 +238,7 @@ func awaitSnapshot(t *testing.T, dir string, since time.Time) time.Time {
 // whatever kvindex still reports for them must not be reported ok.
 func churn(t *testing.T) {
 	const waves, perWave = 10, 100
-	listen := freeEndpoint(t)
+	listen := "tcp://" + testutil.FreeAddr(t)
 	// Departed engines are forgotten 2 s after their connection went.
 	k := startKvindex(t, "--listen", listen, "--forget-after", "2s")
 	tr := newTraffic(2)
@@ -279,17 +280,6 @@ func churn(t *testing.T) {
 		t.Errorf("%d of %d departed engines still reported ok, e.g. %s", len(stale), len(departed), stale[0])
 	}
 	settle(t, k, faultEnd, live, departed, 0)
-}
-
-// freeEndpoint returns a tcp endpoint on a free loopback port.
-func freeEndpoint(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return "tcp://" + l.Addr().String()
 }
 
 // Each flooding engine makes floodRequests requests, every other one a

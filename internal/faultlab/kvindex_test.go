@@ -1,7 +1,6 @@
 package faultlab
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -10,13 +9,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/internal/kvindexbin"
+	"github.com/kvindex/kvindex/internal/testutil"
 )
 
 var tableFlag = flag.Bool("faults.table", false, "print the fault table (make faults)")
@@ -69,29 +68,11 @@ func serveSupports(t *testing.T, flagName string) bool {
 	return strings.Contains(string(out), "--"+flagName+" ")
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // kvindexProc is one kvindex serve process.
 type kvindexProc struct {
 	extra    []string // the flags given to startKvindex
 	cmd      *exec.Cmd
-	logs     *syncBuffer
+	logs     *testutil.SyncBuffer
 	done     chan struct{}
 	waitErr  error
 	grpcAddr string
@@ -113,7 +94,7 @@ func startKvindex(t *testing.T, args ...string) *kvindexProc {
 	full := append([]string{"serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--model", model, "--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", strconv.Itoa(blockSize),
 		"--ready-grace", "1s"}, args...)
-	k := &kvindexProc{extra: args, logs: &syncBuffer{}, done: make(chan struct{})}
+	k := &kvindexProc{extra: args, logs: &testutil.SyncBuffer{}, done: make(chan struct{})}
 	k.cmd = exec.Command(kvindexBin, full...)
 	k.cmd.Stdout, k.cmd.Stderr = k.logs, k.logs
 	if err := k.cmd.Start(); err != nil {

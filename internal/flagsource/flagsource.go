@@ -17,7 +17,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/spf13/pflag"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Settings reach a command's flags from three sources, highest precedence

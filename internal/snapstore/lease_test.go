@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/testutil"
 )
 
 // leaseTTL is the tests' lease TTL: short, so that expiry is awaited
@@ -86,14 +87,14 @@ func TestLeaseExpiry(t *testing.T) {
 		t.Fatal("acquired a lease held by another")
 	}
 	// a stops renewing.
-	waitFor(t, "the other acquires the abandoned lease", func() bool {
+	testutil.Await(t, awaitBound, "the other acquires the abandoned lease", func() bool {
 		ok, err := b.TryAcquire(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
 		return ok
 	})
-	waitFor(t, "the old holder sees its lease run out", func() bool { return !a.Held() })
+	testutil.Await(t, awaitBound, "the old holder sees its lease run out", func() bool { return !a.Held() })
 	if ok, err := a.TryAcquire(t.Context()); ok || err != nil {
 		t.Errorf("the old holder's renewal: %v, %v; want false, nil", ok, err)
 	}
@@ -177,9 +178,9 @@ func TestSnapshotter(t *testing.T) {
 		body.Close()
 		return h.StreamSeq
 	}
-	waitFor(t, "a snapshot at 1", func() bool { return latestSeq() == 1 })
+	testutil.Await(t, awaitBound, "a snapshot at 1", func() bool { return latestSeq() == 1 })
 	holder := -1
-	waitFor(t, "one writer", func() bool {
+	testutil.Await(t, awaitBound, "one writer", func() bool {
 		holder = -1
 		for i, sn := range sns {
 			if sn.Lease().Held() {
@@ -192,14 +193,14 @@ func TestSnapshotter(t *testing.T) {
 		t.Fatal("both replicas hold the lease")
 	}
 	src.seq.Store(2)
-	waitFor(t, "a snapshot at 2", func() bool { return latestSeq() == 2 })
+	testutil.Await(t, awaitBound, "a snapshot at 2", func() bool { return latestSeq() == 2 })
 
 	cancels[holder]()
 	<-done[holder]
 	other := sns[1-holder]
-	waitFor(t, "the other replica takes over", other.Lease().Held)
+	testutil.Await(t, awaitBound, "the other replica takes over", other.Lease().Held)
 	src.seq.Store(3)
-	waitFor(t, "a snapshot at 3 by the new writer", func() bool { return latestSeq() == 3 })
+	testutil.Await(t, awaitBound, "a snapshot at 3 by the new writer", func() bool { return latestSeq() == 3 })
 	if n := value(t, other.store.writes.WithLabelValues("ok")); n < 1 {
 		t.Errorf("the new writer wrote %v snapshots", n)
 	}

@@ -2,7 +2,6 @@ package snapstore
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +21,7 @@ import (
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/statefile"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -58,28 +57,10 @@ func connect(t testing.TB, url string) jetstream.JetStream {
 	return js
 }
 
-// syncBuffer is a log destination tests read while the store writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // openStore opens a store on its own connection; its log is returned.
-func openStore(t testing.TB, url string, cfg Config) (*Store, *syncBuffer) {
+func openStore(t testing.TB, url string, cfg Config) (*Store, *testutil.SyncBuffer) {
 	t.Helper()
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	s, err := Open(t.Context(), connect(t, url), cfg, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
 		t.Fatal(err)
@@ -459,19 +440,8 @@ func value(t testing.TB, m prometheus.Metric) float64 {
 	return d.Gauge.GetValue()
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not within the deadline", what)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
+// awaitBound bounds every wait for a condition.
+const awaitBound = 30 * time.Second
 
 // TestOpenKeepsBuckets: a second Open uses the buckets the first created,
 // and a lease bucket of another TTL keeps its TTL, which the Store then

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 )
@@ -34,14 +35,6 @@ func newModel(t *testing.T, pub enginesim.Publisher, bufferSteps int) *enginesim
 	return e
 }
 
-func toks(from, n int) []uint64 {
-	s := make([]uint64, n)
-	for i := range s {
-		s[i] = uint64(from + i)
-	}
-	return s
-}
-
 // buffered collects Engine.Buffered(from) as seqs and payloads.
 func buffered(e *enginesim.Engine, from uint64) ([]uint64, [][]byte) {
 	var seqs []uint64
@@ -60,16 +53,16 @@ func TestPublisherContract(t *testing.T) {
 	rec := &recorder{}
 	e := newModel(t, rec, 4)
 	for i := range 3 {
-		if _, err := e.Process(toks(100*i, 8), nil); err != nil {
+		if _, err := e.Process(testutil.Seq(100*i, 8), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := e.Process(toks(0, 8), nil); err != nil { // a full hit: no batch
+	if _, err := e.Process(testutil.Seq(0, 8), nil); err != nil { // a full hit: no batch
 		t.Fatal(err)
 	}
 	e.DropNext(2)
 	for i := 3; i < 6; i++ {
-		if _, err := e.Process(toks(100*i, 8), nil); err != nil {
+		if _, err := e.Process(testutil.Seq(100*i, 8), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -125,7 +118,7 @@ func TestPublishErrors(t *testing.T) {
 	boom := errors.New("boom")
 	rec := &recorder{err: boom}
 	e := newModel(t, rec, 0)
-	if _, err := e.Process(toks(0, 8), nil); !errors.Is(err, boom) {
+	if _, err := e.Process(testutil.Seq(0, 8), nil); !errors.Is(err, boom) {
 		t.Fatalf("Process error %v, want %v", err, boom)
 	}
 	if e.CachedBlocks() != 2 || e.Seq() != 1 {
@@ -138,7 +131,7 @@ func TestPublishErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := len(rec.seqs)
-	if _, err := e.Process(toks(50, 8), nil); !errors.Is(err, enginesim.ErrClosed) {
+	if _, err := e.Process(testutil.Seq(50, 8), nil); !errors.Is(err, enginesim.ErrClosed) {
 		t.Fatalf("Process after Close: %v", err)
 	}
 	if err := e.Clear(); !errors.Is(err, enginesim.ErrClosed) {

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 )
@@ -100,7 +101,7 @@ func benchRelay(b *testing.B, rate int) {
 		sink.sent[i].Store(time.Now().UnixNano())
 		relay.ApplyPayload(x.engine, x.seq, x.payload, nil)
 	}
-	await(b, "all batches applied", func() bool { return sink.applied.Load() == int64(len(bs)) })
+	testutil.Await(b, awaitBound, "all batches applied", func() bool { return sink.applied.Load() == int64(len(bs)) })
 	elapsed := time.Since(start)
 	b.StopTimer()
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 )
@@ -40,7 +41,7 @@ func TestReplicasMatchDirectApply(t *testing.T) {
 	want := directIndex(t, first).Digest()
 	for i, r := range reps {
 		awaitChan(t, "caught up", r.c.CaughtUp())
-		await(t, "replica applied the stream", func() bool { return r.c.AppliedSeq() == last })
+		testutil.Await(t, awaitBound, "replica applied the stream", func() bool { return r.c.AppliedSeq() == last })
 		if got := r.digest(t); got != want {
 			t.Errorf("replica %d digest %x, want %x", i, got[:8], want[:8])
 		}
@@ -70,7 +71,7 @@ func TestRestoreFromCheckpoint(t *testing.T) {
 	feed(relay, f.run(t, 200))
 	awaitPublished(t, relay, relay.Stats().Batches)
 	mid := lastSeq(t, s)
-	await(t, "old replica applied", func() bool { return old.c.AppliedSeq() == mid })
+	testutil.Await(t, awaitBound, "old replica applied", func() bool { return old.c.AppliedSeq() == mid })
 	var snap bytes.Buffer
 	var seq uint64
 	var pos []kvevents.Position
@@ -100,7 +101,7 @@ func TestRestoreFromCheckpoint(t *testing.T) {
 	awaitPublished(t, relay, relay.Stats().Batches)
 	last := lastSeq(t, s)
 	for _, r := range []*replica{live, restored} {
-		await(t, "replica applied", func() bool { return r.c.AppliedSeq() == last })
+		testutil.Await(t, awaitBound, "replica applied", func() bool { return r.c.AppliedSeq() == last })
 	}
 	if got, want := restored.digest(t), live.digest(t); got != want {
 		t.Fatalf("restored digest %x, live %x", got[:8], want[:8])
@@ -132,7 +133,7 @@ func TestServerRestart(t *testing.T) {
 	feed(relay, f.run(t, 150))
 	awaitPublished(t, relay, relay.Stats().Batches)
 	before := lastSeq(t, s)
-	await(t, "replicas applied", func() bool {
+	testutil.Await(t, awaitBound, "replicas applied", func() bool {
 		return reps[0].c.AppliedSeq() == before && reps[1].c.AppliedSeq() == before
 	})
 
@@ -146,7 +147,7 @@ func TestServerRestart(t *testing.T) {
 	// retries until the server is back.
 	ns.stop()
 	feed(relay, f.run(t, 50))
-	await(t, "publish errors while the server is down", func() bool { return relay.Stats().PublishErrors > 0 })
+	testutil.Await(t, awaitBound, "publish errors while the server is down", func() bool { return relay.Stats().PublishErrors > 0 })
 	ns.start()
 	feed(relay, f.run(t, 50))
 	awaitPublished(t, relay, relay.Stats().Batches)
@@ -157,7 +158,7 @@ func TestServerRestart(t *testing.T) {
 	}
 	want := directIndex(t, f.batches).Digest()
 	for i, r := range reps {
-		await(t, "replica applied after the restart", func() bool { return r.c.AppliedSeq() == last })
+		testutil.Await(t, awaitBound, "replica applied after the restart", func() bool { return r.c.AppliedSeq() == last })
 		if got := r.digest(t); got != want {
 			t.Errorf("replica %d digest differs after the server restart", i)
 		}
@@ -213,7 +214,7 @@ func TestRepublishStoresNothingTwice(t *testing.T) {
 		t.Fatalf("stream holds %d after the re-publish, want %d", got, want)
 	}
 	last := lastSeq(t, s)
-	await(t, "replica applied", func() bool { return rep.c.AppliedSeq() == last })
+	testutil.Await(t, awaitBound, "replica applied", func() bool { return rep.c.AppliedSeq() == last })
 	var applied uint64
 	for _, st := range rep.c.Streams() {
 		applied += st.Batches
@@ -248,14 +249,14 @@ func TestRelayCutOff(t *testing.T) {
 		feed(relay, []batch{b})
 		awaitPublished(t, relay, relay.Stats().Batches)
 	}
-	await(t, "streams connected", func() bool {
+	testutil.Await(t, awaitBound, "streams connected", func() bool {
 		ss := rep.c.Streams()
 		return len(ss) == 2 && ss[0].Connected && ss[1].Connected
 	})
 
 	px.cut()
-	await(t, "relay disconnected", func() bool { return !relay.Stats().NATSConnected })
-	await(t, "streams disconnected", func() bool {
+	testutil.Await(t, awaitBound, "relay disconnected", func() bool { return !relay.Stats().NATSConnected })
+	testutil.Await(t, awaitBound, "streams disconnected", func() bool {
 		ss := rep.c.Streams()
 		return !ss[0].Connected && !ss[1].Connected
 	})
@@ -271,10 +272,10 @@ func TestRelayCutOff(t *testing.T) {
 	}
 
 	px.restore()
-	await(t, "relay drained", func() bool { st := relay.Stats(); return st.BufferedRecords == 0 && st.Holes > 0 })
+	testutil.Await(t, awaitBound, "relay drained", func() bool { st := relay.Stats(); return st.BufferedRecords == 0 && st.Holes > 0 })
 	last := lastSeq(t, s)
-	await(t, "replica applied", func() bool { return rep.c.AppliedSeq() == last })
-	await(t, "streams reconnected", func() bool {
+	testutil.Await(t, awaitBound, "replica applied", func() bool { return rep.c.AppliedSeq() == last })
+	testutil.Await(t, awaitBound, "streams reconnected", func() bool {
 		ss := rep.c.Streams()
 		return ss[0].Connected && ss[1].Connected
 	})
@@ -350,8 +351,8 @@ func TestHostileRecords(t *testing.T) {
 	feed(relay, f.run(t, 30))
 	awaitPublished(t, relay, relay.Stats().Batches)
 	last := lastSeq(t, s)
-	await(t, "replica applied", func() bool { return c.AppliedSeq() == last })
-	await(t, "bad heartbeat counted", func() bool { return c.Stats().BadBeats == 1 })
+	testutil.Await(t, awaitBound, "replica applied", func() bool { return c.AppliedSeq() == last })
+	testutil.Await(t, awaitBound, "bad heartbeat counted", func() bool { return c.Stats().BadBeats == 1 })
 	if st := c.Stats(); st.Malformed != uint64(len(hostile)) {
 		t.Errorf("malformed %d, want %d", st.Malformed, len(hostile))
 	}
@@ -400,7 +401,7 @@ func TestEngineRestartAndReset(t *testing.T) {
 	feed(relay, f.run(t, 20))
 	awaitPublished(t, relay, relay.Stats().Batches+1)
 	last := lastSeq(t, s)
-	await(t, "replica applied", func() bool { return rep.c.AppliedSeq() == last })
+	testutil.Await(t, awaitBound, "replica applied", func() bool { return rep.c.AppliedSeq() == last })
 	st := rep.c.Streams()[0]
 	if st.Restarts != 1 || st.Resets != 2 || st.Health != kvevents.HealthOK {
 		t.Errorf("stream after two restarts: %+v", st)
@@ -424,7 +425,7 @@ func TestEngineRemovedAndBack(t *testing.T) {
 	relay.Reset(gone.EngineID(), kvevents.ResetRemoved)
 	awaitPublished(t, relay, relay.Stats().Batches+1)
 	last := lastSeq(t, s)
-	await(t, "replica applied the removal", func() bool { return rep.c.AppliedSeq() == last })
+	testutil.Await(t, awaitBound, "replica applied the removal", func() bool { return rep.c.AppliedSeq() == last })
 	streams := rep.c.Streams()
 	if len(streams) != 1 || streams[0].Engine == gone.EngineID() {
 		t.Fatalf("streams after the removal: %+v", streams)
@@ -453,7 +454,7 @@ func TestEngineRemovedAndBack(t *testing.T) {
 	}
 	awaitPublished(t, relay, relay.Stats().Batches+1)
 	last = lastSeq(t, s)
-	await(t, "replica applied the return", func() bool { return rep.c.AppliedSeq() == last })
+	testutil.Await(t, awaitBound, "replica applied the return", func() bool { return rep.c.AppliedSeq() == last })
 	var found bool
 	for _, st := range rep.c.Streams() {
 		if st.Engine != gone.EngineID() {

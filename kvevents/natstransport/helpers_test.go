@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
@@ -127,24 +128,15 @@ func (h countingHandler) WithGroup(g string) slog.Handler {
 	return countingHandler{h.Handler.WithGroup(g), h.warns}
 }
 
-// await polls cond until it holds, failing the test after a generous
-// deadline (a hang, not a slow machine, is what it catches).
-func await(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// awaitBound bounds every wait for a condition: a generous deadline (a
+// hang, not a slow machine, is what it catches).
+const awaitBound = 30 * time.Second
 
 func awaitChan(t testing.TB, what string, ch <-chan struct{}) {
 	t.Helper()
 	select {
 	case <-ch:
-	case <-time.After(30 * time.Second):
+	case <-time.After(awaitBound):
 		t.Fatalf("timed out waiting for %s", what)
 	}
 }
@@ -326,7 +318,7 @@ func startRelay(t testing.TB, js jetstream.JetStream, cfg natstransport.RelayCon
 // acknowledged.
 func awaitPublished(t testing.TB, r *natstransport.Relay, records uint64) {
 	t.Helper()
-	await(t, "relay acks", func() bool { return r.Stats().Published >= records && r.Stats().BufferedRecords == 0 })
+	testutil.Await(t, awaitBound, "relay acks", func() bool { return r.Stats().Published >= records && r.Stats().BufferedRecords == 0 })
 }
 
 // proxy is a TCP proxy a test can cut, to take one client off NATS while

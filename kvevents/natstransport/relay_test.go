@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 )
@@ -49,8 +50,8 @@ func TestRelayViewReachesReplicas(t *testing.T) {
 	feed(relay, f.run(t, 30))
 	awaitPublished(t, relay, relay.Stats().Batches)
 	last := lastSeq(t, s)
-	await(t, "replica applied", func() bool { return rep.c.AppliedSeq() == last })
-	await(t, "heartbeats", func() bool {
+	testutil.Await(t, awaitBound, "replica applied", func() bool { return rep.c.AppliedSeq() == last })
+	testutil.Await(t, awaitBound, "heartbeats", func() bool {
 		ss := rep.c.Streams()
 		return len(ss) == 2 && ss[0].Connected && !ss[1].Connected
 	})
@@ -65,11 +66,11 @@ func TestRelayViewReachesReplicas(t *testing.T) {
 	// The engine comes back to the relay and recovers.
 	zmq.set(kvevents.StreamStats{Engine: a, Connected: true, Health: kvevents.HealthOK},
 		kvevents.StreamStats{Engine: b, Connected: true, Health: kvevents.HealthOK})
-	await(t, "engine b connected", func() bool { return rep.c.Streams()[1].Connected })
+	testutil.Await(t, awaitBound, "engine b connected", func() bool { return rep.c.Streams()[1].Connected })
 	feed(relay, f.run(t, 30))
 	awaitPublished(t, relay, relay.Stats().Batches)
 	last = lastSeq(t, s)
-	await(t, "replica applied", func() bool { return rep.c.AppliedSeq() == last })
+	testutil.Await(t, awaitBound, "replica applied", func() bool { return rep.c.AppliedSeq() == last })
 	for _, st := range rep.c.Streams() {
 		if st.Health != kvevents.HealthOK {
 			t.Errorf("stream %v still %v", st.Engine, st.Health)

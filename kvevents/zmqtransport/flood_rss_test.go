@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -74,7 +75,7 @@ func TestFloodRSS(t *testing.T) {
 	}
 	before := procStatus(t)
 	s := startSubscriber(t, cfg, ix)
-	eventually(t, "all connected", func() bool {
+	testutil.Await(t, waitTimeout, "all connected", func() bool {
 		c := 0
 		for _, st := range s.Streams() {
 			if st.Connected {

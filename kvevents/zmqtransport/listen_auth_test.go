@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -83,7 +84,7 @@ func TestListenerRefusesImpersonation(t *testing.T) {
 
 			// An address no rule names does not get past the handshake.
 			outsider := newTestPublisher(t, pubOptions{connect: fromAddr("127.0.0.3", ep), topic: "kv@pod-c@m", noReplay: true})
-			eventually(t, "the outsider refused at the handshake", func() bool { return listenerStats(t, s).RefusedHandshakes >= 1 })
+			testutil.Await(t, waitTimeout, "the outsider refused at the handshake", func() bool { return listenerStats(t, s).RefusedHandshakes >= 1 })
 			outsider.publishN(3, 0)
 			legit.publishN(11, 0)
 			sink.waitApplied(t, podA, 10)
@@ -181,7 +182,7 @@ func TestListenerReplayForgery(t *testing.T) {
 				// Accepted as a pod, but its replay goes to where its
 				// events came from.
 				legit.sendRaw([]byte("kv@127.0.0.3@m"), seqBytes(2), encodeTestBatch(t, 2, 0, kvevents.ShapeArray))
-				eventually(t, "the forged pod's replay request", func() bool { return legit.replays.Load() >= 2 })
+				testutil.Await(t, waitTimeout, "the forged pod's replay request", func() bool { return legit.replays.Load() >= 2 })
 				if got, want := mustStream(t, s, forged).ReplayEndpoint, "tcp://127.0.0.1:"+port; got != want {
 					t.Fatalf("forged pod replays at %q, want %q", got, want)
 				}
@@ -207,7 +208,7 @@ func TestSetEngineAllow(t *testing.T) {
 	pub := newTestPublisher(t, pubOptions{connect: fromAddr("127.0.0.1", ep), topic: "kv@pod-a@m", noReplay: true})
 	pub.waitSubscribed(1)
 	pub.publishN(3, 0)
-	eventually(t, "refused by source without rules", func() bool { return listenerStats(t, s).RefusedSources >= 3 })
+	testutil.Await(t, waitTimeout, "refused by source without rules", func() bool { return listenerStats(t, s).RefusedSources >= 3 })
 	if _, ok := streamOf(s, podA); ok {
 		t.Fatal("pod-a has a stream without a rule")
 	}
@@ -224,7 +225,7 @@ func TestSetEngineAllow(t *testing.T) {
 	}
 	before := listenerStats(t, s).RefusedSources
 	pub.publishN(11, 0)
-	eventually(t, "pod-a's batches refused", func() bool { return listenerStats(t, s).RefusedSources >= before+3 })
+	testutil.Await(t, waitTimeout, "pod-a's batches refused", func() bool { return listenerStats(t, s).RefusedSources >= before+3 })
 	if a := sink.applied(podA); len(a) == 0 || a[len(a)-1] != 7 {
 		t.Errorf("pod-a applied %v; want nothing past seq 7 once its rule is gone", a)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -27,7 +28,7 @@ func TestListenerMaxEngines(t *testing.T) {
 	}
 	// Messages are handled in order: once pod-4's second message was
 	// counted, everything before it was handled.
-	eventually(t, "10 messages", func() bool {
+	testutil.Await(t, waitTimeout, "10 messages", func() bool {
 		ls, _ := s.ListenerStats()
 		return ls.Messages == 10
 	})
@@ -54,7 +55,7 @@ func TestListenerMaxEngines(t *testing.T) {
 	send(3, 2)
 	sink.waitApplied(t, id(3), 2)
 	send(4, 2)
-	eventually(t, "12 messages", func() bool {
+	testutil.Await(t, waitTimeout, "12 messages", func() bool {
 		ls, _ := s.ListenerStats()
 		return ls.Messages == 12
 	})

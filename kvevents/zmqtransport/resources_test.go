@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -56,7 +57,7 @@ func TestLostBatchesSaturate(t *testing.T) {
 	for _, seq := range []uint64{0, high, 1, high} { // 1: a restart (seq went back), then a jump again
 		pub.sendRaw(nil, seqBytes(seq), encodeTestBatch(t, seq, 0, kvevents.ShapeArray))
 	}
-	eventually(t, "4 batches applied", func() bool {
+	testutil.Await(t, waitTimeout, "4 batches applied", func() bool {
 		st, _ := streamOf(s, e)
 		return st.Batches == 4
 	})
@@ -100,7 +101,7 @@ func TestOversizeFrameRefused(t *testing.T) {
 	pub.sendRaw(nil, seqBytes(0), encodeTestBatch(t, 0, 0, kvevents.ShapeArray))
 	sink.waitApplied(t, e, 0)
 	pub.sendRaw(nil, seqBytes(1), frameOf(8192, 0x90))
-	eventually(t, "the oversize frame's connection dropped", func() bool {
+	testutil.Await(t, waitTimeout, "the oversize frame's connection dropped", func() bool {
 		st, _ := streamOf(s, e)
 		return !st.Connected
 	})

@@ -189,9 +189,7 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.ReconnectIvlMax <= 0 {
 		c.ReconnectIvlMax = DefaultReconnectIvlMax
 	}
-	if c.ReconnectIvlMax < c.ReconnectIvl {
-		c.ReconnectIvlMax = c.ReconnectIvl
-	}
+	c.ReconnectIvlMax = max(c.ReconnectIvlMax, c.ReconnectIvl)
 	if c.RcvHWM <= 0 {
 		c.RcvHWM = DefaultRcvHWM
 	}

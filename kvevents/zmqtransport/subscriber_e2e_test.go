@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
@@ -94,16 +95,8 @@ func (m *mirrorSink) check(t *testing.T, eng *simzmq.Engine) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
+// awaitBound bounds every wait for a condition.
+const awaitBound = 15 * time.Second
 
 func streamStats(s *zmqtransport.Subscriber, e kvevents.EngineID) (kvevents.StreamStats, bool) {
 	for _, st := range s.Streams() {
@@ -118,7 +111,7 @@ func streamStats(s *zmqtransport.Subscriber, e kvevents.EngineID) (kvevents.Stre
 func settledStats(t *testing.T, s *zmqtransport.Subscriber, e kvevents.EngineID) kvevents.StreamStats {
 	t.Helper()
 	var st kvevents.StreamStats
-	waitFor(t, e.String()+" settled", func() bool {
+	testutil.Await(t, awaitBound, e.String()+" settled", func() bool {
 		var ok bool
 		st, ok = streamStats(s, e)
 		return ok && !st.Replaying
@@ -192,11 +185,11 @@ func TestSubscriberWithEngineSim(t *testing.T) {
 	// gaps the replay fills.
 	for _, eng := range engines {
 		e := eng.EngineID()
-		waitFor(t, e.String()+" connected", func() bool {
+		testutil.Await(t, awaitBound, e.String()+" connected", func() bool {
 			st, ok := streamStats(s, e)
 			return ok && st.Connected && !st.Replaying && st.ReplaysOK >= 1
 		})
-		waitFor(t, e.String()+" live", func() bool {
+		testutil.Await(t, awaitBound, e.String()+" live", func() bool {
 			if _, err := eng.Process(prompt(), nil); err != nil {
 				t.Fatal(err)
 			}
@@ -209,7 +202,7 @@ func TestSubscriberWithEngineSim(t *testing.T) {
 	// matters: a replay the old process has not served yet would be
 	// answered by the new one, and the old batches would be lost.
 	catchUp := func(eng *simzmq.Engine) {
-		waitFor(t, "caught up", func() bool { return sink.caughtUp(eng.EngineID(), eng.Seq()-1) })
+		testutil.Await(t, awaitBound, "caught up", func() bool { return sink.caughtUp(eng.EngineID(), eng.Seq()-1) })
 		settledStats(t, s, eng.EngineID())
 	}
 	before := settledStats(t, s, engines[0].EngineID())

@@ -1,7 +1,6 @@
 package zmqtransport
 
 import (
-	"bytes"
 	"errors"
 	"log/slog"
 	"net"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -123,23 +123,12 @@ func acceptAndClose(t *testing.T) (endpoint string, accepts *atomic.Int64, stop 
 }
 
 // logLines collects log lines, safe for concurrent writers.
-type logLines struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
+type logLines struct{ testutil.SyncBuffer }
 
 // matching returns the lines containing every one of subs.
 func (l *logLines) matching(subs ...string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []string
-	for _, line := range strings.Split(l.buf.String(), "\n") {
+	for _, line := range strings.Split(l.String(), "\n") {
 		ok := line != ""
 		for _, s := range subs {
 			ok = ok && strings.Contains(line, s)
@@ -182,7 +171,7 @@ func TestSubscriberBacksOffFromNonZMQPeer(t *testing.T) {
 		ReconnectIvl: 10 * time.Millisecond, ReconnectIvlMax: 500 * time.Millisecond,
 	}, sink)
 	e := kvevents.EngineID{Pod: "x", Model: "m"}
-	eventually(t, "three connection attempts", func() bool { return accepts.Load() >= 3 })
+	testutil.Await(t, waitTimeout, "three connection attempts", func() bool { return accepts.Load() >= 3 })
 
 	// The rate over a window: libzmq alone reconnects every 10-20 ms
 	// here, about a hundred times in the window; the backoff (10 ms
@@ -223,7 +212,7 @@ func TestSubscriberRefusalLogRateLimited(t *testing.T) {
 		Engines:      []EngineConfig{{Name: "x", Model: "m", Endpoint: ep}},
 		ReconnectIvl: time.Millisecond, ReconnectIvlMax: time.Millisecond,
 	}, newRecSink())
-	eventually(t, "50 connection attempts", func() bool { return accepts.Load() >= 50 })
+	testutil.Await(t, waitTimeout, "50 connection attempts", func() bool { return accepts.Load() >= 50 })
 	s.Close()
 	stop()
 	n := accepts.Load()

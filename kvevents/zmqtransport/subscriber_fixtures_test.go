@@ -1,12 +1,12 @@
 package zmqtransport
 
 import (
+	"cmp"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"runtime"
 	"slices"
@@ -19,6 +19,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -26,18 +27,6 @@ import (
 // tests. Nothing is timed: a healthy run finishes in milliseconds, the
 // bound only turns a hang into a failure.
 const waitTimeout = 15 * time.Second
-
-// eventually polls cond until it holds or waitTimeout passes.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
 
 // sinkEntry is one Sink call as a recSink saw it.
 type sinkEntry struct {
@@ -120,7 +109,7 @@ func (r *recSink) applied(e kvevents.EngineID) []uint64 {
 // waitApplied waits until e's last applied seq is at least seq.
 func (r *recSink) waitApplied(t testing.TB, e kvevents.EngineID, seq uint64) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("%s to apply seq %d", e, seq), func() bool {
+	testutil.Await(t, waitTimeout, fmt.Sprintf("%s to apply seq %d", e, seq), func() bool {
 		a := r.applied(e)
 		return len(a) > 0 && a[len(a)-1] >= seq
 	})
@@ -305,7 +294,7 @@ func (p *testPublisher) open() {
 		must(pub.Connect(p.opts.connect))
 		p.PubEP = p.opts.connect
 	} else {
-		at := cmpOr(p.PubEP, p.opts.pubAt, "tcp://127.0.0.1:*")
+		at := cmp.Or(p.PubEP, p.opts.pubAt, "tcp://127.0.0.1:*")
 		if err := bindRetry(pub, at); err != nil {
 			pub.Close()
 			t.Fatal(err)
@@ -319,7 +308,7 @@ func (p *testPublisher) open() {
 		must(err)
 		must(r.SetLinger(0))
 		must(r.SetSndhwm(0))
-		if err := bindRetry(r, cmpOr(p.ReplayEP, p.opts.replayAt, "tcp://127.0.0.1:*")); err != nil {
+		if err := bindRetry(r, cmp.Or(p.ReplayEP, p.opts.replayAt, "tcp://127.0.0.1:*")); err != nil {
 			r.Close()
 			p.pub.Close()
 			t.Fatal(err)
@@ -344,15 +333,6 @@ func bindRetry(sock *zmq.Socket, endpoint string) error {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-func cmpOr(vals ...string) string {
-	for _, v := range vals {
-		if v != "" {
-			return v
-		}
-	}
-	return ""
 }
 
 // serveReplay answers replay requests the way vLLM's _service_replay does.
@@ -535,22 +515,8 @@ func (p *testPublisher) Close() {
 // ports (rank 0 and rank 1 of a data-parallel engine).
 func freePortPair(t testing.TB) (string, string) {
 	t.Helper()
-	for range 100 {
-		l0, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l0.Addr().(*net.TCPAddr).Port
-		l1, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+1))
-		l0.Close()
-		if err != nil {
-			continue
-		}
-		l1.Close()
-		return "tcp://127.0.0.1:" + strconv.Itoa(port), "tcp://127.0.0.1:" + strconv.Itoa(port+1)
-	}
-	t.Fatal("no two consecutive free ports")
-	return "", ""
+	port := testutil.FreePorts(t, 2)
+	return "tcp://127.0.0.1:" + strconv.Itoa(port), "tcp://127.0.0.1:" + strconv.Itoa(port+1)
 }
 
 // fixedClock is an injected wall clock.
@@ -579,7 +545,7 @@ func startSubscriber(t testing.TB, cfg SubscriberConfig, sink kvevents.Sink) *Su
 // settled stream.
 func waitReady(t testing.TB, s *Subscriber, e kvevents.EngineID) {
 	t.Helper()
-	eventually(t, e.String()+" ready", func() bool {
+	testutil.Await(t, waitTimeout, e.String()+" ready", func() bool {
 		st, ok := streamOf(s, e)
 		if !ok || !st.Connected {
 			return false
@@ -604,7 +570,7 @@ func streamOf(s *Subscriber, e kvevents.EngineID) (kvevents.StreamStats, bool) {
 func mustStream(t testing.TB, s *Subscriber, e kvevents.EngineID) kvevents.StreamStats {
 	t.Helper()
 	var st kvevents.StreamStats
-	eventually(t, e.String()+" settled", func() bool {
+	testutil.Await(t, waitTimeout, e.String()+" settled", func() bool {
 		var ok bool
 		st, ok = streamOf(s, e)
 		if !ok {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -94,7 +95,7 @@ func (p *pyPublisher) do(cmd string) int64 {
 // engine's PUB has our subscription (its slow-joiner window is over).
 func (p *pyPublisher) handshake(sink *recSink, e kvevents.EngineID) {
 	p.t.Helper()
-	eventually(p.t, "a probe batch to arrive live", func() bool {
+	testutil.Await(p.t, waitTimeout, "a probe batch to arrive live", func() bool {
 		seq := p.do("probe")
 		a := sink.applied(e)
 		return len(a) > 0 && a[len(a)-1] == uint64(seq)
@@ -166,7 +167,7 @@ func TestInteropPythonPublisher(t *testing.T) {
 			py.do("restart")
 			py.handshake(sink, e)
 			last = py.do("go 30")
-			eventually(t, "the restarted publisher's batches", func() bool {
+			testutil.Await(t, waitTimeout, "the restarted publisher's batches", func() bool {
 				a := sink.applied(e)
 				return len(a) > 0 && a[len(a)-1] == uint64(last) && len(sink.entries(e)) > before
 			})

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -73,7 +74,7 @@ func TestSubscriberFastRestartDetected(t *testing.T) {
 	pub.publishN(10, 0) // nobody subscribed yet: only the replay buffer has them
 	pub.waitSubscribed(1)
 	pub.publishN(11, 0)
-	eventually(t, "the new process's batches", func() bool { return len(sink.entries(e)) == 17 })
+	testutil.Await(t, waitTimeout, "the new process's batches", func() bool { return len(sink.entries(e)) == 17 })
 	sink.wantCalls(t, e, append(append(seqRange(0, 5), "reset:restart"), seqRange(0, 11)...))
 	sink.checkHashes(t, e)
 	st := mustStream(t, s, e)
@@ -91,7 +92,7 @@ func TestSubscriberSlowRestartDetected(t *testing.T) {
 	sink.waitApplied(t, e, 19)
 	pub.restart()
 	pub.waitSubscribed(1)
-	eventually(t, "the restart detected on reconnect", func() bool { return len(sink.entries(e)) == 21 })
+	testutil.Await(t, waitTimeout, "the restart detected on reconnect", func() bool { return len(sink.entries(e)) == 21 })
 	sink.wantCalls(t, e, append(seqRange(0, 20), "reset:restart"))
 	pub.publishN(3, 0)
 	sink.waitApplied(t, e, 2)
@@ -146,7 +147,7 @@ func TestSubscriberResume(t *testing.T) {
 
 			sink2 := newRecSink()
 			s2 := startSubscriber(t, SubscriberConfig{Engines: []EngineConfig{connectCfg(pub, "pod-resume")}, Resume: pos}, sink2)
-			eventually(t, "the resumed stream settles", func() bool { return len(sink2.entries(e)) == len(tt.want) })
+			testutil.Await(t, waitTimeout, "the resumed stream settles", func() bool { return len(sink2.entries(e)) == len(tt.want) })
 			sink2.wantCalls(t, e, tt.want)
 			sink2.checkHashes(t, e)
 			st := mustStream(t, s2, e)
@@ -161,7 +162,7 @@ func TestSubscriberResume(t *testing.T) {
 // Start (restored, not connected) and verifies its engine on the engine's
 // first batch.
 func TestSubscriberBindModeResume(t *testing.T) {
-	replayEP := freeEndpoint(t)
+	replayEP := "tcp://" + testutil.FreeAddr(t)
 	pod := strings.TrimPrefix(replayEP, "tcp://")
 	e := kvevents.EngineID{Pod: pod, Model: "m"}
 	// The earlier kvindex applied batches 0..4 of this engine process.
@@ -214,19 +215,12 @@ func TestSubscriberBindModeNewConnectionVerifies(t *testing.T) {
 	p.publishN(5, 0)
 	p.waitSubscribed(1)
 	p.publishN(6, 0) // seq 5: would continue the old process's stream
-	eventually(t, "the new process's batches", func() bool { return len(sink.entries(e)) == 12 })
+	testutil.Await(t, waitTimeout, "the new process's batches", func() bool { return len(sink.entries(e)) == 12 })
 	sink.wantCalls(t, e, append(append(seqRange(0, 5), "reset:restart"), seqRange(0, 6)...))
 	st := mustStream(t, s, e)
 	if st.Restarts != 1 || st.ReplayRestarts != 1 || st.Health != kvevents.HealthOK {
 		t.Fatalf("stats %+v; want 1 restart detected by replay, ok", st)
 	}
-}
-
-// freeEndpoint returns a tcp endpoint on 127.0.0.1 whose port is free.
-func freeEndpoint(t *testing.T) string {
-	t.Helper()
-	ep, _ := freePortPair(t)
-	return ep
 }
 
 // TestSubscriberBindModeDepartedEngineDisconnected: in bind mode an engine
@@ -242,7 +236,7 @@ func TestSubscriberBindModeDepartedEngineDisconnected(t *testing.T) {
 		}
 	}
 	pubs[1].Close()
-	eventually(t, "the departed engine reported disconnected", func() bool { return !mustStream(t, s, ids[1]).Connected })
+	testutil.Await(t, waitTimeout, "the departed engine reported disconnected", func() bool { return !mustStream(t, s, ids[1]).Connected })
 	if !mustStream(t, s, ids[0]).Connected {
 		t.Fatalf("%v reported disconnected; only the other engine left", ids[0])
 	}
@@ -260,8 +254,8 @@ func TestSubscriberBindModeForgetsDepartedEngines(t *testing.T) {
 		Resume: []kvevents.Position{{Engine: never, Seq: 9, Print: 1}}}, sink)
 	pubs, ids := publishToListener(t, s, sink, "stays", "leaves")
 	pubs[1].Close()
-	eventually(t, "the departed engine forgotten", func() bool { _, ok := streamOf(s, ids[1]); return !ok })
-	eventually(t, "the resumed engine that never came forgotten", func() bool { _, ok := streamOf(s, never); return !ok })
+	testutil.Await(t, waitTimeout, "the departed engine forgotten", func() bool { _, ok := streamOf(s, ids[1]); return !ok })
+	testutil.Await(t, waitTimeout, "the resumed engine that never came forgotten", func() bool { _, ok := streamOf(s, never); return !ok })
 	if calls := sink.entries(ids[1]); len(calls) == 0 || calls[len(calls)-1].reset != kvevents.ResetRemoved {
 		t.Errorf("the departed engine's last sink call %+v; want a reset (removed)", calls)
 	}
@@ -277,7 +271,7 @@ func TestSubscriberBindModeForgetsDepartedEngines(t *testing.T) {
 	p := newTestPublisher(t, pubOptions{connect: s.ListenEndpoint(), topic: "kv@leaves@m"})
 	p.waitSubscribed(1)
 	p.publishN(2, 0)
-	eventually(t, "the forgotten engine back", func() bool { st, ok := streamOf(s, ids[1]); return ok && st.Connected })
+	testutil.Await(t, waitTimeout, "the forgotten engine back", func() bool { st, ok := streamOf(s, ids[1]); return ok && st.Connected })
 }
 
 // publishToListener connects a publisher per pod to s's listen socket and

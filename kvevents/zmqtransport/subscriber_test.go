@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/internal/configerr"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -177,7 +178,7 @@ func TestSubscriberRestartedPublisherResets(t *testing.T) {
 	pub.restart() // same endpoints, seq back to 0
 	pub.waitSubscribed(1)
 	pub.publishN(5, 0)
-	eventually(t, "the restarted engine's batches", func() bool {
+	testutil.Await(t, waitTimeout, "the restarted engine's batches", func() bool {
 		calls := sink.entries(e)
 		return len(calls) == 26 && calls[25].seq == 4
 	})
@@ -199,7 +200,7 @@ func TestSubscriberRestartWithLostStart(t *testing.T) {
 	pub.waitSubscribed(1)
 	pub.dropLive(0, 1, 2)
 	pub.publishN(6, 0)
-	eventually(t, "recovery after the restart", func() bool { return len(sink.entries(e)) == 57 })
+	testutil.Await(t, waitTimeout, "recovery after the restart", func() bool { return len(sink.entries(e)) == 57 })
 	sink.wantCalls(t, e, append(append(seqRange(0, 50), "reset:restart"), seqRange(0, 6)...))
 	sink.checkHashes(t, e)
 	if st := mustStream(t, s, e); st.Restarts != 1 || (st.Health == kvevents.HealthDegraded) || st.LostBatches != 0 {
@@ -334,7 +335,7 @@ func TestSubscriberEnginesAreIndependent(t *testing.T) {
 	sink.waitApplied(t, eb, 4)
 
 	a.Close() // engine a goes away
-	eventually(t, "pod-a disconnected", func() bool { return !mustStream(t, s, ea).Connected })
+	testutil.Await(t, waitTimeout, "pod-a disconnected", func() bool { return !mustStream(t, s, ea).Connected })
 	b.publishN(500, 0)
 	sink.waitApplied(t, eb, 499)
 	sink.wantCalls(t, eb, seqRange(0, 500))
@@ -468,7 +469,7 @@ func TestSubscriberAddRemoveEngine(t *testing.T) {
 	}
 	a.waitSubscribed(2)
 	a.publishN(11, 0)
-	eventually(t, "the re-added engine", func() bool {
+	testutil.Await(t, waitTimeout, "the re-added engine", func() bool {
 		c := sink.entries(e)
 		return len(c) == 4+11 && c[len(c)-1].seq == 10
 	})
@@ -596,7 +597,7 @@ func TestSubscriberBindModeRemovePod(t *testing.T) {
 		t.Fatal("removed pod still has a stream")
 	}
 	p.publishN(8, 0)
-	eventually(t, "the pod rediscovered", func() bool {
+	testutil.Await(t, waitTimeout, "the pod rediscovered", func() bool {
 		a := sink.applied(e)
 		return len(a) > 0 && a[len(a)-1] == 7
 	})
@@ -618,7 +619,7 @@ func TestSubscriberIdentityConflict(t *testing.T) {
 	impostor := newTestPublisher(t, pubOptions{connect: s.ListenEndpoint(), noReplay: true, topic: "kv@pod-c@m"})
 	impostor.waitSubscribed(1)
 	impostor.publishN(3, 0)
-	eventually(t, "the conflicts counted", func() bool {
+	testutil.Await(t, waitTimeout, "the conflicts counted", func() bool {
 		ls, _ := s.ListenerStats()
 		return ls.Conflicts == 3
 	})

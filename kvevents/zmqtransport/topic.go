@@ -68,17 +68,16 @@ func templateRegexp(t string) (string, error) {
 	rest := t
 	seen := map[string]bool{}
 	for rest != "" {
-		i := strings.IndexByte(rest, '{')
-		if i < 0 {
+		literal, after, ok := strings.Cut(rest, "{")
+		if !ok {
 			b.WriteString(regexp.QuoteMeta(rest))
 			break
 		}
-		b.WriteString(regexp.QuoteMeta(rest[:i]))
-		j := strings.IndexByte(rest[i:], '}')
-		if j < 0 {
+		b.WriteString(regexp.QuoteMeta(literal))
+		name, after, ok := strings.Cut(after, "}")
+		if !ok {
 			return "", fmt.Errorf("topic template %q: unclosed '{'", t)
 		}
-		name := rest[i+1 : i+j]
 		if name != "pod" && name != "model" {
 			return "", fmt.Errorf("topic template %q: unknown placeholder {%s} (want {pod} or {model})", t, name)
 		}
@@ -86,7 +85,7 @@ func templateRegexp(t string) (string, error) {
 			return "", fmt.Errorf("topic template %q: {%s} appears twice", t, name)
 		}
 		seen[name] = true
-		rest = rest[i+j+1:]
+		rest = after
 		if rest == "" {
 			b.WriteString("(?P<" + name + ">.+)")
 		} else {

@@ -3,7 +3,8 @@ package enginemetrics
 import (
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 )
@@ -244,12 +245,7 @@ func (f *Fleet) Summary() Summary {
 		return ms
 	}
 	s := Summary{WindowSeconds: f.window.Seconds(), Models: []ModelSummary{one(Overall, &f.overall)}}
-	names := make([]string, 0, len(f.models))
-	for n := range f.models {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(f.models)) {
 		s.Models = append(s.Models, one(n, f.models[n]))
 	}
 	return s

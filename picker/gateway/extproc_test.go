@@ -20,6 +20,7 @@ import (
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simhttp"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
@@ -102,7 +103,7 @@ func newFleet(t *testing.T, pods ...string) *fleet {
 	// AllBlocksCleared batches until each engine's arrive.
 	for _, pod := range pods {
 		eng := f.engines[pod]
-		await(t, "the subscription to "+pod, func() bool {
+		testutil.Await(t, waitFor, "the subscription to "+pod, func() bool {
 			if err := eng.Clear(); err != nil {
 				t.Fatal(err)
 			}
@@ -324,31 +325,12 @@ func (e *envoy) finish(t *testing.T, respBody []byte) {
 	}
 }
 
-func await(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(waitFor)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func idsBody(ids []uint64) string {
 	s := make([]string, len(ids))
 	for i, id := range ids {
 		s[i] = fmt.Sprint(id)
 	}
 	return fmt.Sprintf(`{"model":%q,"prompt":[%s],"max_tokens":1}`, testModel, strings.Join(s, ","))
-}
-
-func seq(from, n int) []uint64 {
-	out := make([]uint64, n)
-	for i := range out {
-		out[i] = uint64(from + i)
-	}
-	return out
 }
 
 // noSpeculation: the picker's own speculative entries would keep turn 2
@@ -390,12 +372,12 @@ func TestExtProcConversationSticks(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			svc, _ := newService(t, f, s.src, nil)
 			c, _ := startPicker(t, svc)
-			turn1 := seq(1000*(i+1), 8*bs)
+			turn1 := testutil.Seq(1000*(i+1), 8*bs)
 			e := send(t, c, "/v1/completions", nil, nil, idsBody(turn1), 100)
 			first := f.podOf[e.dest]
 			e.forward(t, "/v1/completions")
-			await(t, "the index to hear turn 1", func() bool { return f.held(t, first, turn1) == 8 })
-			turn2 := append(append([]uint64{}, turn1...), seq(50000, 4*bs)...)
+			testutil.Await(t, waitFor, "the index to hear turn 1", func() bool { return f.held(t, first, turn1) == 8 })
+			turn2 := append(append([]uint64{}, turn1...), testutil.Seq(50000, 4*bs)...)
 			for range 3 {
 				e := send(t, c, "/v1/completions", nil, nil, idsBody(turn2), 333)
 				if got := f.podOf[e.dest]; got != first {
@@ -417,11 +399,11 @@ func TestExtProcLoadAndSubset(t *testing.T) {
 	f := newFleet(t, "pod-a", "pod-b")
 	svc, _ := newService(t, f, remote(t, f.indexAddr), nil)
 	c, _ := startPicker(t, svc)
-	turn1 := seq(7, 8*bs)
+	turn1 := testutil.Seq(7, 8*bs)
 	e := send(t, c, "/v1/completions", nil, nil, idsBody(turn1), 200)
 	holder := e.dest
 	e.forward(t, "/v1/completions")
-	await(t, "the index to hear turn 1", func() bool { return f.held(t, f.podOf[holder], turn1) == 8 })
+	testutil.Await(t, waitFor, "the index to hear turn 1", func() bool { return f.held(t, f.podOf[holder], turn1) == 8 })
 
 	// Requests stay in flight on the holder while their streams are
 	// open; within a few the next one goes elsewhere.
@@ -444,7 +426,7 @@ func TestExtProcLoadAndSubset(t *testing.T) {
 	for _, e := range open {
 		e.finish(t, []byte(`{}`))
 	}
-	await(t, "in-flight counts to drop", func() bool { return svc.InFlight(holder) == 0 })
+	testutil.Await(t, waitFor, "in-flight counts to drop", func() bool { return svc.InFlight(holder) == 0 })
 
 	// Subset hint: only the listed endpoint may be picked, even against
 	// the prefix.
@@ -493,7 +475,7 @@ func TestExtProcIndexFallback(t *testing.T) {
 
 	svc, reg := newService(t, f, remote(t, stuckAddr), func(c *gateway.Config) { c.IndexTimeout = 20 * time.Millisecond })
 	c, _ := startPicker(t, svc)
-	e := send(t, c, "/v1/completions", nil, nil, idsBody(seq(1, 64)), 40)
+	e := send(t, c, "/v1/completions", nil, nil, idsBody(testutil.Seq(1, 64)), 40)
 	if e.dest == "" || e.status != 0 {
 		t.Fatalf("not routed: status %d %s", e.status, e.body)
 	}
@@ -509,7 +491,7 @@ func TestExtProcIndexFallback(t *testing.T) {
 	gs.Stop()
 	svc2, reg2 := newService(t, f, src, nil)
 	c2, _ := startPicker(t, svc2)
-	e = send(t, c2, "/v1/completions", nil, nil, idsBody(seq(1, 64)), 40)
+	e = send(t, c2, "/v1/completions", nil, nil, idsBody(testutil.Seq(1, 64)), 40)
 	if e.dest == "" {
 		t.Fatalf("not routed: status %d %s", e.status, e.body)
 	}
@@ -564,11 +546,11 @@ func TestExtProcOutcomes(t *testing.T) {
 	rec := &outcomeLog{}
 	svc, _ := newService(t, f, gateway.Local{Server: f.srv}, func(c *gateway.Config) { c.Outcomes = rec })
 	c, _ := startPicker(t, svc)
-	turn1 := seq(7000, 8*bs)
+	turn1 := testutil.Seq(7000, 8*bs)
 	e := send(t, c, "/v1/completions", nil, nil, idsBody(turn1), 100)
 	e.forward(t, "/v1/completions")
-	await(t, "the index to hear turn 1", func() bool { return f.held(t, f.podOf[e.dest], turn1) == 8 })
-	turn2 := append(append([]uint64{}, turn1...), seq(80000, 4*bs)...)
+	testutil.Await(t, waitFor, "the index to hear turn 1", func() bool { return f.held(t, f.podOf[e.dest], turn1) == 8 })
+	turn2 := append(append([]uint64{}, turn1...), testutil.Seq(80000, 4*bs)...)
 	e = send(t, c, "/v1/completions", nil, nil, idsBody(turn2), 100)
 	e.forward(t, "/v1/completions")
 

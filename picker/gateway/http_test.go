@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/picker/gateway"
 )
 
@@ -63,7 +64,7 @@ func TestHTTPPick(t *testing.T) {
 	t.Cleanup(hs.Close)
 
 	// Place a prompt on the pod /v1/pick chooses, as a gateway would.
-	held := seq(300, 8*bs)
+	held := testutil.Seq(300, 8*bs)
 	code, hdr, d := postPick(t, hs.URL, idsBody(held), nil)
 	if code != http.StatusOK {
 		t.Fatalf("first pick: %d %s", code, d.Error)
@@ -74,7 +75,7 @@ func TestHTTPPick(t *testing.T) {
 	}
 	resp.Body.Close()
 	holder := d.Pod
-	await(t, "the index to hear the prompt", func() bool { return f.held(t, holder, held) == 8 })
+	testutil.Await(t, waitFor, "the index to hear the prompt", func() bool { return f.held(t, holder, held) == 8 })
 
 	for _, tt := range []struct {
 		name    string
@@ -88,7 +89,7 @@ func TestHTTPPick(t *testing.T) {
 		{"subset of one", idsBody(held), map[string]string{gateway.SubsetKey: f.endpoints[2].Addr}, http.StatusOK, f.endpoints[2].Pod},
 		{"not JSON", `{"prompt`, nil, http.StatusBadRequest, ""},
 		{"no prompt", `{"model":"qwen"}`, nil, http.StatusBadRequest, ""},
-		{"over the body bound", idsBody(seq(1, pickBound)), nil, http.StatusRequestEntityTooLarge, ""},
+		{"over the body bound", idsBody(testutil.Seq(1, pickBound)), nil, http.StatusRequestEntityTooLarge, ""},
 		{"subset of unknown endpoints", idsBody(held), map[string]string{gateway.SubsetKey: "10.9.9.9:1, 10.9.9.8:1"}, http.StatusServiceUnavailable, ""},
 		{"empty subset", idsBody(held), map[string]string{gateway.SubsetKey: " "}, http.StatusServiceUnavailable, ""},
 	} {
@@ -131,12 +132,12 @@ func TestExtProcBodyBound(t *testing.T) {
 	svc, reg := newService(t, f, gateway.Local{Server: f.srv}, func(c *gateway.Config) { c.MaxBody = pickBound })
 	xc, _ := startPicker(t, svc)
 	// atBound is a valid body of exactly pickBound bytes.
-	atBound := idsBody(seq(1, 10))
+	atBound := idsBody(testutil.Seq(1, 10))
 	atBound = atBound[:len(atBound)-1] + `,"user":"` + strings.Repeat("x", pickBound-len(atBound)-10) + `"}`
 	if len(atBound) != pickBound {
 		t.Fatalf("body of %d bytes, want %d", len(atBound), pickBound)
 	}
-	over := idsBody(seq(1, pickBound))
+	over := idsBody(testutil.Seq(1, pickBound))
 	tooLarge := 0
 	for _, tt := range []struct {
 		name  string

@@ -17,6 +17,7 @@ import (
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/picker"
 	"github.com/kvindex/kvindex/picker/gateway"
@@ -79,14 +80,6 @@ func promptBody(ids []uint64) string {
 	return string(b)
 }
 
-func tokenRange(from, n int) []uint64 {
-	out := make([]uint64, n)
-	for i := range out {
-		out[i] = uint64(from + i)
-	}
-	return out
-}
-
 // TestReplicasAgree: two picker replicas, each in front of its own
 // kvindex replica holding the same index state at the same index
 // sequence (one asked over gRPC on loopback, one in process), with the
@@ -97,9 +90,9 @@ func tokenRange(from, n int) []uint64 {
 func TestReplicasAgree(t *testing.T) {
 	const seq = 1<<40 + 42 // beyond 32 bits, and exact as a string
 	held := map[string][]uint64{
-		"pod-a": tokenRange(0, 4*bs),
-		"pod-b": tokenRange(0, 2*bs),
-		"pod-c": tokenRange(5000, 3*bs),
+		"pod-a": testutil.Seq(0, 4*bs),
+		"pod-b": testutil.Seq(0, 2*bs),
+		"pod-c": testutil.Seq(5000, 3*bs),
 	}
 	eps := []gateway.Endpoint{{Pod: "pod-a", Addr: "10.0.0.1:8000"}, {Pod: "pod-b", Addr: "10.0.0.2:8000"},
 		{Pod: "pod-c", Addr: "10.0.0.3:8000"}, {Pod: "pod-d", Addr: "10.0.0.4:8000"}}
@@ -144,7 +137,7 @@ func TestReplicasAgree(t *testing.T) {
 	}
 	// Replica A has routed other requests, ties among them.
 	for i := range 20 {
-		pick(replicaA, promptBody(tokenRange(100_000+i*1000, 2*bs)), nil)
+		pick(replicaA, promptBody(testutil.Seq(100_000+i*1000, 2*bs)), nil)
 	}
 
 	tests := []struct {
@@ -153,12 +146,12 @@ func TestReplicasAgree(t *testing.T) {
 		hdr  map[string]string
 		want string // the pod, when the prefix decides; "" for a tie
 	}{
-		{"held longest by a", promptBody(tokenRange(0, 5*bs)), nil, "pod-a"},
-		{"held by c", promptBody(tokenRange(5000, 3*bs+5)), nil, "pod-c"},
-		{"held by nobody", promptBody(tokenRange(9000, 3*bs)), nil, ""},
-		{"another held by nobody", promptBody(tokenRange(19000, 3*bs)), nil, ""},
-		{"shorter than a block", promptBody(tokenRange(7, 3)), nil, ""},
-		{"a session", promptBody(tokenRange(29000, 2*bs)), map[string]string{gateway.HeaderSession: "conv-7"}, ""},
+		{"held longest by a", promptBody(testutil.Seq(0, 5*bs)), nil, "pod-a"},
+		{"held by c", promptBody(testutil.Seq(5000, 3*bs+5)), nil, "pod-c"},
+		{"held by nobody", promptBody(testutil.Seq(9000, 3*bs)), nil, ""},
+		{"another held by nobody", promptBody(testutil.Seq(19000, 3*bs)), nil, ""},
+		{"shorter than a block", promptBody(testutil.Seq(7, 3)), nil, ""},
+		{"a session", promptBody(testutil.Seq(29000, 2*bs)), map[string]string{gateway.HeaderSession: "conv-7"}, ""},
 	}
 	picked := map[string]bool{}
 	for _, tc := range tests {
@@ -187,7 +180,7 @@ func TestReplicasAgree(t *testing.T) {
 	}
 
 	// The fronts: ext_proc's metadata and /v1/pick's JSON.
-	body := promptBody(tokenRange(0, 5*bs))
+	body := promptBody(testutil.Seq(0, 5*bs))
 	c, _ := startPicker(t, replicaA)
 	e := send(t, c, "/v1/completions", nil, nil, body, 1<<20)
 	if e.dest != "10.0.0.1:8000" || e.indexSeq != strconv.FormatUint(seq, 10) {

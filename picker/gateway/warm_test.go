@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/picker/gateway"
 )
 
@@ -105,7 +106,7 @@ func TestRemoteWarmUp(t *testing.T) {
 	xc, _ := startPicker(t, svc)
 	pick := func(what string) {
 		t.Helper()
-		e := send(t, xc, "/v1/completions", nil, nil, idsBody(seq(1, 64)), 100)
+		e := send(t, xc, "/v1/completions", nil, nil, idsBody(testutil.Seq(1, 64)), 100)
 		if e.dest == "" {
 			t.Fatalf("%s: not routed: status %d %s", what, e.status, e.body)
 		}
@@ -123,6 +124,6 @@ func TestRemoteWarmUp(t *testing.T) {
 	// Lost again: the picker reconnects and warms the new connection by
 	// itself.
 	p.drop()
-	await(t, "the reconnect's warm-up", func() bool { return mustVec(t, reg, "kvindex_picker_index_warmups_total", "ok") == 2 })
+	testutil.Await(t, waitFor, "the reconnect's warm-up", func() bool { return mustVec(t, reg, "kvindex_picker_index_warmups_total", "ok") == 2 })
 	pick("first request after a reconnect")
 }

@@ -3,9 +3,9 @@ package simhttp_test
 import (
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simhttp"
@@ -58,7 +58,7 @@ func TestEventsReachIndex(t *testing.T) {
 	}
 	// A PUB socket gives no sign of a subscription: publish harmless
 	// AllBlocksCleared batches (the cache is empty) until one arrives.
-	awaitTrue(t, "the subscription", func() bool {
+	testutil.Await(t, deadline, "the subscription", func() bool {
 		if err := eng.Clear(); err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +70,7 @@ func TestEventsReachIndex(t *testing.T) {
 	for turn := range 2 {
 		body := fmt.Sprintf(`{"model":%q,"messages":%s}`, testModel, conv)
 		ids := mustPost(t, url+"/tokenize", body).Tokens
-		awaitTrue(t, "the index caught up", caughtUp)
+		testutil.Await(t, deadline, "the index caught up", caughtUp)
 		var res indexer.Result
 		if err := ix.LongestPrefix(&indexer.Query{Model: testModel, Tokens: ids}, &res); err != nil {
 			t.Fatal(err)
@@ -99,20 +99,8 @@ func TestEventsReachIndex(t *testing.T) {
 		conv = conv[:len(conv)-1] + `,{"role":"assistant","content":"Because the subscriber must replay the lost batch first."},` +
 			`{"role":"user","content":"And if the replay buffer no longer has it?"}]`
 	}
-	awaitTrue(t, "the index caught up", caughtUp)
+	testutil.Await(t, deadline, "the index caught up", caughtUp)
 	if st := stream(); st.LostBatches != 0 {
 		t.Errorf("stream stats %+v", st)
-	}
-}
-
-// awaitTrue polls cond until it holds.
-func awaitTrue(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(deadline)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simhttp"
 	"github.com/kvindex/kvindex/tokenizer"
@@ -390,13 +391,7 @@ func TestLoad(t *testing.T) {
 // waitMetrics scrapes until ok holds.
 func waitMetrics(t *testing.T, url string, ok func(map[string]*dto.MetricFamily) bool, what string) {
 	t.Helper()
-	end := time.Now().Add(deadline)
-	for !ok(scrape(t, url)) {
-		if time.Now().After(end) {
-			t.Fatalf("/metrics never showed %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Await(t, deadline, "/metrics to show "+what, func() bool { return ok(scrape(t, url)) })
 }
 
 // An engine of several data-parallel ranks sends a request to the rank

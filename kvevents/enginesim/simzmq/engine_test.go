@@ -15,6 +15,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/internal/testutil/zmqtest"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
@@ -51,14 +52,6 @@ func newEngine(t testing.TB, cfg enginesim.Config, pcfg zmqtransport.PublisherCo
 	}
 	t.Cleanup(func() { e.Close() })
 	return e
-}
-
-func tokens(from, n int) []uint64 {
-	s := make([]uint64, n)
-	for i := range s {
-		s[i] = uint64(from + i)
-	}
-	return s
 }
 
 // msg is one received live message.
@@ -197,7 +190,7 @@ func TestPublishesGoldenEvents(t *testing.T) {
 	sub := subscribe(t, e, "kv@10.0.0.1@m")
 	seq := e.Seq()
 
-	process(t, e, tokens(0, 50), nil, 0) // 3 full blocks; 2 tokens never hashed
+	process(t, e, testutil.Seq(0, 50), nil, 0) // 3 full blocks; 2 tokens never hashed
 	m := sub.expect(seq)
 	if m.topic != "kv@10.0.0.1@m" || !m.batch.HasDPRank || m.batch.DPRank != 2 || len(m.batch.Events) != 1 {
 		t.Fatalf("message %+v", m)
@@ -205,7 +198,7 @@ func TestPublishesGoldenEvents(t *testing.T) {
 	ev := m.batch.Events[0]
 	golden := []uint64{12687895063098490012, 1814341696565857452, 2713165534665270607}
 	if ev.Kind != kvevents.BlockStored || !slices.Equal(ev.Hashes, golden) || ev.HasParent ||
-		!slices.Equal(ev.TokenIDs, tokens(0, 48)) || ev.BlockSize != 16 || ev.Medium != "GPU" ||
+		!slices.Equal(ev.TokenIDs, testutil.Seq(0, 48)) || ev.BlockSize != 16 || ev.Medium != "GPU" ||
 		ev.SpecKind != "full_attention" || len(ev.ExtraKeys) != 3 || ev.ExtraKeys[0] != nil || ev.ExtraKeys[2] != nil {
 		t.Fatalf("BlockStored %+v", ev)
 	}
@@ -215,27 +208,27 @@ func TestPublishesGoldenEvents(t *testing.T) {
 
 	// The same prompt extended by one block: a 48-token hit, one new block
 	// whose parent is block 2.
-	process(t, e, tokens(0, 64), nil, 48)
+	process(t, e, testutil.Seq(0, 64), nil, 48)
 	ev = sub.expect(seq + 1).batch.Events[0]
-	want := keys(chain(t, e.Config().Hasher, tokens(0, 64), nil))
-	if !slices.Equal(ev.Hashes, want[3:]) || !ev.HasParent || ev.Parent != golden[2] || !slices.Equal(ev.TokenIDs, tokens(48, 16)) {
+	want := keys(chain(t, e.Config().Hasher, testutil.Seq(0, 64), nil))
+	if !slices.Equal(ev.Hashes, want[3:]) || !ev.HasParent || ev.Parent != golden[2] || !slices.Equal(ev.TokenIDs, testutil.Seq(48, 16)) {
 		t.Fatalf("follow-up BlockStored %+v", ev)
 	}
 
 	// A full hit stores nothing and publishes nothing: the next message is
 	// the next request's, one seq later.
-	process(t, e, tokens(0, 64), nil, 64)
+	process(t, e, testutil.Seq(0, 64), nil, 64)
 	if e.Seq() != seq+2 {
 		t.Fatalf("Seq = %d after a full hit, want %d", e.Seq(), seq+2)
 	}
-	process(t, e, tokens(1000, 16), nil, 0)
+	process(t, e, testutil.Seq(1000, 16), nil, 0)
 	if ev := sub.expect(seq + 2).batch.Events[0]; ev.TokenIDs[0] != 1000 {
 		t.Fatalf("unexpected event %+v", ev)
 	}
 	if e.Hits() != 48+64 || e.Queries() != 50+64+64+16 {
 		t.Errorf("Hits/Queries = %d/%d", e.Hits(), e.Queries())
 	}
-	if n, err := e.Lookup(tokens(0, 80), nil); err != nil || n != 4 {
+	if n, err := e.Lookup(testutil.Seq(0, 80), nil); err != nil || n != 4 {
 		t.Errorf("Lookup = %d, %v; want 4 blocks", n, err)
 	}
 }
@@ -248,7 +241,7 @@ func TestEvictionOrder(t *testing.T) {
 	e := newEngine(t, enginesim.Config{Hasher: h, CapacityBlocks: 4}, zmqtransport.PublisherConfig{})
 	sub := subscribe(t, e, "")
 	seq := e.Seq()
-	a, b := tokens(0, 12), tokens(100, 12)
+	a, b := testutil.Seq(0, 12), testutil.Seq(100, 12)
 	ka, kb := keys(chain(t, h, a, nil)), keys(chain(t, h, b, nil))
 
 	process(t, e, a, nil, 0)
@@ -287,16 +280,16 @@ func TestCapacityOverflow(t *testing.T) {
 	e := newEngine(t, enginesim.Config{Hasher: h, CapacityBlocks: 2}, zmqtransport.PublisherConfig{})
 	sub := subscribe(t, e, "")
 	seq := e.Seq()
-	process(t, e, tokens(0, 20), nil, 0)
+	process(t, e, testutil.Seq(0, 20), nil, 0)
 	ev := sub.expect(seq).batch.Events[0]
-	if !slices.Equal(ev.Hashes, keys(chain(t, h, tokens(0, 8), nil))) || !slices.Equal(ev.TokenIDs, tokens(0, 8)) {
+	if !slices.Equal(ev.Hashes, keys(chain(t, h, testutil.Seq(0, 8), nil))) || !slices.Equal(ev.TokenIDs, testutil.Seq(0, 8)) {
 		t.Fatalf("stored %+v", ev)
 	}
-	if n, _ := e.Lookup(tokens(0, 20), nil); n != 2 {
+	if n, _ := e.Lookup(testutil.Seq(0, 20), nil); n != 2 {
 		t.Fatalf("Lookup = %d", n)
 	}
 	// The two cached blocks hit and are pinned: nothing else fits.
-	process(t, e, tokens(0, 20), nil, 8)
+	process(t, e, testutil.Seq(0, 20), nil, 8)
 	if e.Seq() != seq+1 {
 		t.Fatalf("a request that can cache nothing new published a batch")
 	}
@@ -306,7 +299,7 @@ func TestClear(t *testing.T) {
 	e := newEngine(t, enginesim.Config{}, zmqtransport.PublisherConfig{})
 	sub := subscribe(t, e, "")
 	seq := e.Seq()
-	process(t, e, tokens(0, 16), nil, 0)
+	process(t, e, testutil.Seq(0, 16), nil, 0)
 	sub.expect(seq)
 	if err := e.Clear(); err != nil {
 		t.Fatal(err)
@@ -318,7 +311,7 @@ func TestClear(t *testing.T) {
 	if e.CachedBlocks() != 0 {
 		t.Fatalf("CachedBlocks = %d after Clear", e.CachedBlocks())
 	}
-	process(t, e, tokens(0, 16), nil, 0)
+	process(t, e, testutil.Seq(0, 16), nil, 0)
 }
 
 // TestRestart: a new process starts at seq 0 with an empty cache and
@@ -327,13 +320,13 @@ func TestRestart(t *testing.T) {
 	e := newEngine(t, enginesim.Config{}, zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
 	sub := subscribe(t, e, "")
 	seq := e.Seq()
-	process(t, e, tokens(0, 16), nil, 0)
+	process(t, e, testutil.Seq(0, 16), nil, 0)
 	sub.expect(seq)
 	e.Restart()
 	if e.Seq() != 0 || e.CachedBlocks() != 0 {
 		t.Fatalf("after Restart: Seq %d, CachedBlocks %d", e.Seq(), e.CachedBlocks())
 	}
-	process(t, e, tokens(0, 16), nil, 0) // a miss again
+	process(t, e, testutil.Seq(0, 16), nil, 0) // a miss again
 	m := sub.expect(0)
 	if m.batch.Events[0].Kind != kvevents.BlockStored {
 		t.Fatalf("first message after restart is %v", m.batch.Events[0].Kind)
@@ -364,7 +357,7 @@ func TestDropNextAndReplay(t *testing.T) {
 			seq := e.Seq()
 			e.DropNext(2)
 			for i := 0; i < 3; i++ {
-				process(t, e, tokens(100*i, 8), nil, 0)
+				process(t, e, testutil.Seq(100*i, 8), nil, 0)
 			}
 			live := sub.recv()
 			if live.seq != seq+2 {
@@ -403,7 +396,7 @@ func TestDropNextAndReplay(t *testing.T) {
 func TestReplayRequests(t *testing.T) {
 	e := newEngine(t, enginesim.Config{BufferSteps: 3}, zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
 	for i := 0; i < 5; i++ {
-		process(t, e, tokens(100*i, 4), nil, 0)
+		process(t, e, testutil.Seq(100*i, 4), nil, 0)
 	}
 	d := zmqtest.Dealer(t, e.ReplayEndpoint())
 	// Two malformed requests (ROUTER sees 2 and 4 frames), then a valid one
@@ -427,7 +420,7 @@ func TestReplayRequests(t *testing.T) {
 // a consumer decodes.
 func TestShapes(t *testing.T) {
 	h := hasher(t, 4)
-	toks := tokens(0, 8)
+	toks := testutil.Seq(0, 8)
 	hs := chain(t, h, toks, nil)
 	for _, tc := range []struct {
 		shape       kvevents.Shape
@@ -444,7 +437,7 @@ func TestShapes(t *testing.T) {
 			sub := subscribe(t, e, "")
 			seq := e.Seq()
 			process(t, e, toks, nil, 0)
-			process(t, e, tokens(50, 4), nil, 0) // evicts one block
+			process(t, e, testutil.Seq(50, 4), nil, 0) // evicts one block
 			st := sub.expect(seq).batch.Events[0]
 			m := sub.expect(seq + 1)
 			rm := m.batch.Events[0]
@@ -478,7 +471,7 @@ func TestExtraKeysVerify(t *testing.T) {
 	sub := subscribe(t, e, "")
 	seq := e.Seq()
 	x := &blockhash.Extras{LoRAName: "sql-lora", CacheSalt: "tenant-a"}
-	process(t, e, tokens(0, 48), x, 0)
+	process(t, e, testutil.Seq(0, 48), x, 0)
 	ev := sub.expect(seq).batch.Events[0]
 	golden := []uint64{14692344355639159905, 3148631331017690090, 6923214878449139564}
 	if !slices.Equal(ev.Hashes, golden) || ev.LoRAName != "sql-lora" {
@@ -498,10 +491,10 @@ func TestExtraKeysVerify(t *testing.T) {
 		t.Fatalf("recomputed %v, event says %v", keys(again), ev.Hashes)
 	}
 	// Without the extras it is another prefix altogether.
-	if n, _ := e.Lookup(tokens(0, 48), nil); n != 0 {
+	if n, _ := e.Lookup(testutil.Seq(0, 48), nil); n != 0 {
 		t.Fatalf("Lookup without extras = %d", n)
 	}
-	if n, _ := e.Lookup(tokens(0, 48), x); n != 3 {
+	if n, _ := e.Lookup(testutil.Seq(0, 48), x); n != 3 {
 		t.Fatalf("Lookup with extras = %d", n)
 	}
 }
@@ -517,8 +510,8 @@ func TestStreamMirrorsCache(t *testing.T) {
 	var prompts [][]uint64
 	rng := rand.New(rand.NewPCG(7, 8))
 	for i := 0; i < 30; i++ {
-		p := tokens(1000*(i%6), 4*(1+rng.IntN(6))) // 6 families of shared prefixes
-		p = append(p, tokens(50000+i, rng.IntN(12))...)
+		p := testutil.Seq(1000*(i%6), 4*(1+rng.IntN(6))) // 6 families of shared prefixes
+		p = append(p, testutil.Seq(50000+i, rng.IntN(12))...)
 		prompts = append(prompts, p)
 	}
 	var wg sync.WaitGroup
@@ -599,7 +592,7 @@ func TestIPCEndpoints(t *testing.T) {
 	}
 	sub := subscribe(t, e, "")
 	seq := e.Seq()
-	process(t, e, tokens(0, 8), nil, 0)
+	process(t, e, testutil.Seq(0, 8), nil, 0)
 	sub.expect(seq)
 	if got := replay(t, e, seq, false); len(got) != 1 {
 		t.Fatalf("replayed %d", len(got))
@@ -685,7 +678,7 @@ func TestCloseReleasesEverything(t *testing.T) {
 		t.Fatalf("%d goroutines after Close, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
 	}
 	e := engines[0]
-	if _, err := e.Process(tokens(0, 8), nil); !errors.Is(err, enginesim.ErrClosed) {
+	if _, err := e.Process(testutil.Seq(0, 8), nil); !errors.Is(err, enginesim.ErrClosed) {
 		t.Fatalf("Process after Close: %v", err)
 	}
 	if err := e.Clear(); !errors.Is(err, enginesim.ErrClosed) {
