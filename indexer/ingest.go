@@ -221,7 +221,7 @@ func (e *engine) extraKeys(ev *kvevents.Event) []blockhash.BlockExtra {
 func (ix *Index) verify(e *engine, ev *kvevents.Event, b *batch) verdict {
 	n := len(ev.Hashes)
 	if bs := ix.hasher.BlockSize(); ev.BlockSize != bs {
-		ix.flagMismatch(e, n, fmt.Sprintf("hash mismatch (block size): the engine reports block_size %d, kvindex is configured for %d; check --block-size", ev.BlockSize, bs))
+		ix.flagMismatch(e, n, fmt.Sprintf("hash mismatch (block size): the engine reports block_size %d, kvindex is configured for %d; give both the same block size", ev.BlockSize, bs))
 		return verdictMismatch
 	}
 	parent, ok := ix.verifiedParent(e, ev)
@@ -245,7 +245,7 @@ func (ix *Index) verify(e *engine, ev *kvevents.Event, b *batch) verdict {
 		}
 		e.verified.Add(uint64(i))
 		ix.flagMismatch(e, n-i, fmt.Sprintf(
-			"hash mismatch: check --prefix-caching-hash-algo and PYTHONHASHSEED (block %d of %d of a stored event: engine key %d, kvindex computed %d%s)",
+			"hash mismatch: check the engines' prefix-caching hash algorithm and PYTHONHASHSEED against kvindex's (block %d of %d of a stored event: engine key %d, kvindex computed %d%s)",
 			i, n, ev.Hashes[i], h.Key, mismatchHint(i, ev)))
 		return verdictMismatch
 	}

@@ -136,7 +136,7 @@ func TestMismatchedEngineFallsBack(t *testing.T) {
 	if info.HashCheck != HashMismatch || !info.Fallback || info.Mismatches != 5 || info.Dropped != 0 {
 		t.Fatalf("info %+v", info)
 	}
-	if !strings.Contains(info.Message, "hash mismatch: check --prefix-caching-hash-algo and PYTHONHASHSEED") || !strings.Contains(info.Message, "block 0") {
+	if !strings.Contains(info.Message, "hash mismatch: check the engines' prefix-caching hash algorithm and PYTHONHASHSEED against kvindex's") || !strings.Contains(info.Message, "block 0") {
 		t.Errorf("message %q", info.Message)
 	}
 	res := query(t, ix, &Query{Model: "m", Tokens: toks})

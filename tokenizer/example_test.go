@@ -29,7 +29,7 @@ func ExampleLocal() {
 	fmt.Println(err)
 	// Output:
 	// [9707 1879 151645]
-	// tokenizer: the local tokenizer encodes completion prompts only; it cannot render chat templates, so chat messages, tools and chat_template_kwargs need the engine's /tokenize (--tokenize-url)
+	// tokenizer: the local tokenizer encodes completion prompts only; it cannot render chat templates, so chat messages, tools and chat_template_kwargs need the engine's /tokenize
 }
 
 // The engine's own /tokenize is exact for both forms, chat templates

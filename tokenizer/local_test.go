@@ -124,7 +124,7 @@ func TestLocalTokenize(t *testing.T) {
 		t.Fatalf("ids %v err %v", ids, err)
 	}
 	_, err = tok.Tokenize(ctx, "", Input{Messages: []Message{{Role: "user", Content: "hi"}}})
-	if !errors.Is(err, ErrChatTemplate) || !strings.Contains(err.Error(), "--tokenize-url") || !strings.Contains(err.Error(), "completion prompts only") {
+	if !errors.Is(err, ErrChatTemplate) || !strings.Contains(err.Error(), "the engine's /tokenize") || !strings.Contains(err.Error(), "completion prompts only") {
 		t.Fatalf("chat: err %v, want ErrChatTemplate", err)
 	}
 	_, err = tok.Tokenize(ctx, "", Input{Prompt: "x", Messages: []Message{{Role: "user"}}})

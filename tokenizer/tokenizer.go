@@ -110,7 +110,7 @@ var (
 	// ErrChatTemplate is returned by backends that cannot render chat
 	// templates (the local tokenizer.json backend) for the chat form.
 	ErrChatTemplate = errors.New("tokenizer: the local tokenizer encodes completion prompts only; it cannot render chat templates, " +
-		"so chat messages, tools and chat_template_kwargs need the engine's /tokenize (--tokenize-url)")
+		"so chat messages, tools and chat_template_kwargs need the engine's /tokenize")
 
 	// ErrUnsupported marks a tokenizer.json this package cannot reproduce
 	// exactly. The wrapping error names the file and the feature.

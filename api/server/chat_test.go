@@ -234,7 +234,7 @@ func TestChatErrors(t *testing.T) {
 			`chat parameters: unknown field "tool_choice" (accepted: tools, chat_template,`},
 		{"chat parameters not an object", f, client.ChatPrompt(`[]`, user), codes.InvalidArgument, "chat parameters are not a JSON object"},
 		{"tools with the local tokenizer", local, client.ChatPrompt(`{"tools":[]}`, user), codes.FailedPrecondition,
-			"the local tokenizer encodes completion prompts only; it cannot render chat templates, so chat messages, tools and chat_template_kwargs need the engine's /tokenize (--tokenize-url)"},
+			"the local tokenizer encodes completion prompts only; it cannot render chat templates, so chat messages, tools and chat_template_kwargs need the engine's /tokenize"},
 	} {
 		t.Run("gRPC "+tc.name, func(t *testing.T) {
 			_, err := tc.f.client.LongestPrefix(context.Background(), testModel, tc.p, nil)

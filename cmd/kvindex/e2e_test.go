@@ -518,7 +518,7 @@ func TestE2ETokenizer(t *testing.T) {
 	// Chat needs the engine's /tokenize.
 	msgs := writeFile(t, "chat.json", `[{"role":"user","content":"hi"}]`)
 	_, errOut, code = runCLI(t, "query", "--server", x.svc.GRPCAddr(), "--messages-file", msgs)
-	if code != 1 || !strings.HasPrefix(errOut, "kvindex: cannot tokenize the prompt: local tokenizer: tokenizer: the local tokenizer encodes completion prompts only; it cannot render chat templates, so chat messages, tools and chat_template_kwargs need the engine's /tokenize (--tokenize-url)") ||
+	if code != 1 || !strings.HasPrefix(errOut, "kvindex: cannot tokenize the prompt: local tokenizer: tokenizer: the local tokenizer encodes completion prompts only; it cannot render chat templates, so chat messages, tools and chat_template_kwargs need the engine's /tokenize") ||
 		!strings.HasSuffix(errOut, "(FailedPrecondition)\n") {
 		t.Errorf("chat with a local tokenizer: %q", errOut)
 	}

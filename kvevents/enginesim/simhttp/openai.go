@@ -196,7 +196,7 @@ func (s *Server) promptIDs(r *http.Request, prompt json.RawMessage, special *boo
 // encode tokenizes text.
 func (s *Server) encode(r *http.Request, text string, special bool) ([]uint64, error) {
 	if s.cfg.Tokenizer == nil {
-		return nil, bad("this engine has no tokenizer (kvindex sim --tokenizer): send the prompt as an array of token ids")
+		return nil, bad("this engine has no tokenizer: send the prompt as an array of token ids")
 	}
 	ids, err := s.cfg.Tokenizer.Tokenize(r.Context(), s.cfg.Model, tokenizer.Input{Prompt: text, AddSpecialTokens: &special})
 	if err != nil {
