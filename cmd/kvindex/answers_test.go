@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/testutil"
 )
 
 // query and lookup send the same prompt: with --lora-name or
@@ -16,7 +17,7 @@ import (
 // prompt hashed with those extras), with --pod or without.
 func TestCLIQueryExtrasMatchLookup(t *testing.T) {
 	x := startE2E(t, []string{"pod-a", "pod-b", "pod-c"})
-	prompt := tokensFrom(70000, 4*e2eBlockSize)
+	prompt := testutil.Seq(70000, 4*e2eBlockSize)
 	stores := []struct {
 		pod string
 		x   *blockhash.Extras

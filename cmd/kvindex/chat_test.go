@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/internal/testutil"
 )
 
 // An agent's chat request, as it is sent to /v1/chat/completions: tools, a
@@ -116,7 +117,7 @@ func (e *recordingTokenize) last() map[string]json.RawMessage {
 // /tokenize gets the messages, tools and template arguments as the request
 // has them, and the answer is that of the ids it returns.
 func TestE2EChatRequestFile(t *testing.T) {
-	tok := &recordingTokenize{ids: tokensFrom(9000, 3*e2eBlockSize)}
+	tok := &recordingTokenize{ids: testutil.Seq(9000, 3*e2eBlockSize)}
 	engine := httptest.NewServer(tok)
 	t.Cleanup(engine.Close)
 	x := startE2E(t, []string{"pod-a"}, "--tokenize-url", engine.URL)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/kubediscovery"
 	"github.com/kvindex/kvindex/internal/kubediscovery/kubetest"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -46,7 +47,7 @@ func TestServeDiscoveryFollowsPods(t *testing.T) {
 	}
 	t.Cleanup(func() { eng.Close() })
 	const grace = 30 * time.Second
-	x := &e2e{t: t, engines: map[string]*simzmq.Engine{"vllm-0": eng}, logs: &syncBuffer{}}
+	x := &e2e{t: t, engines: map[string]*simzmq.Engine{"vllm-0": eng}, logs: &testutil.SyncBuffer{}}
 	o, f, err := parseServe(t, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
 		"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16",
 		"--discover-selector", "app=vllm", "--discover-namespace", "llm", "--discover-grace", grace.String(),
@@ -73,7 +74,7 @@ func TestServeDiscoveryFollowsPods(t *testing.T) {
 		}
 	}
 	x.warmUp("vllm-0")
-	prompt := tokensFrom(7000, 4*e2eBlockSize)
+	prompt := testutil.Seq(7000, 4*e2eBlockSize)
 	if _, err := eng.Process(prompt, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +158,7 @@ func TestDiscoveryFlagErrors(t *testing.T) {
 // entries dropped.
 func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	const grace = 30 * time.Second
-	x := &e2e{t: t, engines: map[string]*simzmq.Engine{}, logs: &syncBuffer{}}
+	x := &e2e{t: t, engines: map[string]*simzmq.Engine{}, logs: &testutil.SyncBuffer{}}
 	o, f, err := parseServe(t, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
 		"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16",
 		"--listen", "tcp://127.0.0.1:*", "--discover-selector", "app=vllm", "--discover-namespace", "llm", "--discover-grace", grace.String())
@@ -185,7 +186,7 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	x.engines["vllm-0"] = eng
 	refused := func() uint64 { ls, _ := x.svc.Subscriber().ListenerStats(); return ls.RefusedSources }
 	x.await("the unknown engine's batches refused", func() bool {
-		if _, err := eng.Process(tokensFrom(100_000+int(x.salt)*100, e2eBlockSize), nil); err != nil {
+		if _, err := eng.Process(testutil.Seq(100_000+int(x.salt)*100, e2eBlockSize), nil); err != nil {
 			t.Fatal(err)
 		}
 		x.salt++
@@ -198,7 +199,7 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 		t.Fatal(err)
 	}
 	x.warmUp("vllm-0")
-	prompt := tokensFrom(8000, 3*e2eBlockSize)
+	prompt := testutil.Seq(8000, 3*e2eBlockSize)
 	if _, err := eng.Process(prompt, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +213,7 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	x.awaitMatched(prompt, map[string]uint32{})
 	before := refused()
 	x.await("the engine's messages refused", func() bool {
-		if _, err := eng.Process(tokensFrom(9000+int(x.salt), e2eBlockSize), nil); err != nil {
+		if _, err := eng.Process(testutil.Seq(9000+int(x.salt), e2eBlockSize), nil); err != nil {
 			t.Fatal(err)
 		}
 		x.salt++

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/internal/kvindexbin"
+	"github.com/kvindex/kvindex/internal/testutil"
 )
 
 // The documentation's facts that the code also states are checked here
@@ -169,11 +170,11 @@ func TestDocsExamples(t *testing.T) {
 	bash, bin := shellAndBinary(t)
 
 	x := startE2E(t, []string{"pod-a", "pod-b"})
-	prompt := tokensFrom(5000, 5*e2eBlockSize+7)
+	prompt := testutil.Seq(5000, 5*e2eBlockSize+7)
 	if _, err := x.engines["pod-a"].Process(prompt, nil); err != nil {
 		t.Fatal(err)
 	}
-	other := append(slices.Clone(prompt[:3*e2eBlockSize]), tokensFrom(9000, 2*e2eBlockSize)...)
+	other := append(slices.Clone(prompt[:3*e2eBlockSize]), testutil.Seq(9000, 2*e2eBlockSize)...)
 	if _, err := x.engines["pod-b"].Process(other, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +277,7 @@ func runTailExample(t *testing.T, x *e2e, bash, dir string, env []string, ex doc
 	}
 	x.await("the tail's Watch stream", func() bool { return x.svc.Hub().Watchers() > 0 })
 	pod := strings.Fields(ex.output[0])[1]
-	if _, err := x.engines[pod].Process(tokensFrom(7_000_000, 3*e2eBlockSize), nil); err != nil {
+	if _, err := x.engines[pod].Process(testutil.Seq(7_000_000, 3*e2eBlockSize), nil); err != nil {
 		t.Fatal(err)
 	}
 	lines := bufio.NewScanner(stdout)

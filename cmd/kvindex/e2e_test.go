@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +19,7 @@ import (
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/internal/buildinfo"
 	"github.com/kvindex/kvindex/internal/service"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -39,30 +38,12 @@ const (
 
 var e2eHasher = blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "0", BlockSize: e2eBlockSize})
 
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type e2e struct {
 	t       *testing.T
 	svc     *service.Service
 	client  *client.Client
 	engines map[string]*simzmq.Engine
-	logs    *syncBuffer
+	logs    *testutil.SyncBuffer
 	salt    uint64 // makes warm-up prompts unique
 }
 
@@ -76,7 +57,7 @@ func startE2E(t *testing.T, pods []string, extra ...string) *e2e {
 // startE2EDial is startE2E whose client dials with opts (TLS, tokens).
 func startE2EDial(t *testing.T, opts []grpc.DialOption, pods []string, extra ...string) *e2e {
 	t.Helper()
-	x := &e2e{t: t, engines: map[string]*simzmq.Engine{}, logs: &syncBuffer{}}
+	x := &e2e{t: t, engines: map[string]*simzmq.Engine{}, logs: &testutil.SyncBuffer{}}
 	args := []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
 		"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16", "--ready-grace", "1m"}
 	for _, pod := range pods {
@@ -158,7 +139,7 @@ func (x *e2e) warmUp(pod string) {
 	e := x.engines[pod]
 	x.await(pod+"'s first batch", func() bool {
 		x.salt++
-		if _, err := e.Process(tokensFrom(1_000_000+int(x.salt)*100, e2eBlockSize), nil); err != nil {
+		if _, err := e.Process(testutil.Seq(1_000_000+int(x.salt)*100, e2eBlockSize), nil); err != nil {
 			x.t.Fatal(err)
 		}
 		p := x.pod(pod, 0)
@@ -222,14 +203,6 @@ func mapsEqual(a, b map[string]uint32) bool {
 	return true
 }
 
-func tokensFrom(from, n int) []uint64 {
-	out := make([]uint64, n)
-	for i := range out {
-		out[i] = uint64(from + i)
-	}
-	return out
-}
-
 func idsArg(ids []uint64) string {
 	s := make([]string, len(ids))
 	for i, id := range ids {
@@ -243,11 +216,11 @@ func TestE2E(t *testing.T) {
 	a, b := x.engines["pod-a"], x.engines["pod-b"]
 
 	// pod-a caches a 5-block prompt; pod-b its first 3 blocks and more.
-	prompt := tokensFrom(5000, 5*e2eBlockSize+7)
+	prompt := testutil.Seq(5000, 5*e2eBlockSize+7)
 	if _, err := a.Process(prompt, nil); err != nil {
 		t.Fatal(err)
 	}
-	other := append(slices.Clone(prompt[:3*e2eBlockSize]), tokensFrom(9000, 2*e2eBlockSize)...)
+	other := append(slices.Clone(prompt[:3*e2eBlockSize]), testutil.Seq(9000, 2*e2eBlockSize)...)
 	if _, err := b.Process(other, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -388,8 +361,8 @@ func TestE2E(t *testing.T) {
 	})
 
 	t.Run("dropped batch recovered by replay", func(t *testing.T) {
-		lost := tokensFrom(20000, 4*e2eBlockSize)
-		next := tokensFrom(30000, 2*e2eBlockSize)
+		lost := testutil.Seq(20000, 4*e2eBlockSize)
+		next := testutil.Seq(30000, 2*e2eBlockSize)
 		a.DropNext(1)
 		if _, err := a.Process(lost, nil); err != nil {
 			t.Fatal(err)
@@ -410,7 +383,7 @@ func TestE2E(t *testing.T) {
 	t.Run("engine restart", func(t *testing.T) {
 		resetsBefore := x.pod("pod-b", 0).GetResets()
 		b.Restart()
-		fresh := tokensFrom(40000, 2*e2eBlockSize)
+		fresh := testutil.Seq(40000, 2*e2eBlockSize)
 		if _, err := b.Process(fresh, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -423,7 +396,7 @@ func TestE2E(t *testing.T) {
 	})
 
 	t.Run("cli tail", func(t *testing.T) {
-		out := &syncBuffer{}
+		out := &testutil.SyncBuffer{}
 		root := newRootCmd()
 		root.SetArgs([]string{"tail", "--server", x.svc.GRPCAddr(), "--pod", "pod-b"})
 		root.SetOut(out)
@@ -433,10 +406,10 @@ func TestE2E(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- root.ExecuteContext(ctx) }()
 		x.await("the watcher", func() bool { return x.svc.API() != nil && watchers(x) == 1 })
-		if _, err := a.Process(tokensFrom(50000, 32), nil); err != nil { // filtered out
+		if _, err := a.Process(testutil.Seq(50000, 32), nil); err != nil { // filtered out
 			t.Fatal(err)
 		}
-		if _, err := b.Process(tokensFrom(60000, 48), nil); err != nil {
+		if _, err := b.Process(testutil.Seq(60000, 48), nil); err != nil {
 			t.Fatal(err)
 		}
 		x.await("tail's line", func() bool { return strings.Contains(out.String(), "BlockStored") })
@@ -583,7 +556,7 @@ func TestCLIPromptErrors(t *testing.T) {
 // reason in pods and in the log, and stays routable by token ids.
 func TestE2EHashMismatch(t *testing.T) {
 	x := startE2E(t, []string{"pod-a"}, "--hash-seed", "1") // the engine uses seed 0
-	prompt := tokensFrom(7000, 4*e2eBlockSize)
+	prompt := testutil.Seq(7000, 4*e2eBlockSize)
 	if _, err := x.engines["pod-a"].Process(prompt, nil); err != nil {
 		t.Fatal(err)
 	}

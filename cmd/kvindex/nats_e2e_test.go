@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/internal/service"
+	"github.com/kvindex/kvindex/internal/testutil"
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
@@ -37,7 +38,7 @@ func natsServerProc(t *testing.T) string {
 		t.Skip("nats-server is not installed (Debian: apt-get install nats-server; make test-deps installs it)")
 	}
 	port := freePorts(t, []string{"127.0.0.1"}, 1)
-	out := &syncBuffer{}
+	out := &testutil.SyncBuffer{}
 	cmd := exec.Command(bin, "-js", "-sd", t.TempDir(), "-a", "127.0.0.1", "-p", strconv.Itoa(port))
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -71,7 +72,7 @@ type natsReplicaProc struct {
 	svc    *service.Service
 	cancel context.CancelFunc
 	client *client.Client
-	logs   *syncBuffer
+	logs   *testutil.SyncBuffer
 }
 
 func startNATSReplica(t *testing.T, url string, extra ...string) *natsReplicaProc {
@@ -82,7 +83,7 @@ func startNATSReplica(t *testing.T, url string, extra ...string) *natsReplicaPro
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &natsReplicaProc{logs: &syncBuffer{}}
+	r := &natsReplicaProc{logs: &testutil.SyncBuffer{}}
 	log, err := newLogger(r.logs, "debug", f.logFormat)
 	if err != nil {
 		t.Fatal(err)
@@ -183,7 +184,7 @@ func TestNATSModeEndToEnd(t *testing.T) {
 		engines[pod] = e
 		args = append(args, "--engine", pod+"="+e.PubEndpoint()+",replay="+e.ReplayEndpoint())
 	}
-	relayLogs := &syncBuffer{}
+	relayLogs := &testutil.SyncBuffer{}
 	rlog, err := newLogger(relayLogs, "debug", "text")
 	if err != nil {
 		t.Fatal(err)
@@ -236,7 +237,7 @@ func TestNATSModeEndToEnd(t *testing.T) {
 		t.Helper()
 		for i := range n {
 			pod := pods[i%len(pods)]
-			p := tokensFrom(len(prompts)*1000+1, (2+i%3)*e2eBlockSize)
+			p := testutil.Seq(len(prompts)*1000+1, (2+i%3)*e2eBlockSize)
 			if _, err := engines[pod].Process(p, nil); err != nil {
 				t.Fatal(err)
 			}

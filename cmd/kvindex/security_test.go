@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/internal/testcerts"
+	"github.com/kvindex/kvindex/internal/testutil"
 )
 
 // pki is a CA with a server certificate for loopback and client
@@ -180,12 +181,12 @@ func TestE2ETokens(t *testing.T) {
 		inOut string
 	}{
 		{"pods with the query token", []string{"pods", "--token-file", queryTok}, exitOK, "pod-a"},
-		{"query with the query token", []string{"query", "--tokens", idsArg(tokensFrom(1, 32)), "--token-file", queryTok}, exitOK, "pod-a"},
-		{"query with the watch token", []string{"query", "--tokens", idsArg(tokensFrom(1, 32)), "--token-file", watchTok}, exitRuntime, "token tailer lacks the query scope that LongestPrefix needs (PermissionDenied)"},
+		{"query with the query token", []string{"query", "--tokens", idsArg(testutil.Seq(1, 32)), "--token-file", queryTok}, exitOK, "pod-a"},
+		{"query with the watch token", []string{"query", "--tokens", idsArg(testutil.Seq(1, 32)), "--token-file", watchTok}, exitRuntime, "token tailer lacks the query scope that LongestPrefix needs (PermissionDenied)"},
 		{"tail with the query token", []string{"tail", "--token-file", queryTok}, exitRuntime, "token gateway lacks the watch scope that Watch needs (PermissionDenied)"},
 		{"pods without a token", []string{"pods"}, exitRuntime, "needs credentials"},
-		{"tenant with its salt", []string{"query", "--tokens", idsArg(tokensFrom(1, 32)), "--cache-salt", "salt-a", "--token-file", tenantTok}, exitOK, "pod-a"},
-		{"tenant without its salt", []string{"lookup", "--tokens", idsArg(tokensFrom(1, 32)), "--token-file", tenantTok}, exitRuntime, `token tenant-a may not query cache_salt "" (none) (PermissionDenied)`},
+		{"tenant with its salt", []string{"query", "--tokens", idsArg(testutil.Seq(1, 32)), "--cache-salt", "salt-a", "--token-file", tenantTok}, exitOK, "pod-a"},
+		{"tenant without its salt", []string{"lookup", "--tokens", idsArg(testutil.Seq(1, 32)), "--token-file", tenantTok}, exitRuntime, `token tenant-a may not query cache_salt "" (none) (PermissionDenied)`},
 		{"tenant tails", []string{"tail", "--token-file", tenantTok}, exitRuntime, "restricted to cache salts and cannot Watch"},
 	}
 	for _, tc := range tests {

@@ -17,6 +17,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/picker/gateway"
 )
 
@@ -31,7 +32,7 @@ func TestServePicker(t *testing.T) {
 		extra = append(extra, "--endpoint", fmt.Sprintf("%s=10.0.0.%d:8000", p, i+1))
 	}
 	x := startE2E(t, pods, append(extra, "--picker", "--extproc-addr", "127.0.0.1:0")...)
-	toks := tokensFrom(5000, 8*e2eBlockSize)
+	toks := testutil.Seq(5000, 8*e2eBlockSize)
 	if _, err := x.engines["pod-b"].Process(toks, nil); err != nil {
 		t.Fatal(err)
 	}

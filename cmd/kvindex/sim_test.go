@@ -25,6 +25,7 @@ import (
 	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/internal/sim"
+	"github.com/kvindex/kvindex/internal/testutil"
 )
 
 // parseSim parses kvindex sim's flags and plans the run, as the command
@@ -201,7 +202,7 @@ func TestSimStartFailures(t *testing.T) {
 type simHarness struct {
 	t    *testing.T
 	run  *sim.Sim
-	out  *syncBuffer
+	out  *testutil.SyncBuffer
 	done chan error
 	stop context.CancelFunc
 }
@@ -250,7 +251,7 @@ func tryStartSim(t *testing.T, args ...string) (*simHarness, error) {
 	started := make(chan *sim.Sim, 1)
 	simStarted = func(s *sim.Sim) { started <- s }
 	t.Cleanup(func() { simStarted = nil })
-	h := &simHarness{t: t, out: &syncBuffer{}, done: make(chan error, 1)}
+	h := &simHarness{t: t, out: &testutil.SyncBuffer{}, done: make(chan error, 1)}
 	root := newRootCmd()
 	root.SetArgs(append([]string{"sim"}, args...))
 	root.SetOut(h.out)
@@ -496,7 +497,7 @@ func followSimService(t *testing.T, sim *simHarness, extra ...string) (*client.C
 	if err != nil {
 		t.Fatalf("%s: %v", sim.serveLine(), err)
 	}
-	logs := &syncBuffer{}
+	logs := &testutil.SyncBuffer{}
 	log, _ := newLogger(logs, "debug", "text")
 	ctx, cancel := context.WithCancel(context.Background())
 	svc, err := startService(ctx, o, log)

@@ -11,6 +11,7 @@ import (
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/internal/service"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -25,7 +26,7 @@ type stateRun struct {
 // startStateRun starts serve with --state-dir dir following engines.
 func startStateRun(t *testing.T, dir string, engines map[string]*simzmq.Engine) *stateRun {
 	t.Helper()
-	x := &e2e{t: t, engines: engines, logs: &syncBuffer{}}
+	x := &e2e{t: t, engines: engines, logs: &testutil.SyncBuffer{}}
 	args := []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
 		"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16", "--ready-grace", "1m",
 		"--state-dir", dir, "--snapshot-interval", "1h"}
@@ -95,7 +96,7 @@ func TestStateDirRestart(t *testing.T) {
 	dir := t.TempDir()
 	a := newStateEngine(t, "pod-a")
 	engines := map[string]*simzmq.Engine{"pod-a": a}
-	prompt := tokensFrom(7000, 6*e2eBlockSize)
+	prompt := testutil.Seq(7000, 6*e2eBlockSize)
 
 	r1 := startStateRun(t, dir, engines)
 	r1.warmUp("pod-a")

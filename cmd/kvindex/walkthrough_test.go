@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/tokenizer"
 )
 
@@ -74,7 +75,7 @@ func TestWalkthrough(t *testing.T) {
 	serve := exec.Command(bash, "-c", "exec "+serveLine)
 	serve.Dir = work
 	serve.Env = append(slices.Clone(env), "KVINDEX_GRPC_ADDR=127.0.0.1:0", "KVINDEX_HTTP_ADDR=127.0.0.1:0")
-	serveLog := &syncBuffer{}
+	serveLog := &testutil.SyncBuffer{}
 	serve.Stdout, serve.Stderr = serveLog, serveLog
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)
@@ -204,7 +205,7 @@ func movePorts(t *testing.T, line, endpoint string) string {
 }
 
 // awaitMatch waits for re to match the output and returns its first group.
-func awaitMatch(t *testing.T, out *syncBuffer, re *regexp.Regexp, exited <-chan error) string {
+func awaitMatch(t *testing.T, out *testutil.SyncBuffer, re *regexp.Regexp, exited <-chan error) string {
 	t.Helper()
 	deadline := time.Now().Add(e2eDeadline)
 	for {

@@ -1,10 +1,8 @@
 package service
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +10,7 @@ import (
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -26,28 +25,10 @@ const (
 
 var testHasher = blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "0", BlockSize: testBlockSize})
 
-// logBuffer collects a service's logs, safe for concurrent writers.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // testLogger logs into a buffer that is shown if the test fails.
-func testLogger(t *testing.T) (*slog.Logger, *logBuffer) {
+func testLogger(t *testing.T) (*slog.Logger, *testutil.SyncBuffer) {
 	t.Helper()
-	logs := &logBuffer{}
+	logs := &testutil.SyncBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("logs:\n%s", logs.String())
@@ -86,7 +67,7 @@ type started struct {
 	*Service
 	client *client.Client
 	cancel context.CancelFunc
-	logs   *logBuffer
+	logs   *testutil.SyncBuffer
 }
 
 // startService starts the service of o, stopped (and its stop checked)
@@ -130,22 +111,7 @@ func (s *started) stop(t *testing.T) {
 // await polls cond until it holds, failing the test after testDeadline.
 func await(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(testDeadline)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// tokensFrom returns n consecutive token ids from from.
-func tokensFrom(from, n int) []uint64 {
-	out := make([]uint64, n)
-	for i := range out {
-		out[i] = uint64(from + i)
-	}
-	return out
+	testutil.Await(t, testDeadline, what, cond)
 }
 
 // matched is each pod's matched blocks for tokens, as s answers.

@@ -15,6 +15,7 @@ import (
 	"github.com/kvindex/kvindex/internal/kubediscovery"
 	"github.com/kvindex/kvindex/internal/kubediscovery/kubetest"
 	"github.com/kvindex/kvindex/internal/snapstore"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
@@ -100,7 +101,7 @@ func TestNATSReplicasFollowTheRelay(t *testing.T) {
 	// The first prompts warm up the relay's ZMQ subscription.
 	var held [][]uint64
 	for i := 0; len(held) < 4; i++ {
-		p := tokensFrom(i*1000+1, 3*testBlockSize)
+		p := testutil.Seq(i*1000+1, 3*testBlockSize)
 		if _, err := e.Process(p, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -136,7 +137,7 @@ func TestNATSReplicasFollowTheRelay(t *testing.T) {
 	if !strings.Contains(c.logs.String(), `msg="snapshot restored"`) {
 		t.Errorf("the new replica did not start from a snapshot:\n%s", c.logs.String())
 	}
-	p := tokensFrom(99_000, 2*testBlockSize)
+	p := testutil.Seq(99_000, 2*testBlockSize)
 	if _, err := e.Process(p, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +165,7 @@ func TestNATSRelayDiscovery(t *testing.T) {
 	if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), kubetest.EnginePod("vllm-0", "127.0.0.1"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	p := tokensFrom(4242, 3*testBlockSize)
+	p := testutil.Seq(4242, 3*testBlockSize)
 	if _, err := e.Process(p, nil); err != nil {
 		t.Fatal(err)
 	}

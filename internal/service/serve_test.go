@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/internal/configerr"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -24,7 +25,7 @@ import (
 func warmUp(t *testing.T, s *started, pod string, e *simzmq.Engine) {
 	t.Helper()
 	for i := 0; ; i++ {
-		p := tokensFrom(1_000_000+i*100, 2*testBlockSize)
+		p := testutil.Seq(1_000_000+i*100, 2*testBlockSize)
 		if _, err := e.Process(p, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -65,7 +66,7 @@ func TestServeRunsAndStopsWhole(t *testing.T) {
 	o.AdminAddr = "127.0.0.1:0"
 	s := startService(t, o)
 	warmUp(t, s, "pod-a", e)
-	p := tokensFrom(1, 4*testBlockSize)
+	p := testutil.Seq(1, 4*testBlockSize)
 	if _, err := e.Process(p, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/statefile"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
@@ -22,12 +23,12 @@ import (
 func TestStateDirRefusals(t *testing.T) {
 	o := baseOptions(zmqtransport.EngineConfig{Name: "pod-a", Model: "m", Endpoint: "tcp://127.0.0.1:1", Ranks: 1})
 	o.StateDir = t.TempDir()
-	fresh := func() (*stateDir, *indexer.Index, *logBuffer) {
+	fresh := func() (*stateDir, *indexer.Index, *testutil.SyncBuffer) {
 		ix, err := indexer.New(o.Index)
 		if err != nil {
 			t.Fatal(err)
 		}
-		logs := &logBuffer{}
+		logs := &testutil.SyncBuffer{}
 		d, err := newStateDir(o, ix, slog.New(slog.NewTextHandler(logs, nil)))
 		if err != nil {
 			t.Fatal(err)
