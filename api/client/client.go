@@ -22,8 +22,12 @@ import (
 	"github.com/kvindex/kvindex/api/kvindexv1"
 )
 
+// DefaultPort is the port a kvindex serves gRPC on by default, which
+// ParseTarget adds to a bare host.
+const DefaultPort = "50051"
+
 // DefaultAddr is where a kvindex serves gRPC by default.
-const DefaultAddr = "localhost:50051"
+const DefaultAddr = "localhost:" + DefaultPort
 
 // clientMaxMsgSize bounds the messages a Client sends and receives:
 // 64 MiB holds a Lookup of the longest prompt.

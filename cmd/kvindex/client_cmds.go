@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"os/signal"
 	"slices"
 	"sort"
@@ -38,60 +37,19 @@ type clientFlags struct {
 }
 
 func (f *clientFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.server, "server", client.DefaultAddr, "address of the kvindex gRPC API: HOST[:PORT] (port "+defaultGRPCPort()+" when omitted)")
+	fs.StringVar(&f.server, "server", client.DefaultAddr, "address of the kvindex gRPC API: HOST[:PORT] (port "+client.DefaultPort+" when omitted)")
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "deadline for connecting and for the request")
 	f.sec.register(fs)
 }
 
-// defaultGRPCPort is the port of client.DefaultAddr, which --server adds
-// to a bare host.
-func defaultGRPCPort() string {
-	_, port, _ := net.SplitHostPort(client.DefaultAddr)
-	return port
-}
-
-// grpcSchemes are gRPC's own target schemes, which --server passes through
-// as gRPC reads them (e.g. dns:///kvindex:50051, unix:///run/kvindex.sock).
-var grpcSchemes = []string{"dns", "unix", "unix-abstract", "passthrough", "ipv4", "ipv6", "xds"}
-
-// serverTarget turns --server into the gRPC target to dial: HOST:PORT,
-// with the default port added to a bare host, and an http://, grpc://,
-// https:// or grpcs:// prefix dropped; useTLS is true for the last two.
-// gRPC's own target schemes pass through unchanged.
+// serverTarget turns --server into the gRPC target to dial and whether
+// it asks for TLS (client.ParseTarget); a refusal is a usage error.
 func serverTarget(s string) (target string, useTLS bool, err error) {
-	want := "want HOST[:PORT] (port " + defaultGRPCPort() + " when omitted), optionally after http://, grpc://, https:// or grpcs://"
-	in := s
-	s = strings.TrimSpace(s)
-	if scheme, rest, ok := strings.Cut(s, ":"); ok && slices.Contains(grpcSchemes, scheme) && (strings.HasPrefix(rest, "/") || strings.HasPrefix(scheme, "unix")) {
-		return s, false, nil
-	}
-	if scheme, rest, ok := strings.Cut(s, "://"); ok {
-		switch strings.ToLower(scheme) {
-		case "http", "grpc":
-			s = strings.TrimSuffix(rest, "/")
-		case "https", "grpcs":
-			s, useTLS = strings.TrimSuffix(rest, "/"), true
-		default:
-			return "", false, usagef("--server %q: unknown scheme %q: %s", in, scheme, want)
-		}
-	}
-	if s == "" || strings.ContainsAny(s, "/ ") {
-		return "", false, usagef("--server %q: %s", in, want)
-	}
-	host, port, err := net.SplitHostPort(s)
+	target, useTLS, err = client.ParseTarget(s)
 	if err != nil {
-		// No port: a host name, an IPv4 address, or an IPv6 address with
-		// or without brackets.
-		host = strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")
-		if strings.Contains(host, ":") && net.ParseIP(host) == nil || strings.ContainsAny(host, "[]") {
-			return "", false, usagef("--server %q: %s", in, want)
-		}
-		port = defaultGRPCPort()
+		return "", false, usagef("--server %q: %v", s, err)
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return "", false, usagef("--server %q: port %q is not a number in 1..65535: %s", in, port, want)
-	}
-	return net.JoinHostPort(host, port), useTLS, nil
+	return target, useTLS, nil
 }
 
 // target is the gRPC target --server names and the dial options the
@@ -115,17 +73,10 @@ func (f *clientFlags) dial(ctx context.Context) (*client.Client, error) {
 	dctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	c, err := client.Dial(dctx, addr, opts...)
-	if err != nil && answersHTTP1(err) {
+	if err != nil && client.IsHTTP1Answer(err) {
 		return nil, f.httpPortError()
 	}
 	return c, err
-}
-
-// answersHTTP1 recognises gRPC's failure when the peer speaks HTTP/1.1:
-// its reply reads as an oversized HTTP/2 frame.
-func answersHTTP1(err error) bool {
-	msg := err.Error()
-	return strings.Contains(msg, "looked like an HTTP/1.1 header") || strings.Contains(msg, "http2: frame too large")
 }
 
 // httpPortError says that --server names an HTTP port, most likely
@@ -152,7 +103,7 @@ func (f *clientFlags) callError(err error) error {
 	st := status.Convert(err)
 	switch st.Code() {
 	case codes.Unavailable:
-		if answersHTTP1(err) {
+		if client.IsHTTP1Answer(err) {
 			return f.httpPortError()
 		}
 		return fmt.Errorf("cannot reach kvindex at %s: %s", f.addr, st.Message())
