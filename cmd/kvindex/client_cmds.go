@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -24,7 +23,6 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
-	"github.com/kvindex/kvindex/tokenizer"
 )
 
 // clientFlags are the connection settings of the commands that talk to a
@@ -183,48 +181,18 @@ func (f *promptFlags) build(stdin io.Reader) (*kvindexv1.Prompt, error) {
 	return p, nil
 }
 
-// readMessagesFile reads a JSON array of messages, or an OpenAI chat
-// request object: its messages and the fields that change how they are
-// rendered (tokenizer.ChatFields: tools, chat_template_kwargs, ...); the
-// others (sampling parameters, tool_choice, stream, ...) do not reach the
-// template and are ignored. Messages decode as the HTTP API decodes them
-// (tokenizer.Message, content parts and tool calls kept whole) and are sent
-// as the API's ChatMessage. "-" reads stdin.
+// readMessagesFile reads --messages-file (client.ParseChatPrompt: a JSON
+// array of messages, or an OpenAI chat request object); "-" reads stdin.
 func readMessagesFile(path string, stdin io.Reader) (*kvindexv1.Prompt, error) {
 	data, err := readInput("--messages-file", path, stdin, maxMessagesFile)
 	if err != nil {
 		return nil, err
 	}
-	path = inputName(path)
-	var req struct {
-		Messages []tokenizer.Message `json:"messages"`
-		tokenizer.ChatFields
-	}
-	data = bytes.TrimSpace(data)
-	if len(data) > 0 && data[0] == '{' {
-		err = json.Unmarshal(data, &req)
-	} else {
-		err = json.Unmarshal(data, &req.Messages)
-	}
+	p, err := client.ParseChatPrompt(data)
 	if err != nil {
-		return nil, fmt.Errorf("--messages-file %s: want a JSON array of messages ({\"role\",\"content\"}) or a chat request object with \"messages\": %v", path, err)
+		return nil, fmt.Errorf("--messages-file %s: %w", inputName(path), err)
 	}
-	if len(req.Messages) == 0 {
-		return nil, fmt.Errorf("--messages-file %s: no messages", path)
-	}
-	params, err := req.ChatFields.JSON()
-	if err != nil {
-		return nil, fmt.Errorf("--messages-file %s: %v", path, err)
-	}
-	out := make([]*kvindexv1.ChatMessage, len(req.Messages))
-	for i, m := range req.Messages {
-		if m.Raw != nil {
-			out[i] = client.MessageJSON(string(m.Raw))
-		} else {
-			out[i] = &kvindexv1.ChatMessage{Role: m.Role, Content: m.Content}
-		}
-	}
-	return client.ChatPrompt(string(params), out...), nil
+	return p, nil
 }
 
 func newQueryCmd() *cobra.Command {
