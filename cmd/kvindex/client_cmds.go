@@ -303,31 +303,9 @@ func printQuery(w io.Writer, model string, r client.LongestPrefixJSON) error {
 		if promptTokens > 0 {
 			pct = strconv.FormatFloat(100*float64(p.MatchedTokens)/float64(promptTokens), 'f', 1, 64) + "%"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\n", client.EngineName(p.Pod, p.DPRank), p.MatchedBlocks, p.MatchedTokens, pct, tiers(p.Tiers), p.HashCheck, p.Health)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\n", client.EngineName(p.Pod, p.DPRank), p.MatchedBlocks, p.MatchedTokens, pct, client.FormatTiers(p.Tiers), p.HashCheck, p.Health)
 	}
 	return tw.Flush()
-}
-
-// tiers prints "GPU:2 CPU:1", largest first.
-func tiers(m map[string]uint32) string {
-	if len(m) == 0 {
-		return "-"
-	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b string) int {
-		if m[a] != m[b] {
-			return int(m[b]) - int(m[a])
-		}
-		return strings.Compare(a, b)
-	})
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = k + ":" + strconv.FormatUint(uint64(m[k]), 10)
-	}
-	return strings.Join(parts, " ")
 }
 
 func newLookupCmd() *cobra.Command {
@@ -449,7 +427,7 @@ window, overall and per model, then each engine's own.`,
 				fmt.Fprintf(w, "index seq %d\n", out.IndexSeq)
 			}
 			if len(out.Pods) == 0 {
-				_, err := fmt.Fprint(w, "no engines\n", fleetLines(out))
+				_, err := fmt.Fprint(w, "no engines\n", out.CachedFractionLines())
 				return err
 			}
 			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -471,7 +449,7 @@ window, overall and per model, then each engine's own.`,
 					fmt.Fprintf(w, "%s: %s\n", client.EngineName(p.Pod, p.DPRank), p.Message)
 				}
 			}
-			_, err = io.WriteString(w, fleetLines(out))
+			_, err = io.WriteString(w, out.CachedFractionLines())
 			return err
 		},
 	}
@@ -480,51 +458,6 @@ window, overall and per model, then each engine's own.`,
 	pods.register(cmd.Flags(), "only this pod's engines; repeatable (default: every pod)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
-}
-
-// fleetLines prints the engines' windowed cached fraction: a line for
-// the fleet, overall then per model, and a line with each pod's own; ""
-// when the server has none (no picker scraping the engines).
-func fleetLines(out client.PodsJSON) string {
-	fleet := out.Fleet
-	if len(fleet) == 0 {
-		return ""
-	}
-	pct := func(f *float64) string {
-		if f == nil {
-			return "no queries"
-		}
-		return strconv.FormatFloat(*f*100, 'f', 1, 64) + "%"
-	}
-	var b strings.Builder
-	window := time.Duration(fleet[0].WindowSeconds * float64(time.Second))
-	fmt.Fprintf(&b, "fleet cached fraction (last %s):", window)
-	var models []string
-	overall := false
-	for _, f := range fleet {
-		if f.Model == "" {
-			overall = true
-			fmt.Fprintf(&b, " %s", pct(f.Fraction))
-		} else {
-			models = append(models, f.Model+": "+pct(f.Fraction))
-		}
-	}
-	switch {
-	case len(models) == 0:
-	case overall:
-		fmt.Fprintf(&b, " (%s)", strings.Join(models, ", "))
-	default: // pods --model: that model's only
-		fmt.Fprintf(&b, " %s", strings.Join(models, ", "))
-	}
-	b.WriteByte('\n')
-	if len(out.PodCache) > 0 {
-		ps := make([]string, len(out.PodCache))
-		for i, p := range out.PodCache {
-			ps[i] = p.Pod + ": " + pct(p.Fraction)
-		}
-		fmt.Fprintf(&b, "engine cached fraction (same window): %s\n", strings.Join(ps, ", "))
-	}
-	return b.String()
 }
 
 func yesNo(b bool) string {
@@ -566,7 +499,10 @@ slow down, and tail exits 1 saying how far it fell behind. Ctrl-C ends it.`,
 			}
 			w := cmd.OutOrStdout()
 			err = c.Watch(ctx, pods, func(ev *kvindexv1.WatchResponse) error {
-				_, err := io.WriteString(w, formatEvent(ev))
+				if n := ev.GetDropped(); n > 0 { // from servers that sent events with holes
+					fmt.Fprintf(w, "... %d events dropped (tail read too slowly)\n", n)
+				}
+				_, err := io.WriteString(w, client.EventLine(ev))
 				return err
 			})
 			if err != nil {
@@ -609,47 +545,4 @@ func (f *clientFlags) checkPods(ctx context.Context, c *client.Client, pods podF
 		return fmt.Errorf("--pod %q: kvindex at %s follows no such pod; known pods: %s", name, f.addr, strings.Join(known, ", "))
 	}
 	return nil
-}
-
-// formatEvent prints one streamed event as a line.
-func formatEvent(ev *kvindexv1.WatchResponse) string {
-	var b strings.Builder
-	if n := ev.GetDropped(); n > 0 {
-		fmt.Fprintf(&b, "... %d events dropped (tail read too slowly)\n", n)
-	}
-	t := time.UnixMilli(ev.GetAppliedUnixMs())
-	fmt.Fprintf(&b, "%s %s seq=%d ", t.Format("15:04:05.000"), client.EngineName(ev.GetPod(), ev.GetDpRank()), ev.GetSeq())
-	switch ev.GetKind() {
-	case kvindexv1.EventKind_EVENT_KIND_BLOCK_STORED:
-		b.WriteString("BlockStored")
-	case kvindexv1.EventKind_EVENT_KIND_BLOCK_REMOVED:
-		b.WriteString("BlockRemoved")
-	case kvindexv1.EventKind_EVENT_KIND_ALL_BLOCKS_CLEARED:
-		b.WriteString("AllBlocksCleared")
-	case kvindexv1.EventKind_EVENT_KIND_RESET:
-		fmt.Fprintf(&b, "Reset reason=%s model=%s\n", ev.GetResetReason(), ev.GetModel())
-		return b.String()
-	default:
-		b.WriteString(ev.GetKind().String())
-	}
-	if hs := ev.GetBlockHashes(); len(hs) > 0 {
-		fmt.Fprintf(&b, " n=%d first=%d", len(hs), hs[0])
-	}
-	if ev.GetHasParent() {
-		fmt.Fprintf(&b, " parent=%d", ev.GetParentHash())
-	}
-	if n := ev.GetNumTokens(); n > 0 {
-		fmt.Fprintf(&b, " tokens=%d", n)
-	}
-	if m := ev.GetMedium(); m != "" {
-		b.WriteString(" " + m)
-	}
-	if g := ev.GetGroupIdx(); g > 0 {
-		fmt.Fprintf(&b, " group=%d", g)
-	}
-	if l := ev.GetLoraName(); l != "" {
-		b.WriteString(" lora=" + l)
-	}
-	b.WriteByte('\n')
-	return b.String()
 }
