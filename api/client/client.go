@@ -274,6 +274,22 @@ func (c *Client) Pods(ctx context.Context, model string) (*kvindexv1.ListPodsRes
 	return c.Index.ListPods(ctx, &kvindexv1.ListPodsRequest{Model: model})
 }
 
+// PodNames returns the names of the pods the server follows engines of
+// ("" model: all), sorted, each once however many data-parallel ranks
+// and models it has.
+func (c *Client) PodNames(ctx context.Context, model string) ([]string, error) {
+	pods, err := c.ListPods(ctx, model)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(pods))
+	for i, p := range pods {
+		names[i] = p.GetPod()
+	}
+	slices.Sort(names)
+	return slices.Compact(names), nil
+}
+
 // PodScores is llm-d's GetPodScores: each pod's count of leading blocks
 // of the tokenized prompt.
 func (c *Client) PodScores(ctx context.Context, model, prompt string, pods []string) ([]*indexerv1.PodScore, error) {

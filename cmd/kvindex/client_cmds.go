@@ -40,22 +40,12 @@ func (f *clientFlags) register(fs *pflag.FlagSet) {
 	f.sec.register(fs)
 }
 
-// serverTarget turns --server into the gRPC target to dial and whether
-// it asks for TLS (client.ParseTarget); a refusal is a usage error.
-func serverTarget(s string) (target string, useTLS bool, err error) {
-	target, useTLS, err = client.ParseTarget(s)
-	if err != nil {
-		return "", false, usagef("--server %q: %v", s, err)
-	}
-	return target, useTLS, nil
-}
-
-// target is the gRPC target --server names and the dial options the
-// flags ask for.
+// target is the gRPC target --server names (client.ParseTarget) and the
+// dial options the flags ask for.
 func (f *clientFlags) target() (string, []grpc.DialOption, error) {
-	addr, useTLS, err := serverTarget(f.server)
+	addr, useTLS, err := client.ParseTarget(f.server)
 	if err != nil {
-		return "", nil, err
+		return "", nil, usagef("--server %q: %v", f.server, err)
 	}
 	opts, err := f.sec.dialOptions(useTLS)
 	return addr, opts, err
@@ -524,17 +514,10 @@ func (f *clientFlags) checkPods(ctx context.Context, c *client.Client, pods podF
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	list, err := c.ListPods(ctx, "")
+	known, err := c.PodNames(ctx, "")
 	if err != nil {
 		return f.callError(err)
 	}
-	var known []string
-	for _, p := range list {
-		if !slices.Contains(known, p.GetPod()) {
-			known = append(known, p.GetPod())
-		}
-	}
-	sort.Strings(known)
 	for _, name := range pods {
 		if slices.Contains(known, name) {
 			continue
