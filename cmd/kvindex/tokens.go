@@ -35,9 +35,9 @@ func (f *tokenFlags) load(stdin io.Reader) ([]uint64, error) {
 	case f.list != "" && f.file != "":
 		return nil, usagef("--tokens and --tokens-file are mutually exclusive")
 	case f.list != "":
-		ids, err := parseTokenList(f.list, "--tokens")
+		ids, err := client.ParseTokenList(f.list)
 		if err != nil {
-			return nil, usageError{msg: err.Error()} // a bad flag value, unlike a bad file
+			return nil, usagef("--tokens: %v", err) // a bad flag value, unlike a bad file
 		}
 		return ids, nil
 	case f.file != "":
@@ -95,14 +95,4 @@ func inputName(path string) string {
 		return "- (stdin)"
 	}
 	return path
-}
-
-// parseTokenList reads ids separated by commas or whitespace
-// (client.ParseTokenList); what names the input in errors.
-func parseTokenList(s, what string) ([]uint64, error) {
-	ids, err := client.ParseTokenList(s)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	return ids, nil
 }
