@@ -1,8 +1,11 @@
 package blockhash
 
 import (
+	"errors"
 	"fmt"
 	"sort"
+	"strconv"
+	"strings"
 )
 
 // Kind is the type of one extra-key value.
@@ -81,6 +84,23 @@ type MMItem struct {
 	Identifier string
 	Offset     int // first token of the placeholder
 	Length     int // tokens
+}
+
+// ParseMMItem parses ID:OFFSET:LENGTH (an identifier, which may hold
+// colons, its placeholder's first token and its token count). The error
+// says what is wrong with the value, without naming it.
+func ParseMMItem(s string) (MMItem, error) {
+	i := strings.LastIndex(s, ":")
+	j := strings.LastIndex(s[:max(i, 0)], ":")
+	if i < 0 || j < 0 {
+		return MMItem{}, errors.New("want ID:OFFSET:LENGTH")
+	}
+	off, err1 := strconv.Atoi(s[j+1 : i])
+	n, err2 := strconv.Atoi(s[i+1:])
+	if err1 != nil || err2 != nil || off < 0 || n < 1 {
+		return MMItem{}, errors.New("OFFSET and LENGTH must be integers, OFFSET >= 0, LENGTH >= 1")
+	}
+	return MMItem{Identifier: s[:j], Offset: off, Length: n}, nil
 }
 
 // Extras describes the hash-affecting inputs of a request beyond its

@@ -24,9 +24,10 @@ import (
 // default (add_generation_prompt true, the rest off or empty).
 //
 // This struct is the one list of these fields: its JSON form is what
-// Input.ChatParams holds, kvindex's HTTP API decodes them from the top level
-// of a request into it, and --messages-file picks them out of a chat
-// request with it. Sampling parameters, tool_choice and the like do not
+// Input.ChatParams holds, and kvindex's HTTP API decodes them from the top
+// level of a request into it; the Go client (api/client.ParseChatPrompt),
+// which cannot import the tokenizer, keeps a copy that its tests check
+// against this one. Sampling parameters, tool_choice and the like do not
 // reach the template, so they are not here.
 type ChatFields struct {
 	Tools                json.RawMessage `json:"tools,omitempty"`

@@ -58,13 +58,16 @@ type Input struct {
 
 // Message is one chat message. Its JSON form is the message object of the
 // engine's /tokenize and of OpenAI chat requests, both ways (see
-// UnmarshalJSON and MarshalJSON); kvindex's HTTP API and its
-// --messages-file decode messages into it too.
+// UnmarshalJSON and MarshalJSON); kvindex's HTTP API decodes messages
+// into it too.
 //
 // It is the only chat-message type outside the generated API
 // (kvindexv1.ChatMessage, which the gRPC client sends): the tokenizer does
 // not depend on the API, and the API's client does not depend on the
 // tokenizer, so the server converts between the two at that one boundary.
+// The client reads a chat request's messages into kvindexv1.ChatMessage
+// as UnmarshalJSON reads them (api/client.ParseChatPrompt; its tests
+// compare the two).
 type Message struct {
 	Role    string
 	Content string

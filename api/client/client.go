@@ -22,8 +22,12 @@ import (
 	"github.com/kvindex/kvindex/api/kvindexv1"
 )
 
+// DefaultPort is the port a kvindex serves gRPC on by default, which
+// ParseTarget adds to a bare host.
+const DefaultPort = "50051"
+
 // DefaultAddr is where a kvindex serves gRPC by default.
-const DefaultAddr = "localhost:50051"
+const DefaultAddr = "localhost:" + DefaultPort
 
 // clientMaxMsgSize bounds the messages a Client sends and receives:
 // 64 MiB holds a Lookup of the longest prompt.
@@ -268,6 +272,22 @@ func (c *Client) ListPods(ctx context.Context, model string) ([]*kvindexv1.PodIn
 // the answer reflects (index_seq).
 func (c *Client) Pods(ctx context.Context, model string) (*kvindexv1.ListPodsResponse, error) {
 	return c.Index.ListPods(ctx, &kvindexv1.ListPodsRequest{Model: model})
+}
+
+// PodNames returns the names of the pods the server follows engines of
+// ("" model: all), sorted, each once however many data-parallel ranks
+// and models it has.
+func (c *Client) PodNames(ctx context.Context, model string) ([]string, error) {
+	pods, err := c.ListPods(ctx, model)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(pods))
+	for i, p := range pods {
+		names[i] = p.GetPod()
+	}
+	slices.Sort(names)
+	return slices.Compact(names), nil
 }
 
 // PodScores is llm-d's GetPodScores: each pod's count of leading blocks

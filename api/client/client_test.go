@@ -165,3 +165,20 @@ func TestQueryOptionsFillPrompt(t *testing.T) {
 		})
 	}
 }
+
+// PodNames lists each pod once, sorted, whatever its ranks and models.
+func TestPodNames(t *testing.T) {
+	c, hub := startServer(t)
+	ctx := context.Background()
+	if names, err := c.PodNames(ctx, ""); err != nil || len(names) != 0 {
+		t.Errorf("no engines: PodNames = %v, %v", names, err)
+	}
+	for _, e := range []kvevents.EngineID{{Model: testModel, Pod: "pod-b", DPRank: 1}, {Model: testModel, Pod: "pod-b"}, {Model: "other", Pod: "pod-b"}, {Model: "other", Pod: "pod-a"}} {
+		hub.Apply(e, 0, []kvevents.Event{{Kind: kvevents.BlockStored, Hashes: []uint64{1}, BlockSize: 16}})
+	}
+	for model, want := range map[string][]string{"": {"pod-a", "pod-b"}, testModel: {"pod-b"}, "none": {}} {
+		if names, err := c.PodNames(ctx, model); err != nil || !slices.Equal(names, want) {
+			t.Errorf("PodNames(%q) = %v, %v; want %v", model, names, err, want)
+		}
+	}
+}

@@ -6,7 +6,11 @@
 // Client.Indexer are the generated clients (api/kvindexv1,
 // api/indexerv1). The package also holds the JSON forms of the answers
 // (LongestPrefixJSON, LookupJSON, PodsJSON), which the server's HTTP API
-// and the CLI's --json output share.
+// and the CLI's --json output share, the text views the CLI prints
+// beside them (FormatTiers, PodsJSON.CachedFractionLines, EventLine), and
+// the readers of what people type or keep in files: an address
+// (ParseTarget), token ids (ParseTokenIDs, ParseTokenList) and a chat
+// request (ParseChatPrompt).
 //
 // A router that only asks kvindex questions imports this package and
 // nothing of the server: it depends on the generated code, gRPC and

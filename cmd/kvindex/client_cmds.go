@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"os/signal"
 	"slices"
 	"sort"
@@ -25,7 +23,6 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
-	"github.com/kvindex/kvindex/tokenizer"
 )
 
 // clientFlags are the connection settings of the commands that talk to a
@@ -38,68 +35,17 @@ type clientFlags struct {
 }
 
 func (f *clientFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.server, "server", client.DefaultAddr, "address of the kvindex gRPC API: HOST[:PORT] (port "+defaultGRPCPort()+" when omitted)")
+	fs.StringVar(&f.server, "server", client.DefaultAddr, "address of the kvindex gRPC API: HOST[:PORT] (port "+client.DefaultPort+" when omitted)")
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "deadline for connecting and for the request")
 	f.sec.register(fs)
 }
 
-// defaultGRPCPort is the port of client.DefaultAddr, which --server adds
-// to a bare host.
-func defaultGRPCPort() string {
-	_, port, _ := net.SplitHostPort(client.DefaultAddr)
-	return port
-}
-
-// grpcSchemes are gRPC's own target schemes, which --server passes through
-// as gRPC reads them (e.g. dns:///kvindex:50051, unix:///run/kvindex.sock).
-var grpcSchemes = []string{"dns", "unix", "unix-abstract", "passthrough", "ipv4", "ipv6", "xds"}
-
-// serverTarget turns --server into the gRPC target to dial: HOST:PORT,
-// with the default port added to a bare host, and an http://, grpc://,
-// https:// or grpcs:// prefix dropped; useTLS is true for the last two.
-// gRPC's own target schemes pass through unchanged.
-func serverTarget(s string) (target string, useTLS bool, err error) {
-	want := "want HOST[:PORT] (port " + defaultGRPCPort() + " when omitted), optionally after http://, grpc://, https:// or grpcs://"
-	in := s
-	s = strings.TrimSpace(s)
-	if scheme, rest, ok := strings.Cut(s, ":"); ok && slices.Contains(grpcSchemes, scheme) && (strings.HasPrefix(rest, "/") || strings.HasPrefix(scheme, "unix")) {
-		return s, false, nil
-	}
-	if scheme, rest, ok := strings.Cut(s, "://"); ok {
-		switch strings.ToLower(scheme) {
-		case "http", "grpc":
-			s = strings.TrimSuffix(rest, "/")
-		case "https", "grpcs":
-			s, useTLS = strings.TrimSuffix(rest, "/"), true
-		default:
-			return "", false, usagef("--server %q: unknown scheme %q: %s", in, scheme, want)
-		}
-	}
-	if s == "" || strings.ContainsAny(s, "/ ") {
-		return "", false, usagef("--server %q: %s", in, want)
-	}
-	host, port, err := net.SplitHostPort(s)
-	if err != nil {
-		// No port: a host name, an IPv4 address, or an IPv6 address with
-		// or without brackets.
-		host = strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")
-		if strings.Contains(host, ":") && net.ParseIP(host) == nil || strings.ContainsAny(host, "[]") {
-			return "", false, usagef("--server %q: %s", in, want)
-		}
-		port = defaultGRPCPort()
-	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return "", false, usagef("--server %q: port %q is not a number in 1..65535: %s", in, port, want)
-	}
-	return net.JoinHostPort(host, port), useTLS, nil
-}
-
-// target is the gRPC target --server names and the dial options the
-// flags ask for.
+// target is the gRPC target --server names (client.ParseTarget) and the
+// dial options the flags ask for.
 func (f *clientFlags) target() (string, []grpc.DialOption, error) {
-	addr, useTLS, err := serverTarget(f.server)
+	addr, useTLS, err := client.ParseTarget(f.server)
 	if err != nil {
-		return "", nil, err
+		return "", nil, usagef("--server %q: %v", f.server, err)
 	}
 	opts, err := f.sec.dialOptions(useTLS)
 	return addr, opts, err
@@ -115,17 +61,10 @@ func (f *clientFlags) dial(ctx context.Context) (*client.Client, error) {
 	dctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	c, err := client.Dial(dctx, addr, opts...)
-	if err != nil && answersHTTP1(err) {
+	if err != nil && client.IsHTTP1Answer(err) {
 		return nil, f.httpPortError()
 	}
 	return c, err
-}
-
-// answersHTTP1 recognises gRPC's failure when the peer speaks HTTP/1.1:
-// its reply reads as an oversized HTTP/2 frame.
-func answersHTTP1(err error) bool {
-	msg := err.Error()
-	return strings.Contains(msg, "looked like an HTTP/1.1 header") || strings.Contains(msg, "http2: frame too large")
 }
 
 // httpPortError says that --server names an HTTP port, most likely
@@ -152,7 +91,7 @@ func (f *clientFlags) callError(err error) error {
 	st := status.Convert(err)
 	switch st.Code() {
 	case codes.Unavailable:
-		if answersHTTP1(err) {
+		if client.IsHTTP1Answer(err) {
 			return f.httpPortError()
 		}
 		return fmt.Errorf("cannot reach kvindex at %s: %s", f.addr, st.Message())
@@ -232,48 +171,18 @@ func (f *promptFlags) build(stdin io.Reader) (*kvindexv1.Prompt, error) {
 	return p, nil
 }
 
-// readMessagesFile reads a JSON array of messages, or an OpenAI chat
-// request object: its messages and the fields that change how they are
-// rendered (tokenizer.ChatFields: tools, chat_template_kwargs, ...); the
-// others (sampling parameters, tool_choice, stream, ...) do not reach the
-// template and are ignored. Messages decode as the HTTP API decodes them
-// (tokenizer.Message, content parts and tool calls kept whole) and are sent
-// as the API's ChatMessage. "-" reads stdin.
+// readMessagesFile reads --messages-file (client.ParseChatPrompt: a JSON
+// array of messages, or an OpenAI chat request object); "-" reads stdin.
 func readMessagesFile(path string, stdin io.Reader) (*kvindexv1.Prompt, error) {
 	data, err := readInput("--messages-file", path, stdin, maxMessagesFile)
 	if err != nil {
 		return nil, err
 	}
-	path = inputName(path)
-	var req struct {
-		Messages []tokenizer.Message `json:"messages"`
-		tokenizer.ChatFields
-	}
-	data = bytes.TrimSpace(data)
-	if len(data) > 0 && data[0] == '{' {
-		err = json.Unmarshal(data, &req)
-	} else {
-		err = json.Unmarshal(data, &req.Messages)
-	}
+	p, err := client.ParseChatPrompt(data)
 	if err != nil {
-		return nil, fmt.Errorf("--messages-file %s: want a JSON array of messages ({\"role\",\"content\"}) or a chat request object with \"messages\": %v", path, err)
+		return nil, fmt.Errorf("--messages-file %s: %w", inputName(path), err)
 	}
-	if len(req.Messages) == 0 {
-		return nil, fmt.Errorf("--messages-file %s: no messages", path)
-	}
-	params, err := req.ChatFields.JSON()
-	if err != nil {
-		return nil, fmt.Errorf("--messages-file %s: %v", path, err)
-	}
-	out := make([]*kvindexv1.ChatMessage, len(req.Messages))
-	for i, m := range req.Messages {
-		if m.Raw != nil {
-			out[i] = client.MessageJSON(string(m.Raw))
-		} else {
-			out[i] = &kvindexv1.ChatMessage{Role: m.Role, Content: m.Content}
-		}
-	}
-	return client.ChatPrompt(string(params), out...), nil
+	return p, nil
 }
 
 func newQueryCmd() *cobra.Command {
@@ -384,31 +293,9 @@ func printQuery(w io.Writer, model string, r client.LongestPrefixJSON) error {
 		if promptTokens > 0 {
 			pct = strconv.FormatFloat(100*float64(p.MatchedTokens)/float64(promptTokens), 'f', 1, 64) + "%"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\n", client.EngineName(p.Pod, p.DPRank), p.MatchedBlocks, p.MatchedTokens, pct, tiers(p.Tiers), p.HashCheck, p.Health)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\n", client.EngineName(p.Pod, p.DPRank), p.MatchedBlocks, p.MatchedTokens, pct, client.FormatTiers(p.Tiers), p.HashCheck, p.Health)
 	}
 	return tw.Flush()
-}
-
-// tiers prints "GPU:2 CPU:1", largest first.
-func tiers(m map[string]uint32) string {
-	if len(m) == 0 {
-		return "-"
-	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b string) int {
-		if m[a] != m[b] {
-			return int(m[b]) - int(m[a])
-		}
-		return strings.Compare(a, b)
-	})
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = k + ":" + strconv.FormatUint(uint64(m[k]), 10)
-	}
-	return strings.Join(parts, " ")
 }
 
 func newLookupCmd() *cobra.Command {
@@ -530,7 +417,7 @@ window, overall and per model, then each engine's own.`,
 				fmt.Fprintf(w, "index seq %d\n", out.IndexSeq)
 			}
 			if len(out.Pods) == 0 {
-				_, err := fmt.Fprint(w, "no engines\n", fleetLines(out))
+				_, err := fmt.Fprint(w, "no engines\n", out.CachedFractionLines())
 				return err
 			}
 			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -552,7 +439,7 @@ window, overall and per model, then each engine's own.`,
 					fmt.Fprintf(w, "%s: %s\n", client.EngineName(p.Pod, p.DPRank), p.Message)
 				}
 			}
-			_, err = io.WriteString(w, fleetLines(out))
+			_, err = io.WriteString(w, out.CachedFractionLines())
 			return err
 		},
 	}
@@ -561,51 +448,6 @@ window, overall and per model, then each engine's own.`,
 	pods.register(cmd.Flags(), "only this pod's engines; repeatable (default: every pod)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
-}
-
-// fleetLines prints the engines' windowed cached fraction: a line for
-// the fleet, overall then per model, and a line with each pod's own; ""
-// when the server has none (no picker scraping the engines).
-func fleetLines(out client.PodsJSON) string {
-	fleet := out.Fleet
-	if len(fleet) == 0 {
-		return ""
-	}
-	pct := func(f *float64) string {
-		if f == nil {
-			return "no queries"
-		}
-		return strconv.FormatFloat(*f*100, 'f', 1, 64) + "%"
-	}
-	var b strings.Builder
-	window := time.Duration(fleet[0].WindowSeconds * float64(time.Second))
-	fmt.Fprintf(&b, "fleet cached fraction (last %s):", window)
-	var models []string
-	overall := false
-	for _, f := range fleet {
-		if f.Model == "" {
-			overall = true
-			fmt.Fprintf(&b, " %s", pct(f.Fraction))
-		} else {
-			models = append(models, f.Model+": "+pct(f.Fraction))
-		}
-	}
-	switch {
-	case len(models) == 0:
-	case overall:
-		fmt.Fprintf(&b, " (%s)", strings.Join(models, ", "))
-	default: // pods --model: that model's only
-		fmt.Fprintf(&b, " %s", strings.Join(models, ", "))
-	}
-	b.WriteByte('\n')
-	if len(out.PodCache) > 0 {
-		ps := make([]string, len(out.PodCache))
-		for i, p := range out.PodCache {
-			ps[i] = p.Pod + ": " + pct(p.Fraction)
-		}
-		fmt.Fprintf(&b, "engine cached fraction (same window): %s\n", strings.Join(ps, ", "))
-	}
-	return b.String()
 }
 
 func yesNo(b bool) string {
@@ -647,7 +489,10 @@ slow down, and tail exits 1 saying how far it fell behind. Ctrl-C ends it.`,
 			}
 			w := cmd.OutOrStdout()
 			err = c.Watch(ctx, pods, func(ev *kvindexv1.WatchResponse) error {
-				_, err := io.WriteString(w, formatEvent(ev))
+				if n := ev.GetDropped(); n > 0 { // from servers that sent events with holes
+					fmt.Fprintf(w, "... %d events dropped (tail read too slowly)\n", n)
+				}
+				_, err := io.WriteString(w, client.EventLine(ev))
 				return err
 			})
 			if err != nil {
@@ -669,17 +514,10 @@ func (f *clientFlags) checkPods(ctx context.Context, c *client.Client, pods podF
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	list, err := c.ListPods(ctx, "")
+	known, err := c.PodNames(ctx, "")
 	if err != nil {
 		return f.callError(err)
 	}
-	var known []string
-	for _, p := range list {
-		if !slices.Contains(known, p.GetPod()) {
-			known = append(known, p.GetPod())
-		}
-	}
-	sort.Strings(known)
 	for _, name := range pods {
 		if slices.Contains(known, name) {
 			continue
@@ -690,47 +528,4 @@ func (f *clientFlags) checkPods(ctx context.Context, c *client.Client, pods podF
 		return fmt.Errorf("--pod %q: kvindex at %s follows no such pod; known pods: %s", name, f.addr, strings.Join(known, ", "))
 	}
 	return nil
-}
-
-// formatEvent prints one streamed event as a line.
-func formatEvent(ev *kvindexv1.WatchResponse) string {
-	var b strings.Builder
-	if n := ev.GetDropped(); n > 0 {
-		fmt.Fprintf(&b, "... %d events dropped (tail read too slowly)\n", n)
-	}
-	t := time.UnixMilli(ev.GetAppliedUnixMs())
-	fmt.Fprintf(&b, "%s %s seq=%d ", t.Format("15:04:05.000"), client.EngineName(ev.GetPod(), ev.GetDpRank()), ev.GetSeq())
-	switch ev.GetKind() {
-	case kvindexv1.EventKind_EVENT_KIND_BLOCK_STORED:
-		b.WriteString("BlockStored")
-	case kvindexv1.EventKind_EVENT_KIND_BLOCK_REMOVED:
-		b.WriteString("BlockRemoved")
-	case kvindexv1.EventKind_EVENT_KIND_ALL_BLOCKS_CLEARED:
-		b.WriteString("AllBlocksCleared")
-	case kvindexv1.EventKind_EVENT_KIND_RESET:
-		fmt.Fprintf(&b, "Reset reason=%s model=%s\n", ev.GetResetReason(), ev.GetModel())
-		return b.String()
-	default:
-		b.WriteString(ev.GetKind().String())
-	}
-	if hs := ev.GetBlockHashes(); len(hs) > 0 {
-		fmt.Fprintf(&b, " n=%d first=%d", len(hs), hs[0])
-	}
-	if ev.GetHasParent() {
-		fmt.Fprintf(&b, " parent=%d", ev.GetParentHash())
-	}
-	if n := ev.GetNumTokens(); n > 0 {
-		fmt.Fprintf(&b, " tokens=%d", n)
-	}
-	if m := ev.GetMedium(); m != "" {
-		b.WriteString(" " + m)
-	}
-	if g := ev.GetGroupIdx(); g > 0 {
-		fmt.Fprintf(&b, " group=%d", g)
-	}
-	if l := ev.GetLoraName(); l != "" {
-		b.WriteString(" lora=" + l)
-	}
-	b.WriteByte('\n')
-	return b.String()
 }

@@ -64,17 +64,11 @@ func (f *extraFlags) register(fs *pflag.FlagSet) {
 func (f *extraFlags) extras() (*blockhash.Extras, error) {
 	x := &blockhash.Extras{LoRAName: f.lora, CacheSalt: f.salt, LegacyMM: f.legacyMM}
 	for _, s := range f.mm {
-		i := strings.LastIndex(s, ":")
-		j := strings.LastIndex(s[:max(i, 0)], ":")
-		if i < 0 || j < 0 {
-			return nil, usagef("--mm %q: want ID:OFFSET:LENGTH", s)
+		item, err := blockhash.ParseMMItem(s)
+		if err != nil {
+			return nil, usagef("--mm %q: %v", s, err)
 		}
-		off, err1 := strconv.Atoi(s[j+1 : i])
-		n, err2 := strconv.Atoi(s[i+1:])
-		if err1 != nil || err2 != nil || off < 0 || n < 1 {
-			return nil, usagef("--mm %q: OFFSET and LENGTH must be integers, OFFSET >= 0, LENGTH >= 1", s)
-		}
-		x.MM = append(x.MM, blockhash.MMItem{Identifier: s[:j], Offset: off, Length: n})
+		x.MM = append(x.MM, item)
 	}
 	if err := x.Validate(); err != nil {
 		return nil, usagef("--mm: %v", err)

@@ -130,17 +130,9 @@ func noArgs(cmd *cobra.Command, args []string) error {
 
 // oneLine keeps an error message on a single line, as the CLI contract
 // promises.
-func oneLine(err error) string {
-	msg := err.Error()
-	out := make([]rune, 0, len(msg))
-	for _, r := range msg {
-		if r == '\n' || r == '\r' {
-			r = ' '
-		}
-		out = append(out, r)
-	}
-	return string(out)
-}
+func oneLine(err error) string { return lineBreaks.Replace(err.Error()) }
+
+var lineBreaks = strings.NewReplacer("\n", " ", "\r", " ")
 
 // usageError marks errors caused by bad flags or arguments.
 type usageError struct{ msg string }

@@ -149,33 +149,3 @@ func TestQueryIndexSeq(t *testing.T) {
 		}
 	}
 }
-
-func TestFleetLine(t *testing.T) {
-	f := func(v float64) *float64 { return &v }
-	tests := []struct {
-		name  string
-		fleet []client.FleetCacheJSON
-		pods  []client.PodCacheJSON
-		want  string
-	}{
-		{"no picker", nil, nil, ""},
-		{"no query yet", []client.FleetCacheJSON{{WindowSeconds: 60}}, nil, "fleet cached fraction (last 1m0s): no queries\n"},
-		{"models", []client.FleetCacheJSON{
-			{Fraction: f(0.9134), WindowSeconds: 60},
-			{Model: "a", Fraction: f(1), WindowSeconds: 60},
-			{Model: "b", WindowSeconds: 60},
-		}, nil, "fleet cached fraction (last 1m0s): 91.3% (a: 100.0%, b: no queries)\n"},
-		{"one model asked for", []client.FleetCacheJSON{{Model: "a", Fraction: f(0), WindowSeconds: 30}}, nil,
-			"fleet cached fraction (last 30s): a: 0.0%\n"},
-		{"pods", []client.FleetCacheJSON{{Fraction: f(0.5), WindowSeconds: 60}},
-			[]client.PodCacheJSON{{Pod: "pod-a", Fraction: f(0.25)}, {Pod: "pod-b"}},
-			"fleet cached fraction (last 1m0s): 50.0%\nengine cached fraction (same window): pod-a: 25.0%, pod-b: no queries\n"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := fleetLines(client.PodsJSON{Fleet: tt.fleet, PodCache: tt.pods}); got != tt.want {
-				t.Errorf("fleetLine:\n got %q\nwant %q", got, tt.want)
-			}
-		})
-	}
-}

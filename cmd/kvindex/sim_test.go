@@ -450,7 +450,7 @@ func TestSimFollowedByServe(t *testing.T) {
 			sim := startSim(t, args...)
 			c, o := followSim(t, sim)
 			awaitCaughtUp(t, c, sim.run, 60)
-			ids, err := parseTokenList(lastLine(t, args[len(args)-1]), "the last prompt")
+			ids, err := client.ParseTokenList(lastLine(t, args[len(args)-1]))
 			if err != nil {
 				t.Fatal(err)
 			}

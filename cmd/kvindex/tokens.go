@@ -2,14 +2,13 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
-	"strconv"
-	"strings"
 
 	"github.com/spf13/pflag"
+
+	"github.com/kvindex/kvindex/api/client"
 )
 
 // maxTokensFile bounds a --tokens-file: 64 MiB holds millions of ids,
@@ -36,9 +35,9 @@ func (f *tokenFlags) load(stdin io.Reader) ([]uint64, error) {
 	case f.list != "" && f.file != "":
 		return nil, usagef("--tokens and --tokens-file are mutually exclusive")
 	case f.list != "":
-		ids, err := parseTokenList(f.list, "--tokens")
+		ids, err := client.ParseTokenList(f.list)
 		if err != nil {
-			return nil, usageError{msg: err.Error()} // a bad flag value, unlike a bad file
+			return nil, usagef("--tokens: %v", err) // a bad flag value, unlike a bad file
 		}
 		return ids, nil
 	case f.file != "":
@@ -47,20 +46,20 @@ func (f *tokenFlags) load(stdin io.Reader) ([]uint64, error) {
 	return nil, usagef("no tokens: give --tokens 1,2,3 or --tokens-file FILE")
 }
 
+// readTokensFile reads --tokens-file (client.ParseTokenIDs).
 func readTokensFile(path string, stdin io.Reader) ([]uint64, error) {
 	data, err := readInput("--tokens-file", path, stdin, maxTokensFile)
 	if err != nil {
 		return nil, err
 	}
-	name := inputName(path)
-	data = bytes.TrimSpace(data)
-	if len(data) == 0 {
-		return nil, fmt.Errorf("--tokens-file %s is empty", name)
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, fmt.Errorf("--tokens-file %s is empty", inputName(path))
 	}
-	if data[0] == '[' {
-		return parseTokenJSON(data, name)
+	ids, err := client.ParseTokenIDs(data)
+	if err != nil {
+		return nil, fmt.Errorf("--tokens-file %s: %w", inputName(path), err)
 	}
-	return parseTokenList(string(data), "--tokens-file "+name)
+	return ids, nil
 }
 
 // readInput reads the file a --*-file flag names, or stdin when it is
@@ -96,60 +95,4 @@ func inputName(path string) string {
 		return "- (stdin)"
 	}
 	return path
-}
-
-// parseTokenJSON accepts a JSON array of non-negative integers; json.Number
-// keeps ids above 2^53 exact.
-func parseTokenJSON(data []byte, path string) ([]uint64, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	var raw []any
-	if err := dec.Decode(&raw); err != nil {
-		return nil, fmt.Errorf("--tokens-file %s: not a JSON array of integers: %v", path, err)
-	}
-	if len(raw) == 0 {
-		return nil, fmt.Errorf("--tokens-file %s: empty token array", path)
-	}
-	out := make([]uint64, len(raw))
-	for i, v := range raw {
-		n, ok := v.(json.Number)
-		if !ok {
-			return nil, fmt.Errorf("--tokens-file %s: element %d is %v, not an integer", path, i, v)
-		}
-		t, err := parseToken(n.String())
-		if err != nil {
-			return nil, fmt.Errorf("--tokens-file %s: element %d: %v", path, i, err)
-		}
-		out[i] = t
-	}
-	return out, nil
-}
-
-func parseTokenList(s, what string) ([]uint64, error) {
-	fields := strings.FieldsFunc(s, func(r rune) bool {
-		return r == ',' || r == ' ' || r == '\t' || r == '\n' || r == '\r'
-	})
-	if len(fields) == 0 {
-		return nil, fmt.Errorf("%s: no token ids", what)
-	}
-	out := make([]uint64, len(fields))
-	for i, f := range fields {
-		t, err := parseToken(f)
-		if err != nil {
-			return nil, fmt.Errorf("%s: token %d: %v", what, i, err)
-		}
-		out[i] = t
-	}
-	return out, nil
-}
-
-func parseToken(s string) (uint64, error) {
-	if strings.HasPrefix(s, "-") {
-		return 0, fmt.Errorf("%q is negative; token ids are non-negative integers", s)
-	}
-	t, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%q is not a non-negative integer", s)
-	}
-	return t, nil
 }

@@ -17,7 +17,6 @@ import (
 
 	"github.com/kvindex/kvindex/internal/buildinfo"
 	"github.com/kvindex/kvindex/internal/bytesize"
-	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/lifecycle"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -168,5 +167,3 @@ func (r *Relay) HTTPAddr() string { return addrOf(r.lis) }
 
 // Subscriber is the relay's ZMQ subscriber, once started.
 func (r *Relay) Subscriber() *zmqtransport.Subscriber { return r.sub }
-
-var _ = configerr.Field("")
