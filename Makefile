@@ -79,18 +79,26 @@ $(STATICCHECK):
 	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	mv $(TOOLS)/staticcheck $@
 
+# The checks and the tests share two builds, each compiled once: the race
+# build (go vet and staticcheck read it, the tests run on it) and the
+# cgo-free one (the cgo-free packages must build without cgo; the packages
+# with a race variant are vetted, checked and tested on it once more
+# without the race detector, as is the msgpack library's reader: their
+# tests need no cgo). The fuzz run compiles its own, instrumented build.
 check: $(STATICCHECK)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) mod tidy -diff
-	$(GO) vet $(PKGS)
-	$(STATICCHECK) $(PKGS)
+	$(GO) vet -race $(PKGS)
+	GOFLAGS=-race $(STATICCHECK) $(PKGS)
 	CGO_ENABLED=0 $(GO) build $(CGO_FREE)
+	CGO_ENABLED=0 $(GO) vet $(NORACE_PKGS)
+	CGO_ENABLED=0 $(STATICCHECK) $(NORACE_PKGS)
 
 test: test-deps check golden-check
 	$(GO) test -race -count=1 $(PKGS)
-	$(GO) test -count=1 $(NORACE_PKGS)
-	$(GO) test -count=1 -tags kvevents_msgpacklib ./kvevents
+	CGO_ENABLED=0 $(GO) test -count=1 $(NORACE_PKGS)
+	CGO_ENABLED=0 $(GO) test -count=1 -tags kvevents_msgpacklib ./kvevents
 	$(FUZZ_RUN)
 
 # Fuzz every fuzz target (found in the source by .ci/fuzz) for FUZZTIME

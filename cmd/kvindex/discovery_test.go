@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,8 +11,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kvindex/kvindex/internal/kubediscovery"
@@ -57,10 +54,10 @@ func TestServeDiscoveryFollowsPods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cs := fake.NewClientset()
+	cluster := kubetest.NewCluster(t)
 	clk := clocktesting.NewFakeClock(time.Now())
 	o.Discover.Client = func() (kubediscovery.PodClient, string, error) {
-		return kubetest.TypedPods(cs.CoreV1()), "default", nil
+		return cluster.Client(), "default", nil
 	}
 	o.Discover.Clock = clk
 	x.start(o, f.logFormat)
@@ -69,9 +66,7 @@ func TestServeDiscoveryFollowsPods(t *testing.T) {
 	other := kubetest.EnginePod("web-0", "127.0.0.1")
 	other.Labels = map[string]string{"app": "web"}
 	for _, p := range []*corev1.Pod{other, kubetest.EnginePod("vllm-0", "127.0.0.1")} {
-		if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		cluster.Create(t, p)
 	}
 	x.warmUp("vllm-0")
 	prompt := testutil.Seq(7000, 4*e2eBlockSize)
@@ -90,9 +85,7 @@ func TestServeDiscoveryFollowsPods(t *testing.T) {
 	}
 
 	// Deleted: kept for the grace period, then dropped with its entries.
-	if err := cs.CoreV1().Pods("llm").Delete(context.Background(), "vllm-0", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	cluster.Delete(t, "llm", "vllm-0")
 	x.await("the grace timer armed", clk.HasWaiters)
 	if got := x.matched(prompt); got["vllm-0"] != 4 {
 		t.Fatalf("within the grace period the index answers %v, want vllm-0's 4 blocks", got)
@@ -165,10 +158,10 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cs := fake.NewClientset()
+	cluster := kubetest.NewCluster(t)
 	clk := clocktesting.NewFakeClock(time.Now())
 	o.Discover.Client = func() (kubediscovery.PodClient, string, error) {
-		return kubetest.TypedPods(cs.CoreV1()), "default", nil
+		return cluster.Client(), "default", nil
 	}
 	o.Discover.Clock = clk
 	x.start(o, f.logFormat)
@@ -195,9 +188,7 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	if x.pod("vllm-0", 0) != nil {
 		t.Fatal("the engine is followed before its pod is known")
 	}
-	if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), kubetest.EnginePod("vllm-0", "127.0.0.1"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	cluster.Create(t, kubetest.EnginePod("vllm-0", "127.0.0.1"))
 	x.warmUp("vllm-0")
 	prompt := testutil.Seq(8000, 3*e2eBlockSize)
 	if _, err := eng.Process(prompt, nil); err != nil {
@@ -205,9 +196,7 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 	}
 	x.awaitMatched(prompt, map[string]uint32{"vllm-0": 3})
 
-	if err := cs.CoreV1().Pods("llm").Delete(context.Background(), "vllm-0", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	cluster.Delete(t, "llm", "vllm-0")
 	x.await("the grace timer armed", clk.HasWaiters)
 	clk.Step(grace)
 	x.awaitMatched(prompt, map[string]uint32{})

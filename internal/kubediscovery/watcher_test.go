@@ -15,8 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -51,11 +51,12 @@ func engine(name, ip string, ready bool) Engine {
 	return Engine{Name: name, IP: ip, Model: "llama", Ranks: 1, Ready: ready}
 }
 
-// fixture runs a Watcher over a fake clientset with a fake clock and
+// fixture runs a Watcher over a fake cluster (its pods read through
+// DynamicPods, as the binary reads them) with a fake clock and
 // records what it reports.
 type fixture struct {
 	t      *testing.T
-	client *fake.Clientset
+	client *dynamicfake.FakeDynamicClient
 	clock  *clocktesting.FakeClock
 	w      *Watcher
 
@@ -64,9 +65,9 @@ type fixture struct {
 	changed chan struct{}
 }
 
-func newFixture(t *testing.T, cfg Config, objs ...runtime.Object) *fixture {
+func newFixture(t *testing.T, cfg Config, objs ...*corev1.Pod) *fixture {
 	t.Helper()
-	f := &fixture{t: t, client: fake.NewClientset(objs...), clock: clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0)), changed: make(chan struct{}, 1)}
+	f := &fixture{t: t, client: newCluster(t, objs...), clock: clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0)), changed: make(chan struct{}, 1)}
 	cfg.Namespace = ns
 	if cfg.Selector == "" {
 		cfg.Selector = selector
@@ -77,7 +78,7 @@ func newFixture(t *testing.T, cfg Config, objs ...runtime.Object) *fixture {
 	}
 	cfg.Clock = f.clock
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	w, err := New(typedPods{f.client.CoreV1()}, cfg, func(set []Engine) {
+	w, err := New(DynamicPods(f.client), cfg, func(set []Engine) {
 		f.mu.Lock()
 		f.reports = append(f.reports, set)
 		f.mu.Unlock()
@@ -153,21 +154,21 @@ func (f *fixture) await(what string, cond func() bool) {
 
 func (f *fixture) create(p *corev1.Pod) {
 	f.t.Helper()
-	if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+	if _, err := f.client.Resource(podsResource).Namespace(p.Namespace).Create(context.Background(), unstructuredPod(f.t, p), metav1.CreateOptions{}); err != nil {
 		f.t.Fatal(err)
 	}
 }
 
 func (f *fixture) update(p *corev1.Pod) {
 	f.t.Helper()
-	if _, err := f.client.CoreV1().Pods(p.Namespace).Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+	if _, err := f.client.Resource(podsResource).Namespace(p.Namespace).Update(context.Background(), unstructuredPod(f.t, p), metav1.UpdateOptions{}); err != nil {
 		f.t.Fatal(err)
 	}
 }
 
 func (f *fixture) delete(name string) {
 	f.t.Helper()
-	if err := f.client.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+	if err := f.client.Resource(podsResource).Namespace(ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
 		f.t.Fatal(err)
 	}
 }
@@ -189,12 +190,12 @@ func TestWatcher(t *testing.T) {
 	aGone.Ready = false
 	tests := []struct {
 		name    string
-		initial []runtime.Object
+		initial []*corev1.Pod
 		steps   []step
 	}{
 		{
 			name:    "pods present at start, then added and deleted",
-			initial: []runtime.Object{pod("vllm-a", "10.0.0.1", true)},
+			initial: []*corev1.Pod{pod("vllm-a", "10.0.0.1", true)},
 			steps: []step{
 				{name: "initial list", do: func(*fixture) {}, want: []Engine{a}},
 				{name: "add", do: func(f *fixture) { f.create(pod("vllm-b", "10.0.0.2", true)) }, want: []Engine{a, b}},
@@ -236,7 +237,7 @@ func TestWatcher(t *testing.T) {
 		},
 		{
 			name:    "IP change replaces at once",
-			initial: []runtime.Object{pod("vllm-a", "10.0.0.1", true)},
+			initial: []*corev1.Pod{pod("vllm-a", "10.0.0.1", true)},
 			steps: []step{
 				{name: "initial list", do: func(*fixture) {}, want: []Engine{a}},
 				{name: "new IP", do: func(f *fixture) { f.update(pod("vllm-a", "10.0.0.7", true)) }, want: []Engine{engine("vllm-a", "10.0.0.7", true)}},
@@ -244,7 +245,7 @@ func TestWatcher(t *testing.T) {
 		},
 		{
 			name:    "a pod back within its grace period stays",
-			initial: []runtime.Object{pod("vllm-a", "10.0.0.1", true), pod("vllm-b", "10.0.0.2", true)},
+			initial: []*corev1.Pod{pod("vllm-a", "10.0.0.1", true), pod("vllm-b", "10.0.0.2", true)},
 			steps: []step{
 				{name: "initial list", do: func(*fixture) {}, want: []Engine{a, b}},
 				{name: "failed", do: func(f *fixture) {
@@ -263,7 +264,7 @@ func TestWatcher(t *testing.T) {
 		},
 		{
 			name:    "terminating pod goes into its grace period",
-			initial: []runtime.Object{pod("vllm-a", "10.0.0.1", true)},
+			initial: []*corev1.Pod{pod("vllm-a", "10.0.0.1", true)},
 			steps: []step{
 				{name: "initial list", do: func(*fixture) {}, want: []Engine{a}},
 				{name: "deletion timestamp", do: func(f *fixture) {
@@ -341,7 +342,7 @@ func TestWatcherConfig(t *testing.T) {
 }
 
 func TestNewErrors(t *testing.T) {
-	client := typedPods{fake.NewClientset().CoreV1()}
+	client := DynamicPods(newCluster(t))
 	ok := func([]Engine) {}
 	tests := []struct {
 		name string
@@ -408,8 +409,13 @@ current-context: ctx
 	}
 }
 
-// typedPods is a typed clientset's pods as a PodClient: the tests drive
-// the watcher through client-go's fake clientset.
-type typedPods struct{ c corev1client.CoreV1Interface }
-
-func (t typedPods) Pods(ns string) PodInterface { return t.c.Pods(ns) }
+// newCluster is a fake API server holding pods, for DynamicPods.
+func newCluster(t *testing.T, pods ...*corev1.Pod) *dynamicfake.FakeDynamicClient {
+	t.Helper()
+	objs := make([]runtime.Object, len(pods))
+	for i, p := range pods {
+		objs[i] = unstructuredPod(t, p)
+	}
+	return dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{podsResource: "PodList"}, objs...)
+}

@@ -8,13 +8,10 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/kubediscovery"
 	"github.com/kvindex/kvindex/internal/kubediscovery/kubetest"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
-	"k8s.io/client-go/kubernetes/fake"
 )
 
 // The engines a discovered pod makes: the templates filled with its IP
@@ -91,9 +88,9 @@ func TestDiscoveredEnginesForRelay(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	cs := fake.NewClientset()
+	cluster := kubetest.NewCluster(t)
 	o.Client = func() (kubediscovery.PodClient, string, error) {
-		return kubetest.TypedPods(cs.CoreV1()), "default", nil
+		return cluster.Client(), "default", nil
 	}
 	calls := make(chan string, 10)
 	log := slog.New(slog.DiscardHandler)
@@ -124,13 +121,9 @@ func TestDiscoveredEnginesForRelay(t *testing.T) {
 			t.Fatalf("no call; want %q", want)
 		}
 	}
-	if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), kubetest.EnginePod("vllm-0", "10.0.0.5"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	cluster.Create(t, kubetest.EnginePod("vllm-0", "10.0.0.5"))
 	next("add vllm-0 m tcp://10.0.0.5:5557 replay=")
-	if err := cs.CoreV1().Pods("llm").Delete(context.Background(), "vllm-0", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	cluster.Delete(t, "llm", "vllm-0")
 	next("remove vllm-0")
 }
 

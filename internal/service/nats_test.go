@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kvindex/kvindex/internal/kubediscovery"
 	"github.com/kvindex/kvindex/internal/kubediscovery/kubetest"
@@ -156,15 +154,13 @@ func TestNATSRelayDiscovery(t *testing.T) {
 	port := func(ep string) string { return ep[strings.LastIndexByte(ep, ':')+1:] }
 	d := &DiscoverOptions{Selector: "app=vllm", Namespace: "llm", Ranks: 1, Engines: true,
 		Endpoint: "tcp://{ip}:" + port(ec.Endpoint), Replay: "tcp://{ip}:" + port(ec.ReplayEndpoint)}
-	cs := fake.NewClientset()
+	cluster := kubetest.NewCluster(t)
 	d.Client = func() (kubediscovery.PodClient, string, error) {
-		return kubetest.TypedPods(cs.CoreV1()), "default", nil
+		return cluster.Client(), "default", nil
 	}
 	startRelay(t, url, nil, d)
 	r := startReplica(t, url)
-	if _, err := cs.CoreV1().Pods("llm").Create(context.Background(), kubetest.EnginePod("vllm-0", "127.0.0.1"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	cluster.Create(t, kubetest.EnginePod("vllm-0", "127.0.0.1"))
 	p := testutil.Seq(4242, 3*testBlockSize)
 	if _, err := e.Process(p, nil); err != nil {
 		t.Fatal(err)
