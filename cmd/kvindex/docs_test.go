@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -17,6 +19,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/kvindexbin"
 	"github.com/kvindex/kvindex/internal/testutil"
+	"github.com/kvindex/kvindex/internal/testutil/docgen"
 )
 
 // The documentation's facts that the code also states are checked here
@@ -24,41 +27,11 @@ import (
 // rewrites the generated parts of the docs.
 var updateDocs = flag.Bool("update", false, "rewrite the generated parts of README.md and api/README.md")
 
-// replaceBetween returns doc with the text between the marker comments
-// <!-- name:begin --> and <!-- name:end --> replaced by body.
-func replaceBetween(t *testing.T, doc []byte, name, body string) []byte {
-	t.Helper()
-	begin, end := []byte("<!-- "+name+":begin -->\n"), []byte("<!-- "+name+":end -->")
-	i, j := bytes.Index(doc, begin), bytes.Index(doc, end)
-	if i < 0 || j < i {
-		t.Fatalf("markers <!-- %s:begin --> and <!-- %s:end --> not found", name, name)
-	}
-	var out bytes.Buffer
-	out.Write(doc[:i+len(begin)])
-	out.WriteString(body)
-	out.Write(doc[j:])
-	return out.Bytes()
-}
-
-// checkGenerated compares the generated part name of file with body, or
-// rewrites it under -update.
+// checkGenerated compares the generated part name of file, on lines of
+// its own between its markers, with body, or rewrites it under -update.
 func checkGenerated(t *testing.T, file, name, body string) {
 	t.Helper()
-	doc, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := replaceBetween(t, doc, name, body)
-	if bytes.Equal(doc, want) {
-		return
-	}
-	if *updateDocs {
-		if err := os.WriteFile(file, want, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	t.Errorf("%s: the part %q differs from what the code says; run go test ./cmd/kvindex -run TestDocs -update\nwant:\n%s", file, name, body)
+	docgen.Check(t, file, name, "\n"+body, *updateDocs)
 }
 
 // flagTable renders a command's flags as a markdown table: the flag, its
@@ -346,4 +319,31 @@ func TestDocsLayout(t *testing.T) {
 			t.Errorf("README.md's layout table names %s/, which is not a folder", p)
 		}
 	}
+}
+
+// README.md's count of fuzz targets is the source's: every `func FuzzX(`
+// at the start of a line of a _test.go file, as .ci/fuzz finds them.
+func TestDocsFuzzTargets(t *testing.T) {
+	n := 0
+	err := filepath.WalkDir("../..", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") && path != "../.." || d.Name() == "testdata" || d.Name() == "bin" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		n += len(regexp.MustCompile(`(?m)^func Fuzz[A-Za-z0-9_]*\(`).FindAll(data, -1))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	docgen.Check(t, "../../README.md", "fuzz-targets", strconv.Itoa(n), *updateDocs)
 }

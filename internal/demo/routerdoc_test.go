@@ -1,14 +1,14 @@
 package demo
 
 import (
-	"bytes"
 	"context"
-	"os"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/kvindex/kvindex/internal/testutil/docgen"
 )
 
 // README.md's generated lists sit between begin and end markers; the hint
@@ -33,28 +33,7 @@ func TestREADMERouters(t *testing.T) {
 		{"demo-routers", RoutersMarkdown},
 		{"demo-gateways", GatewaysMarkdown},
 	} {
-		readme, err := os.ReadFile(readmePath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		begin, end := "<!-- "+tc.block+":begin -->\n", "<!-- "+tc.block+":end -->\n"
-		i := bytes.Index(readme, []byte(begin))
-		j := bytes.Index(readme, []byte(end))
-		if i < 0 || j < i {
-			t.Fatalf("README.md lacks the markers %q and %q around the generated list", begin, end)
-		}
-		i += len(begin)
-		want := readmeRoutersHint + tc.text()
-		if got := string(readme[i:j]); got != want {
-			if !*update {
-				t.Fatalf("README.md's %s list differs from routerDocs (go test ./internal/demo -run TestREADMERouters -update rewrites it)\n"+
-					"README.md:\n%s\nrouterDocs:\n%s", tc.block, got, want)
-			}
-			out := slices.Concat(readme[:i], []byte(want), readme[j:])
-			if err := os.WriteFile(readmePath, out, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
+		docgen.Check(t, readmePath, tc.block, "\n"+readmeRoutersHint+tc.text(), *update)
 	}
 }
 
