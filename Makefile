@@ -1,7 +1,7 @@
 # kvindex developer commands. The two that matter:
 #   make demo   run kvindex's main job on its embedded default (no external servers)
 #   make test   the checks (gofmt, go.mod and go.sum tidy, go vet,
-#               staticcheck, the cgo-free build, the
+#               staticcheck, the cgo-free check, the
 #               golden-file generators reproduce their files), every
 #               test with the race detector, the race-shortened tests without it,
 #               the decoder's tests against the msgpack library's reader,
@@ -79,26 +79,29 @@ $(STATICCHECK):
 	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	mv $(TOOLS)/staticcheck $@
 
-# The checks and the tests share two builds, each compiled once: the race
-# build (go vet and staticcheck read it, the tests run on it) and the
-# cgo-free one (the cgo-free packages must build without cgo; the packages
-# with a race variant are vetted, checked and tested on it once more
-# without the race detector, as is the msgpack library's reader: their
-# tests need no cgo). The fuzz run compiles its own, instrumented build.
+# The checks and the tests compile each build once: the race build (go vet
+# and staticcheck read it, the tests run on it) and the plain one (the
+# kvindex binary the fault suite and the README's examples run, and the
+# packages with a race variant, vetted, checked and tested once more
+# without the race detector). That the cgo-free packages build without cgo
+# is checked without a third compile: .ci/cgo-free proves that no package
+# they import (the standard library aside) has a file that only a cgo
+# build takes, so they compile as in the race build. The fuzz run compiles
+# its own, instrumented build.
 check: $(STATICCHECK)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) mod tidy -diff
 	$(GO) vet -race $(PKGS)
 	GOFLAGS=-race $(STATICCHECK) $(PKGS)
-	CGO_ENABLED=0 $(GO) build $(CGO_FREE)
-	CGO_ENABLED=0 $(GO) vet $(NORACE_PKGS)
-	CGO_ENABLED=0 $(STATICCHECK) $(NORACE_PKGS)
+	$(GO) vet $(NORACE_PKGS)
+	$(STATICCHECK) $(NORACE_PKGS)
+	GO='$(GO)' .ci/cgo-free $(CGO_FREE)
 
 test: test-deps check golden-check
 	$(GO) test -race -count=1 $(PKGS)
-	CGO_ENABLED=0 $(GO) test -count=1 $(NORACE_PKGS)
-	CGO_ENABLED=0 $(GO) test -count=1 -tags kvevents_msgpacklib ./kvevents
+	$(GO) test -count=1 $(NORACE_PKGS)
+	$(GO) test -count=1 -tags kvevents_msgpacklib ./kvevents
 	$(FUZZ_RUN)
 
 # Fuzz every fuzz target (found in the source by .ci/fuzz) for FUZZTIME

@@ -37,7 +37,7 @@ func natsServerProc(t *testing.T) string {
 	if err != nil {
 		t.Skip("nats-server is not installed (Debian: apt-get install nats-server; make test-deps installs it)")
 	}
-	port := freePorts(t, []string{"127.0.0.1"}, 1)
+	port := testutil.FreePorts(t, 1)
 	out := &testutil.SyncBuffer{}
 	cmd := exec.Command(bin, "-js", "-sd", t.TempDir(), "-a", "127.0.0.1", "-p", strconv.Itoa(port))
 	cmd.Stdout, cmd.Stderr = out, out

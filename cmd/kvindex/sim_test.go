@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -179,9 +178,9 @@ func TestSimStartFailures(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"event port held", []string{"--port", port, "--engines", "1", "--replay-port", strconv.Itoa(freePorts(t, []string{"127.0.0.1"}, 1))},
+		{"event port held", []string{"--port", port, "--engines", "1", "--replay-port", strconv.Itoa(testutil.FreePortsOn(t, []string{"127.0.0.1"}, 1))},
 			"kvindex: pod-0: zmqtransport: "},
-		{"HTTP port held", []string{"--port", strconv.Itoa(freePorts(t, []string{"127.0.0.1"}, 2)), "--engines", "1", "--http-port", port},
+		{"HTTP port held", []string{"--port", strconv.Itoa(testutil.FreePortsOn(t, []string{"127.0.0.1"}, 2)), "--engines", "1", "--http-port", port},
 			"kvindex: pod-0: HTTP: listen tcp 127.0.0.1:" + port + ": bind: address already in use (another program holds the port? choose another --http-port)\n"},
 		{"prompt log unwritable", []string{"--log-prompts", filepath.Join(dir, "none", "prompts.txt")},
 			"kvindex: --log-prompts " + filepath.Join(dir, "none", "prompts.txt") + ": no such file or directory\n"},
@@ -223,7 +222,7 @@ func startSim(t *testing.T, args ...string) *simHarness {
 		flag, hosts, n = "--replay-port", p.Pods(), o.Ranks
 	}
 	for attempt := 0; ; attempt++ {
-		base := freePorts(t, hosts, n)
+		base := testutil.FreePortsOn(t, hosts, n)
 		moved := append(slices.Clone(args), flag, strconv.Itoa(base))
 		if o.HTTPPort != 0 {
 			// The HTTP fronts move too, clear of the ports above.
@@ -231,9 +230,9 @@ func startSim(t *testing.T, args ...string) *simHarness {
 			if !connectMode {
 				hhosts, hn = p.Pods(), 1
 			}
-			hport := freePorts(t, hhosts, hn)
+			hport := testutil.FreePortsOn(t, hhosts, hn)
 			for connectMode && hport < base+n && base < hport+hn {
-				hport = freePorts(t, hhosts, hn)
+				hport = testutil.FreePortsOn(t, hhosts, hn)
 			}
 			moved = append(moved, "--http-port", strconv.Itoa(hport))
 		}
@@ -298,35 +297,6 @@ func (h *simHarness) serveLine() string {
 	}
 	h.t.Fatalf("kvindex sim printed no serve line:\n%s", h.out.String())
 	return ""
-}
-
-// freePorts returns a base port such that n ports from it are free on
-// every host.
-func freePorts(t *testing.T, hosts []string, n int) int {
-	t.Helper()
-	for range 100 {
-		base := 20000 + rand.IntN(40000)
-		var ls []net.Listener
-		ok := true
-		for _, h := range hosts {
-			for i := range n {
-				l, err := net.Listen("tcp", net.JoinHostPort(h, strconv.Itoa(base+i)))
-				if err != nil {
-					ok = false
-					break
-				}
-				ls = append(ls, l)
-			}
-		}
-		for _, l := range ls {
-			l.Close()
-		}
-		if ok {
-			return base
-		}
-	}
-	t.Fatalf("no %d free ports in a row", n)
-	return 0
 }
 
 // shellWords splits a line as a shell would, for the lines sim prints:
@@ -445,7 +415,7 @@ func TestSimFollowedByServe(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append(slices.Clone(tc.args), "--rate", "100", "--log-prompts", filepath.Join(t.TempDir(), "prompts.txt"))
 			if i := slices.Index(args, "--connect"); i >= 0 {
-				args[i+1] = "tcp://127.0.0.1:" + strconv.Itoa(freePorts(t, []string{"127.0.0.1"}, 1))
+				args[i+1] = "tcp://127.0.0.1:" + strconv.Itoa(testutil.FreePortsOn(t, []string{"127.0.0.1"}, 1))
 			}
 			sim := startSim(t, args...)
 			c, o := followSim(t, sim)

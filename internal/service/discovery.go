@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/kubediscovery"
+	"github.com/kvindex/kvindex/internal/lifecycle"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/picker/enginemetrics"
@@ -182,6 +183,28 @@ func (o *DiscoverOptions) watchPods(log *slog.Logger, onChange func([]kubediscov
 		return nil, configerr.New("Discover", "%v: %w", configerr.Field("Discover"), err)
 	}
 	return w.Run, nil
+}
+
+// part follows the pods from the part's start until it stops, handing
+// each set to the handler follow makes then (the parts it feeds have
+// started); a watch that ends early is logged, and the rest of the mode
+// goes on with the pods it has.
+func (o *DiscoverOptions) part(log *slog.Logger, follow func() func([]kubediscovery.Engine)) lifecycle.Part {
+	var run func(context.Context) error
+	return lifecycle.Part{
+		Name: "discovery",
+		Start: func(context.Context) error {
+			var err error
+			run, err = o.watchPods(log, follow())
+			return err
+		},
+		Run: func(ctx context.Context) error {
+			if err := run(ctx); err != nil {
+				log.Error("discovery stopped", "err", err)
+			}
+			return nil
+		},
+	}
 }
 
 // engineFollower is connect mode's handler of each set of pods: each

@@ -16,6 +16,7 @@ import (
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/internal/configerr"
+	"github.com/kvindex/kvindex/internal/kubediscovery"
 	"github.com/kvindex/kvindex/internal/lifecycle"
 	"github.com/kvindex/kvindex/picker"
 	"github.com/kvindex/kvindex/picker/enginemetrics"
@@ -258,21 +259,9 @@ func NewPicker(o *PickerServiceOptions, log *slog.Logger) (*PickerService, error
 		return err
 	}})
 	if o.Discover != nil {
-		var run func(context.Context) error
-		g.Add(lifecycle.Part{
-			Name: "discovery",
-			Start: func(context.Context) error {
-				var err error
-				run, err = o.Discover.watchPods(log, o.Discover.candidateSetter(log, setCandidates(p.core.svc, p.core.sc, log)))
-				return err
-			},
-			Run: func(ctx context.Context) error {
-				if err := run(ctx); err != nil {
-					log.Error("discovery stopped", "err", err)
-				}
-				return nil
-			},
-		})
+		g.Add(o.Discover.part(log, func() func([]kubediscovery.Engine) {
+			return o.Discover.candidateSetter(log, setCandidates(p.core.svc, p.core.sc, log))
+		}))
 	}
 	g.Add(lifecycle.Part{
 		Name: "index warm-up",

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/buildinfo"
 	"github.com/kvindex/kvindex/internal/bytesize"
+	"github.com/kvindex/kvindex/internal/kubediscovery"
 	"github.com/kvindex/kvindex/internal/lifecycle"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -113,22 +114,9 @@ func NewRelay(o *RelayOptions, log *slog.Logger) (*Relay, error) {
 		Stop:  func(context.Context) error { return r.sub.Close() },
 	})
 	if o.Discover != nil {
-		var run func(context.Context) error
-		g.Add(lifecycle.Part{
-			Name: "discovery",
-			Start: func(context.Context) error {
-				var err error
-				run, err = o.Discover.watchPods(log, o.Discover.engineFollower(o.Model, log.With("component", "discovery"),
-					r.sub.AddEngine, func(name string) { r.sub.RemoveEngine(name) }))
-				return err
-			},
-			Run: func(ctx context.Context) error {
-				if err := run(ctx); err != nil {
-					log.Error("discovery stopped", "err", err)
-				}
-				return nil
-			},
-		})
+		g.Add(o.Discover.part(log, func() func([]kubediscovery.Engine) {
+			return o.Discover.engineFollower(o.Model, log.With("component", "discovery"), r.sub.AddEngine, func(name string) { r.sub.RemoveEngine(name) })
+		}))
 	}
 	g.Add(lifecycle.Part{
 		Name: "HTTP server",

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -22,6 +21,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/kvindex/kvindex/internal/configerr"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/internal/testutil/zmqtest"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/tokenizer"
@@ -161,7 +161,7 @@ func placePorts(t *testing.T, o Options) Options {
 	hosts, first, n := []string{"127.0.0.1"}, 0, 0
 	if o.Connect == "" {
 		n = 2 * o.Engines * o.Ranks
-		o.Port = freePorts(t, hosts, n)
+		o.Port = testutil.FreePortsOn(t, hosts, n)
 		first = o.Port
 	} else {
 		hosts = nil
@@ -170,7 +170,7 @@ func placePorts(t *testing.T, o Options) Options {
 		}
 		if !o.NoReplay {
 			n = o.Ranks
-			o.ReplayPort = freePorts(t, hosts, n)
+			o.ReplayPort = testutil.FreePortsOn(t, hosts, n)
 			first = o.ReplayPort
 		}
 	}
@@ -179,41 +179,12 @@ func placePorts(t *testing.T, o Options) Options {
 		if o.Connect != "" {
 			hn = 1
 		}
-		o.HTTPPort = freePorts(t, hosts, hn)
+		o.HTTPPort = testutil.FreePortsOn(t, hosts, hn)
 		for o.HTTPPort < first+n && first < o.HTTPPort+hn {
-			o.HTTPPort = freePorts(t, hosts, hn)
+			o.HTTPPort = testutil.FreePortsOn(t, hosts, hn)
 		}
 	}
 	return o
-}
-
-// freePorts returns a base port such that n ports from it are free on
-// every host.
-func freePorts(t *testing.T, hosts []string, n int) int {
-	t.Helper()
-	for range 100 {
-		base := 20000 + rand.IntN(40000)
-		var ls []net.Listener
-		ok := true
-		for _, h := range hosts {
-			for i := range n {
-				l, err := net.Listen("tcp", net.JoinHostPort(h, strconv.Itoa(base+i)))
-				if err != nil {
-					ok = false
-					break
-				}
-				ls = append(ls, l)
-			}
-		}
-		for _, l := range ls {
-			l.Close()
-		}
-		if ok {
-			return base
-		}
-	}
-	t.Fatalf("no %d free ports in a row", n)
-	return 0
 }
 
 // awaitNoGoroutines waits until no goroutine runs the sim's code, the
@@ -300,7 +271,7 @@ func TestEnginesPublish(t *testing.T) {
 			if tc.bind {
 				// kvindex serve's listen socket, as the engines see it.
 				listen = zmqSocket(t, zmq.SUB)
-				o.Connect = "tcp://127.0.0.1:" + strconv.Itoa(freePorts(t, []string{"127.0.0.1"}, 1))
+				o.Connect = "tcp://127.0.0.1:" + strconv.Itoa(testutil.FreePortsOn(t, []string{"127.0.0.1"}, 1))
 				if err := errors.Join(listen.SetSubscribe(""), listen.Bind(o.Connect)); err != nil {
 					t.Fatal(err)
 				}
@@ -541,7 +512,7 @@ func TestStartRefused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			o := DefaultOptions()
 			o.Engines, o.Ranks = 1, 2
-			o.Port = freePorts(t, []string{"127.0.0.1"}, 11)
+			o.Port = testutil.FreePortsOn(t, []string{"127.0.0.1"}, 11)
 			port := tc.taken(&o)
 			if port != 0 {
 				l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))

@@ -50,28 +50,43 @@ func (s *SyncBuffer) String() string {
 // They are free when it returns, not reserved.
 func FreePorts(t testing.TB, n int) int {
 	t.Helper()
+	return FreePortsOn(t, []string{"127.0.0.1"}, n)
+}
+
+// FreePortsOn is FreePorts on every one of hosts (loopback addresses:
+// simulated engines on 127.0.0.x share their port layout).
+func FreePortsOn(t testing.TB, hosts []string, n int) int {
+	t.Helper()
 	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		l, err := net.Listen("tcp", net.JoinHostPort(hosts[0], "0"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		first := l.Addr().(*net.TCPAddr).Port
-		ls := []net.Listener{l}
-		for i := 1; i < n; i++ {
-			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(first+i))
-			if err != nil {
-				break
+		l.Close()
+		if first+n-1 > 65535 {
+			continue
+		}
+		var ls []net.Listener
+		ok := true
+		for _, h := range hosts {
+			for i := range n {
+				l, err := net.Listen("tcp", net.JoinHostPort(h, strconv.Itoa(first+i)))
+				if err != nil {
+					ok = false
+					break
+				}
+				ls = append(ls, l)
 			}
-			ls = append(ls, l)
 		}
 		for _, l := range ls {
 			l.Close()
 		}
-		if len(ls) == n {
+		if ok {
 			return first
 		}
 	}
-	t.Fatalf("no %d consecutive free ports", n)
+	t.Fatalf("no %d consecutive free ports on %v", n, hosts)
 	return 0
 }
 
