@@ -98,8 +98,17 @@ check: $(STATICCHECK)
 	$(STATICCHECK) $(NORACE_PKGS)
 	GO='$(GO)' .ci/cgo-free $(CGO_FREE)
 
-test: test-deps check golden-check
-	$(GO) test -race -count=1 $(PKGS)
+# The binary the fault suite and the README's examples run is built once,
+# before the tests that build it would each compile it at the same time.
+# The race tests run four packages at once, as many of them wait on
+# sockets and timers; the fuzz run's build goes on meanwhile at the lowest
+# priority, on what cores they leave.
+test: test-deps check golden-check build
+	@nice -n 19 $(FUZZ_RUN) --build >bin/fuzz-build.log 2>&1 & fuzzbuild=$$!; \
+	echo "$(GO) test -race -p 4 -count=1 $(PKGS)"; \
+	$(GO) test -race -p 4 -count=1 $(PKGS); rc=$$?; \
+	wait $$fuzzbuild || { echo "building the fuzz test binaries failed:"; cat bin/fuzz-build.log; }; \
+	exit $$rc
 	$(GO) test -count=1 $(NORACE_PKGS)
 	$(GO) test -count=1 -tags kvevents_msgpacklib ./kvevents
 	$(FUZZ_RUN)

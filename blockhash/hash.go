@@ -34,6 +34,14 @@ const DefaultSeed = "vllm-none-hash"
 // DefaultBlockSize is vLLM's default KV-cache block size in tokens.
 const DefaultBlockSize = 16
 
+// DefaultAlgo is vLLM's default --prefix-caching-hash-algo.
+const DefaultAlgo = SHA256Pickle
+
+// DefaultConfig is vLLM's hashing when nothing is configured.
+func DefaultConfig() Config {
+	return Config{Algo: DefaultAlgo, Seed: DefaultSeed, BlockSize: DefaultBlockSize}
+}
+
 // MaxBlockSize bounds the block size a Hasher accepts. Engines use 16 to
 // 256; the bound keeps a hostile configuration from sizing huge buffers.
 const MaxBlockSize = 1 << 16

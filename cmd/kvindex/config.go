@@ -8,7 +8,6 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/internal/bytesize"
 	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/internal/service"
@@ -54,28 +53,29 @@ type serveFlags struct {
 }
 
 func (f *serveFlags) register(fs *pflag.FlagSet) {
+	d := service.DefaultOptions()
 	fs.StringVar(&f.config, "config", "", "YAML file of settings keyed by flag name (e.g. grpc-addr: \":50051\"); the command line and KVINDEX_* variables override it")
-	fs.StringVar(&f.grpcAddr, "grpc-addr", ":50051", "gRPC listen address")
-	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "HTTP listen address (JSON API, /metrics, /healthz, /readyz)")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", d.GRPCAddr, "gRPC listen address")
+	fs.StringVar(&f.httpAddr, "http-addr", d.HTTPAddr, "HTTP listen address (JSON API, /metrics, /healthz, /readyz)")
 	fs.StringVar(&f.model, "model", "", "model of engines that name none, and of queries that name none")
 	fs.StringArrayVar(&f.engines, "engine", nil, "engine to connect to (connect mode): NAME=ENDPOINT[,replay=ENDPOINT][,ranks=N][,model=M][,topic=PREFIX]; repeatable")
 	fs.StringVar(&f.listen, "listen", "", "bind a SUB socket here for engines to connect to (bind mode), e.g. tcp://*:5557; with --listen-ranks, on that many ports")
-	fs.IntVar(&f.listenRanks, "listen-ranks", 1, "bind mode: the engines' data-parallel size; vLLM's rank r connects to the --listen port + r, so kvindex binds that many consecutive ports")
-	fs.StringVar(&f.topicPattern, "topic-pattern", zmqtransport.LLMDTopicPattern, "bind mode: how topics name engines, with {pod} and optionally {model}")
+	fs.IntVar(&f.listenRanks, "listen-ranks", d.ListenRanks, "bind mode: the engines' data-parallel size; vLLM's rank r connects to the --listen port + r, so kvindex binds that many consecutive ports")
+	fs.StringVar(&f.topicPattern, "topic-pattern", d.TopicPattern, "bind mode: how topics name engines, with {pod} and optionally {model}")
 	fs.StringVar(&f.replayTemplate, "replay-template", "", "bind mode: engines' replay endpoint; {addr} is the address the engine's events come from, e.g. tcp://{addr}:5567 ({pod} and {model}, from the topic, let whoever reaches --listen choose the host, so with --engine-allow the host must be {addr}); rank r replays on its port + r (default: no replay)")
 	fs.StringArrayVar(&f.engineAllow, "engine-allow", nil, "bind mode: POD=CIDR, where the engines of a pod may connect from (POD exact, or a glob such as vllm-* or *; CIDR or one address); once given, connections from other addresses are refused at the ZMQ handshake, messages whose source the topic's pod does not allow are dropped (a pod named by an IP must come from it), both counted; repeatable")
-	fs.IntVar(&f.maxEngines, "max-engines", zmqtransport.DefaultMaxEngines, "bind mode: most engine ranks to follow; further topics are refused and counted (kvindex_listener_refused_engines_total)")
-	fs.DurationVar(&f.forgetAfter, "forget-after", zmqtransport.DefaultForgetAfter, "bind mode: forget an engine whose connection has been gone this long (its entries dropped, counted in kvindex_listener_forgotten_engines_total); it returns as new if it publishes again; 0: never")
+	fs.IntVar(&f.maxEngines, "max-engines", d.MaxEngines, "bind mode: most engine ranks to follow; further topics are refused and counted (kvindex_listener_refused_engines_total)")
+	fs.DurationVar(&f.forgetAfter, "forget-after", d.ForgetAfter, "bind mode: forget an engine whose connection has been gone this long (its entries dropped, counted in kvindex_listener_forgotten_engines_total); it returns as new if it publishes again; 0: never")
 	f.hash.register(fs)
 	fs.Var(&f.memoryBudget, "memory-budget", "cap on the index's memory, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited. It also bounds the process: Go memory limit of the budget + "+bytesize.Format(memlimit.GoOverhead)+" (unless GOMEMLIMIT is set), event queues sized from 1/"+strconv.Itoa(memlimit.QueueShareDiv)+" of it")
 	fs.StringVar(&f.tokenizeURL, "tokenize-url", "", "engine server root whose /tokenize tokenizes text and chat prompts, e.g. http://vllm:8000")
 	fs.StringVar(&f.tokenizer, "tokenizer", "", "local tokenizer.json (or .json.gz) for text prompts (completion form only)")
-	fs.IntVar(&f.maxQueryTokens, "max-query-tokens", server.DefaultMaxTokens, "largest prompt a query may carry, in tokens")
-	fs.DurationVar(&f.readyGrace, "ready-grace", server.DefaultReadyGrace, "report ready after this long even if some engines never connected")
+	fs.IntVar(&f.maxQueryTokens, "max-query-tokens", d.MaxQueryTokens, "largest prompt a query may carry, in tokens")
+	fs.DurationVar(&f.readyGrace, "ready-grace", d.ReadyGrace, "report ready after this long even if some engines never connected")
 	fs.BoolVar(&f.pprof, "pprof", false, "removed: Go profiles are served on the admin listener, see --admin-addr")
 	_ = fs.MarkHidden("pprof") // still refused with where profiles went; not listed in --help
 	fs.StringVar(&f.stateDir, "state-dir", "", "directory where kvindex keeps its index and the engines' positions across restarts (created if missing; default: none, a restart starts empty)")
-	fs.DurationVar(&f.snapshotEvery, "snapshot-interval", service.DefaultSnapshotInterval, "with --state-dir: how often the state is saved (also when serve stops); ingest pauses while the index is copied, queries go on")
+	fs.DurationVar(&f.snapshotEvery, "snapshot-interval", d.SnapshotInterval, "with --state-dir: how often the state is saved (also when serve stops); ingest pauses while the index is copied, queries go on")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text|json")
 	f.limits.register(fs)

@@ -24,7 +24,7 @@ func (f *hashFlags) register(fs *pflag.FlagSet) {
 	for i, a := range blockhash.Algos {
 		names[i] = string(a)
 	}
-	fs.StringVar(&f.algo, "hash-algo", string(blockhash.SHA256Pickle),
+	fs.StringVar(&f.algo, "hash-algo", string(blockhash.DefaultAlgo),
 		"block hash algorithm, as the engines' --prefix-caching-hash-algo: "+strings.Join(names, "|")+" (vLLM's default is sha256)")
 	fs.StringVar(&f.seed, "hash-seed", blockhash.DefaultSeed,
 		"the engines' PYTHONHASHSEED; vLLM uses \""+blockhash.DefaultSeed+"\" when it is unset (older vLLM: random, which cannot be mirrored)")

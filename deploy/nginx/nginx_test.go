@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -14,16 +15,21 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvindex/kvindex/api/client"
-	"github.com/kvindex/kvindex/internal/kvindexbin"
+	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/service"
+	"github.com/kvindex/kvindex/internal/sim"
 	"github.com/kvindex/kvindex/internal/testutil"
+	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/picker/enginemetrics"
+	"github.com/kvindex/kvindex/picker/gateway"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 const (
@@ -52,7 +58,7 @@ func nginxBinary(t *testing.T) string {
 	return bin
 }
 
-// TestNginxRoutesByPrefix sends conversations through nginx running
+// TestNginxRoutesByPrefix sends conversations through a real nginx running
 // nginx.conf: with the picker answering, every later turn reaches the pod
 // holding the conversation's first turn and is served from its cache; with
 // the picker unreachable, nginx's fallback spreads the turns round robin
@@ -60,23 +66,26 @@ func nginxBinary(t *testing.T) string {
 // is lower.
 func TestNginxRoutesByPrefix(t *testing.T) {
 	nginxBin := nginxBinary(t)
-	if testing.Short() {
-		t.Skip("-short: the test builds and runs the kvindex binary")
-	}
 	dir := t.TempDir()
-	kvindex := buildKvindex(t, dir)
 
-	// The engines, their HTTP fronts and kvindex serve following them.
+	// The engines, their HTTP fronts (kvindex sim's), kvindex serve
+	// following them and kvindex picker asking it, in this process.
 	evPorts, httpPorts := testutil.FreePorts(t, 2*engines), testutil.FreePorts(t, engines)
-	sim := start(t, kvindex, "sim", "--engines", strconv.Itoa(engines), "--rate", "0",
-		"--port", strconv.Itoa(evPorts), "--http-port", strconv.Itoa(httpPorts))
-	serveLine := sim.await(t, regexp.MustCompile(`follow these engines with:\n(kvindex serve [^\n]*)\n`))[1]
-	if strings.ContainsAny(serveLine, `'"\`) {
-		t.Fatalf("serve line with quoting this test does not split: %s", serveLine)
+	so := sim.DefaultOptions()
+	so.Engines, so.Rate, so.Port, so.HTTPPort = engines, 0, evPorts, httpPorts
+	follow := startSim(t, so)
+	o := service.DefaultOptions()
+	o.GRPCAddr, o.HTTPAddr, o.Model = "127.0.0.1:0", "127.0.0.1:0", follow.Model
+	o.Index.Hasher = blockhash.MustNew(follow.Hash)
+	for _, e := range follow.Engines {
+		o.Engines = append(o.Engines, zmqtransport.EngineConfig{Name: e.Pod, Model: follow.Model, Endpoint: e.Endpoint, ReplayEndpoint: e.Replay, Ranks: e.Ranks})
 	}
-	serveArgs := append(strings.Fields(serveLine)[1:], "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
-	serve := start(t, kvindex, serveArgs...)
-	grpcAddr := serve.await(t, regexp.MustCompile(`msg=serving grpc=(\S+)`))[1]
+	serve, err := service.New(o, slog.New(slog.NewTextHandler(testLog(t, "serve"), nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, serve.Start, serve.Wait)
+	grpcAddr := serve.GRPCAddr()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*awaitBound)
 	defer cancel()
 	idx, err := client.Dial(ctx, grpcAddr)
@@ -89,18 +98,26 @@ func TestNginxRoutesByPrefix(t *testing.T) {
 	pods := make([]string, engines)
 	addrs := make([]string, engines)
 	// nginx never tells the picker that a request ended, so a /v1/pick
-	// decision counts as in flight for --pick-hold. Here each turn ends in
-	// milliseconds, before the next is sent: with the default hold, three
-	// finished turns would count as load on their pod and the load scorer
-	// would move the fourth away.
-	pickerArgs := []string{"picker", "--index", grpcAddr, "--http-addr", "127.0.0.1:0", "--extproc-addr", "127.0.0.1:0",
-		"--pick-hold", "1ms"}
+	// decision counts as in flight for the pick hold. Here each turn ends
+	// in milliseconds, before the next is sent: with the default hold,
+	// three finished turns would count as load on their pod and the load
+	// scorer would move the fourth away.
+	po := &service.PickerServiceOptions{
+		Picker:      service.PickerOptions{Gateway: gateway.Config{PickHold: time.Millisecond}, ExtProcAddr: "127.0.0.1:0"},
+		Index:       grpcAddr,
+		Dial:        []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		DialTimeout: awaitBound, HTTPAddr: "127.0.0.1:0",
+	}
 	for i := range engines {
 		pods[i], addrs[i] = fmt.Sprintf("pod-%d", i), fmt.Sprintf("127.0.0.1:%d", httpPorts+i)
-		pickerArgs = append(pickerArgs, "--endpoint", pods[i]+"="+addrs[i])
+		po.Picker.Gateway.Endpoints = append(po.Picker.Gateway.Endpoints, gateway.Endpoint{Pod: pods[i], Addr: addrs[i]})
 	}
-	picker := start(t, kvindex, pickerArgs...)
-	pickerAddr := picker.await(t, regexp.MustCompile(`picker serving"? extproc=\S+ http=(\S+)`))[1]
+	picker, err := service.NewPicker(po, slog.New(slog.NewTextHandler(testLog(t, "picker"), nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, picker.Start, picker.Wait)
+	pickerAddr := picker.HTTPAddr()
 
 	// Two nginx: one asking the picker, one whose picker is a closed port,
 	// so that every request takes the fallback.
@@ -165,14 +182,68 @@ func TestNginxRoutesByPrefix(t *testing.T) {
 	}
 }
 
-// buildKvindex builds cmd/kvindex into dir.
-func buildKvindex(t *testing.T, dir string) string {
+// startSim runs kvindex sim's engines with o until the test ends and
+// returns what a kvindex follows them with, once they are up.
+func startSim(t *testing.T, o sim.Options) sim.Follow {
 	t.Helper()
-	bin, err := kvindexbin.Build(dir)
+	started := make(chan struct{})
+	o.Observe = func(ev sim.Event) {
+		if _, ok := ev.(sim.Started); ok {
+			close(started)
+		}
+	}
+	s, err := sim.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return bin
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("sim: %v", err)
+		}
+	})
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("sim stopped before its engines were up: %v", err)
+	}
+	return s.Plan().Follow()
+}
+
+// run starts a kvindex mode (start) and stops it when the test ends,
+// checking how it stopped (wait).
+func run(t *testing.T, start func(context.Context) error, wait func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := start(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := wait(); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+}
+
+// testLog is where a mode started in this process logs: shown, under
+// name, if the test failed.
+func testLog(t *testing.T, name string) *testutil.SyncBuffer {
+	logs := &testutil.SyncBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			out := logs.String()
+			if len(out) > 6000 {
+				out = "...\n" + out[len(out)-6000:]
+			}
+			t.Logf("kvindex %s:\n%s", name, out)
+		}
+	})
+	return logs
 }
 
 // proc is a process the test started; it is killed when the test ends and
@@ -213,22 +284,6 @@ func start(t *testing.T, bin string, args ...string) *proc {
 		}
 	})
 	return p
-}
-
-// await returns re's match in the process's output once it appears.
-func (p *proc) await(t *testing.T, re *regexp.Regexp) []string {
-	t.Helper()
-	var m []string
-	testutil.Await(t, awaitBound, re.String(), func() bool {
-		select {
-		case <-p.done:
-			t.Fatalf("exited (%v) before printing %s:\n%s", p.err, re, p.String())
-		default:
-		}
-		m = re.FindStringSubmatch(p.String())
-		return m != nil
-	})
-	return m
 }
 
 // renderConf is nginx.conf with the example's addresses (the lines marked

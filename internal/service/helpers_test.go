@@ -7,9 +7,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/api/client"
-	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/blockhash"
-	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
@@ -40,13 +38,10 @@ func testLogger(t *testing.T) (*slog.Logger, *testutil.SyncBuffer) {
 // baseOptions are a service's options on loopback's free ports, with
 // the defaults kvindex serve has, following engines.
 func baseOptions(engines ...zmqtransport.EngineConfig) *Options {
-	return &Options{
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Model: testModel, Engines: engines,
-		ListenRanks: 1, TopicPattern: zmqtransport.LLMDTopicPattern, MaxEngines: zmqtransport.DefaultMaxEngines,
-		ForgetAfter: zmqtransport.DefaultForgetAfter, Index: indexer.Options{Hasher: testHasher},
-		MaxQueryTokens: server.DefaultMaxTokens, ReadyGrace: time.Minute, Limits: server.DefaultLimits,
-		SnapshotInterval: DefaultSnapshotInterval,
-	}
+	o := DefaultOptions()
+	o.GRPCAddr, o.HTTPAddr, o.Model, o.Engines = "127.0.0.1:0", "127.0.0.1:0", testModel, engines
+	o.Index.Hasher, o.ReadyGrace = testHasher, time.Minute
+	return o
 }
 
 // newEngine starts a simulated engine publishing over ZMQ with a replay

@@ -4,8 +4,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/api/server/security"
+	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/snapstore"
@@ -59,6 +61,20 @@ type Options struct {
 	Picker    *PickerOptions   // nil: no in-process picker
 	Discover  *DiscoverOptions // nil: no discovery
 	NATS      *NATSOptions     // nil: not a NATS replica
+}
+
+// DefaultOptions are the index service's defaults, kvindex serve's
+// flags' among them: gRPC on client.DefaultPort and HTTP on 8080 on every
+// interface, vLLM's default hashing, no event source yet.
+func DefaultOptions() *Options {
+	return &Options{
+		GRPCAddr: ":" + client.DefaultPort, HTTPAddr: ":8080",
+		ListenRanks: 1, TopicPattern: zmqtransport.LLMDTopicPattern,
+		MaxEngines: zmqtransport.DefaultMaxEngines, ForgetAfter: zmqtransport.DefaultForgetAfter,
+		Index:          indexer.Options{Hasher: blockhash.MustNew(blockhash.DefaultConfig())},
+		MaxQueryTokens: server.DefaultMaxTokens, ReadyGrace: server.DefaultReadyGrace,
+		Limits: server.DefaultLimits, SnapshotInterval: DefaultSnapshotInterval,
+	}
 }
 
 // NATSOptions make the service a NATS replica.
