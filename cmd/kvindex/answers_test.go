@@ -16,6 +16,7 @@ import (
 // --cache-salt, query matches what lookup shows the engines hold (the
 // prompt hashed with those extras), with --pod or without.
 func TestCLIQueryExtrasMatchLookup(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
 	x := startE2E(t, []string{"pod-a", "pod-b", "pod-c"})
 	prompt := testutil.Seq(70000, 4*e2eBlockSize)
 	stores := []struct {
@@ -83,6 +84,7 @@ func TestCLIQueryExtrasMatchLookup(t *testing.T) {
 // could not tokenize the prompt, naming the URL, rather than that kvindex
 // cannot be reached.
 func TestCLITokenizerDown(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
 	// A port nothing listens on; the service's own listeners, bound
 	// after it is freed, may get it: then try another.
 	var x *e2e

@@ -117,6 +117,7 @@ func (e *recordingTokenize) last() map[string]json.RawMessage {
 // /tokenize gets the messages, tools and template arguments as the request
 // has them, and the answer is that of the ids it returns.
 func TestE2EChatRequestFile(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
 	tok := &recordingTokenize{ids: testutil.Seq(9000, 3*e2eBlockSize)}
 	engine := httptest.NewServer(tok)
 	t.Cleanup(engine.Close)

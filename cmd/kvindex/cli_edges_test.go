@@ -33,6 +33,7 @@ func TestServerTarget(t *testing.T) {
 // --server naming its HTTP port says so; tail --pod refuses a pod the
 // server does not know, naming those it does.
 func TestCLIServerAndPodChecks(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
 	x := startE2E(t, []string{"pod-a", "pod-b"})
 
 	out, errOut, code := runCLI(t, "pods", "--server", "http://"+x.svc.GRPCAddr())

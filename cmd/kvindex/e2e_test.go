@@ -212,6 +212,7 @@ func idsArg(ids []uint64) string {
 }
 
 func TestE2E(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
 	x := startE2E(t, []string{"pod-a", "pod-b"})
 	a, b := x.engines["pod-a"], x.engines["pod-b"]
 
@@ -451,6 +452,7 @@ func regexpLine(line string, want ...string) bool {
 // Text prompts through the local tokenizer answer as their token ids do,
 // and the CLI reports a missing tokenizer clearly.
 func TestE2ETokenizer(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
 	const tk = "../../tokenizer/testdata/qwen2.5/tokenizer.json.gz"
 	x := startE2E(t, []string{"pod-a"}, "--tokenizer", tk)
 	local, err := tokenizer.LoadFile(tk)
@@ -498,6 +500,7 @@ func TestE2ETokenizer(t *testing.T) {
 }
 
 func TestE2EMissingTokenizer(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
 	x := startE2E(t, []string{"pod-a"})
 	_, errOut, code := runCLI(t, "query", "--server", x.svc.GRPCAddr(), "--prompt", "hello")
 	if code != 1 || !strings.HasPrefix(errOut, "kvindex: text and chat prompts need a tokenizer: this kvindex has none") || strings.Count(errOut, "\n") != 1 {
@@ -555,6 +558,7 @@ func TestCLIPromptErrors(t *testing.T) {
 // An engine hashing with another seed is flagged "mismatch", with the
 // reason in pods and in the log, and stays routable by token ids.
 func TestE2EHashMismatch(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
 	x := startE2E(t, []string{"pod-a"}, "--hash-seed", "1") // the engine uses seed 0
 	prompt := testutil.Seq(7000, 4*e2eBlockSize)
 	if _, err := x.engines["pod-a"].Process(prompt, nil); err != nil {

@@ -166,6 +166,7 @@ func parseRelay(t *testing.T, args ...string) *service.RelayOptions {
 }
 
 func TestNATSModeEndToEnd(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
 	if testing.Short() {
 		t.Skip("-short: the test runs nats-server")
 	}

@@ -93,6 +93,7 @@ func TestE2EMutualTLS(t *testing.T) {
 // Go profiles are served on --admin-addr only; --pprof says where they
 // went.
 func TestE2EAdminListener(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
 	x := startE2E(t, []string{"pod-a"}, "--admin-addr", "127.0.0.1:0")
 	admin := "http://" + x.svc.AdminAddr()
 	tests := []struct {
@@ -160,6 +161,7 @@ func tokenSHA(token string) string {
 // tail without the watch scope and query with a watch-only token are
 // refused, saying which scope is missing, and counted.
 func TestE2ETokens(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
 	p := newPKI(t)
 	auth := writeAuthFile(t, p.dir, `  - name: tenant-a
     sha256: `+tokenSHA("tenant-secret")+`

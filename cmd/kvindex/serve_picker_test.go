@@ -26,6 +26,7 @@ import (
 // HTTP address, the ext_proc server answers its health checks, and the
 // picker's metrics are on serve's /metrics.
 func TestServePicker(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
 	pods := []string{"pod-a", "pod-b", "pod-c"}
 	var extra []string
 	for i, p := range pods {
@@ -115,6 +116,7 @@ func TestServePickerFlags(t *testing.T) {
 // With --auth-tokens, serve --picker's /v1/pick takes the callers its
 // queries take: the query scope.
 func TestServePickerAuth(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
 	p := newPKI(t)
 	auth := writeAuthFile(t, p.dir, "")
 	x := startE2EDial(t,

@@ -17,6 +17,7 @@ import (
 // When --ready-grace runs out before every engine connected, the log
 // names the streams that did not, with their endpoints.
 func TestServeReadyGraceNamesUnconnectedEngines(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -93,6 +93,7 @@ func (x *e2e) awaitHealth(pod string, want kvindexv1.EngineHealth) {
 // restored; once the engine confirms the position by replay, ok. An engine
 // that restarted meanwhile is recognised and its old entries dropped.
 func TestStateDirRestart(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
 	dir := t.TempDir()
 	a := newStateEngine(t, "pod-a")
 	engines := map[string]*simzmq.Engine{"pod-a": a}

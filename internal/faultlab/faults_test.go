@@ -25,19 +25,38 @@ func TestFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the fault suite builds and runs the kvindex binary")
 	}
-	t.Run("drop-1pct/replay", func(t *testing.T) { liveFault(t, true, 0.01, 0, 0) })
-	t.Run("drop-1pct/no-replay", func(t *testing.T) { liveFault(t, false, 0.01, 0, 0) })
-	t.Run("duplicate-2pct/replay", func(t *testing.T) { liveFault(t, true, 0, 0.02, 0) })
-	t.Run("duplicate-2pct/no-replay", func(t *testing.T) { liveFault(t, false, 0, 0.02, 0) })
-	t.Run("reorder-2pct/replay", func(t *testing.T) { liveFault(t, true, 0, 0, 0.02) })
-	t.Run("reorder-2pct/no-replay", func(t *testing.T) { liveFault(t, false, 0, 0, 0.02) })
-	t.Run("engine-restart/slow", func(t *testing.T) { engineRestart(t, false) })
-	t.Run("engine-restart/fast", func(t *testing.T) { engineRestart(t, true) })
-	t.Run("kvindex-sigkill/state-dir", func(t *testing.T) { kvindexKill(t, true) })
-	t.Run("kvindex-sigkill/plain", func(t *testing.T) { kvindexKill(t, false) })
-	t.Run("churn-1000-engines", churn)
-	t.Run("flood-16MiB-budget", flood)
-	t.Run("slow-watchers-and-http", slowClients)
+	// The faults that wait on sockets and timers run side by side (make
+	// faults runs one at a time, -test.parallel 1, so that each time to
+	// recover is its fault's alone); the flood, the churn and the slow
+	// clients load the machine and run alone, first, the flood first of
+	// all, as its peak memory is measured against a bound.
+	for _, f := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"drop-1pct/replay", func(t *testing.T) { liveFault(t, true, 0.01, 0, 0) }},
+		{"drop-1pct/no-replay", func(t *testing.T) { liveFault(t, false, 0.01, 0, 0) }},
+		{"duplicate-2pct/replay", func(t *testing.T) { liveFault(t, true, 0, 0.02, 0) }},
+		{"duplicate-2pct/no-replay", func(t *testing.T) { liveFault(t, false, 0, 0.02, 0) }},
+		{"reorder-2pct/replay", func(t *testing.T) { liveFault(t, true, 0, 0, 0.02) }},
+		{"reorder-2pct/no-replay", func(t *testing.T) { liveFault(t, false, 0, 0, 0.02) }},
+		{"engine-restart/slow", func(t *testing.T) { engineRestart(t, false) }},
+		{"engine-restart/fast", func(t *testing.T) { engineRestart(t, true) }},
+		{"kvindex-sigkill/state-dir", func(t *testing.T) { kvindexKill(t, true) }},
+		{"kvindex-sigkill/plain", func(t *testing.T) { kvindexKill(t, false) }},
+		{"flood-16MiB-budget", flood},
+		{"churn-1000-engines", churn},
+		{"slow-watchers-and-http", slowClients},
+	} {
+		tableOrder = append(tableOrder, f.name)
+		heavy := f.name == "churn-1000-engines" || f.name == "flood-16MiB-budget" || f.name == "slow-watchers-and-http"
+		t.Run(f.name, func(t *testing.T) {
+			if !heavy {
+				t.Parallel()
+			}
+			f.run(t)
+		})
+	}
 }
 
 // start starts n engines and a kvindex connected to them (connect mode),

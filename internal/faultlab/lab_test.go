@@ -1,6 +1,7 @@
 package faultlab
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -298,6 +299,9 @@ type row struct {
 var (
 	tableMu sync.Mutex
 	table   []row
+	// tableOrder is the faults' order in the table, whatever order they
+	// ran in.
+	tableOrder []string
 )
 
 func record(r row) {
@@ -309,6 +313,9 @@ func record(r row) {
 func printTable(w io.Writer) {
 	tableMu.Lock()
 	defer tableMu.Unlock()
+	slices.SortStableFunc(table, func(a, b row) int {
+		return cmp.Compare(slices.Index(tableOrder, a.fault), slices.Index(tableOrder, b.fault))
+	})
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "fault\tanswers checked\twrong while ok (must be 0)\twrong while flagged\ttime to recover\tpeak RSS vs budget\t")
 	for _, r := range table {
