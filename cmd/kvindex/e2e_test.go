@@ -559,7 +559,8 @@ func TestCLIPromptErrors(t *testing.T) {
 // reason in pods and in the log, and stays routable by token ids.
 func TestE2EHashMismatch(t *testing.T) {
 	t.Parallel() // its own service and engines on free ports
-	x := startE2E(t, []string{"pod-a"}, "--hash-seed", "1") // the engine uses seed 0
+	// The engine uses seed 0.
+	x := startE2E(t, []string{"pod-a"}, "--hash-seed", "1")
 	prompt := testutil.Seq(7000, 4*e2eBlockSize)
 	if _, err := x.engines["pod-a"].Process(prompt, nil); err != nil {
 		t.Fatal(err)
