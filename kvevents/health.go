@@ -24,10 +24,13 @@ import "github.com/zeebo/xxh3"
 //     AllBlocksCleared or a restart seen from sequence 0.
 //   - HealthUnconfirmed: the start of the engine's history is unknown: the
 //     stream joined mid-stream (the engine's replay buffer no longer
-//     reached back to its first batch, or there is no replay endpoint), or
-//     a reconnect could not be checked (the replay did not answer). Leaves
-//     to HealthOK on AllBlocksCleared or an engine restart seen from its
-//     first batch; an unchecked reconnect also on a later replay that
+//     reached back to its first batch, or there is no replay endpoint),
+//     its sequence went backwards where no restart can be (on the same
+//     connection), or a reconnect could not be checked (the replay did not
+//     answer, or there is no replay endpoint: engines without replay are
+//     exact only until their first reconnect). Leaves to HealthOK on
+//     AllBlocksCleared or an engine restart seen from its first batch on a
+//     new connection; an unchecked reconnect also on a later replay that
 //     verifies the process and fills every batch since.
 //   - HealthDegraded: batches were lost mid-stream (a gap no replay could
 //     fill, an undecodable batch). A lost batch is never applied later

@@ -32,6 +32,12 @@ import (
 //     seq and print: a replay overtook the live stream, or the batch came
 //     twice) and is dropped; otherwise it comes from a new process: Reset
 //     the engine, then treat the batch as the first of a fresh stream.
+//     Only a new connection can carry a new process (a restarted engine
+//     reconnects), so a sequence that goes backwards on the connection
+//     the stream's last batch came on (a seq wrapping past 2^64-1, a
+//     peer's forged batch) proves nothing: the engine is reset all the
+//     same (its old entries are no longer vouched for) and the fresh
+//     stream's start is unknown (HealthUnconfirmed, NoteBackwards).
 //   - A number that jumps (seq > last+1) means the live socket lost batches
 //     (high-water mark, reconnect). Ask the replay socket for everything
 //     from last (not last+1: the reply under last must be the remembered
@@ -57,8 +63,14 @@ import (
 //     batch.
 //
 // Without a replay endpoint nothing can be verified: after a reconnect the
-// next live batch decides (at or below last and not the remembered batch:
-// restart; last+1: accepted; beyond: a gap, lost).
+// next live batch decides how to go on (at or below last and not the
+// remembered batch: restart; last+1: accepted; beyond: a gap, lost), but
+// not whether the entries are still exact: a restarted engine whose first
+// batches were lost while the connection came back (ZMQ's slow joiner)
+// may well go on at last+1 with an empty cache. A stream with history
+// that reconnects without a replay endpoint is therefore HealthUnconfirmed
+// (NoteUnverifiable): engines without replay are exact only until their
+// first reconnect.
 //
 // When a hole cannot be filled (no replay endpoint, timeout, the engine's
 // buffer no longer reaching back far enough, too many batches held), the
@@ -90,6 +102,9 @@ type Sequencer struct {
 
 	liveSeen bool   // a live batch of the current process arrived
 	liveHigh uint64 // the highest live seq of the current process
+	// reconnected: the live socket (re)connected since the last batch was
+	// delivered, so the next one may come from a new process.
+	reconnected bool
 
 	// Health flags; Health reports the worst that applies.
 	degraded     bool   // batches lost mid-stream
@@ -216,6 +231,15 @@ const (
 	// without it (its hole was declared lost): dropped, never applied out
 	// of order.
 	NoteLate
+	// NoteBackwards: live seq To, an unknown batch, arrived after From on
+	// the connection the stream's history came on, where no new engine
+	// process can be: the engine is reset and its fresh stream is
+	// HealthUnconfirmed (Sequencer: a restart needs a reconnect).
+	NoteBackwards
+	// NoteUnverifiable: a stream with history reconnected, and without a
+	// replay endpoint nothing can show that the engine is still the
+	// process the history came from: HealthUnconfirmed.
+	NoteUnverifiable
 )
 
 func (k NoteKind) String() string {
@@ -248,6 +272,10 @@ func (k NoteKind) String() string {
 		return "replay-restart"
 	case NoteLate:
 		return "late"
+	case NoteBackwards:
+		return "backwards"
+	case NoteUnverifiable:
+		return "unverifiable"
 	}
 	return "note?"
 }
@@ -319,6 +347,9 @@ func NewSequencer(out SequencerOutput, cfg SequencerConfig) *Sequencer {
 // any other input.
 func (s *Sequencer) Resume(p Position) {
 	s.forget()
+	// Whatever connection comes next is new: the history is an earlier
+	// kvindex process's.
+	s.reconnected = true
 	s.applied, s.last, s.first = true, p.Seq, p.Seq
 	s.ring = new([printRing]uint64)
 	s.ring[p.Seq%printRing] = p.Print
@@ -362,9 +393,13 @@ func (s *Sequencer) Live(seq uint64, payload []byte, now int64) {
 	}
 	s.liveSeen = true
 	s.accept(seq, payload, now)
+	s.noteHealth()
 }
 
 // restartLive handles a live batch that only a new process can have sent.
+// A new process comes on a new connection: without one in between, the
+// batch proves no restart (see Sequencer), so the fresh stream that
+// follows has an unknown start.
 func (s *Sequencer) restartLive(seq uint64) {
 	if s.replaying {
 		s.abandonReplay()
@@ -372,9 +407,22 @@ func (s *Sequencer) restartLive(seq uint64) {
 	// The held batches belong to the old process, whose state the reset
 	// discards anyway.
 	s.dropHeld()
-	s.out.Note(Note{Kind: NoteRestart, From: max(s.liveHigh, s.last), To: seq})
+	proven := s.reconnected
+	kind := NoteRestart
+	if !proven {
+		kind = NoteBackwards
+	}
+	s.out.Note(Note{Kind: kind, From: max(s.liveHigh, s.last), To: seq})
+	if !proven {
+		// Flagged before the reset: never ok in between.
+		s.unknownStart = true
+		s.noteHealth()
+	}
 	s.out.Reset(ResetRestart)
 	s.forget()
+	// A proven restart's health is noted once the batch is placed (Live):
+	// one seen from a later batch is unconfirmed, not ok in between.
+	s.unknownStart = !proven
 }
 
 // accept places a live batch that is neither a restart nor a duplicate.
@@ -412,7 +460,14 @@ func (s *Sequencer) accept(seq uint64, payload []byte, now int64) {
 // before it publishes again; a stream with history verifies that the
 // engine is still the process its history came from.
 func (s *Sequencer) Connected(now int64) {
+	s.reconnected = true
 	if !s.canReplay {
+		// A resumed stream stays restored: it was never confirmed.
+		if s.applied && !s.restored && !s.unchecked {
+			s.out.Note(Note{Kind: NoteUnverifiable, From: s.last})
+			s.unchecked = true
+			s.noteHealth()
+		}
 		return
 	}
 	if s.applied {
@@ -529,6 +584,7 @@ func (s *Sequencer) replayRestart(r ReplayFailure, seq uint64, cancel bool, now 
 	s.dropHeld()
 	s.out.Reset(ResetRestart)
 	s.forget()
+	s.noteHealth()
 	s.startReplay(0, replayBootstrap, now)
 }
 
@@ -767,16 +823,17 @@ func (s *Sequencer) dropHeld() {
 	s.held = s.held[:0]
 }
 
-// forget drops the history and the health flags: the stream is fresh.
+// forget drops the history and the health flags: the stream is fresh. The
+// caller notes the health once it is known.
 func (s *Sequencer) forget() {
 	s.applied, s.last, s.first = false, 0, 0
 	if s.ring != nil {
 		clear(s.ring[:])
 	}
 	s.liveSeen, s.liveHigh = false, 0
+	s.reconnected = false
 	s.degraded, s.unknownStart, s.unchecked, s.restored = false, false, false, false
 	s.verifyNext = false
-	s.noteHealth()
 }
 
 func (s *Sequencer) apply(seq uint64, payload []byte) {
@@ -795,6 +852,7 @@ func (s *Sequencer) apply(seq uint64, payload []byte) {
 	s.ring[seq%printRing] = BatchPrint(payload)
 	s.applied = true
 	s.last = seq
+	s.reconnected = false
 	s.out.Deliver(seq, payload)
 }
 

@@ -44,10 +44,10 @@ func (r *seqRecorder) Note(n kvevents.Note) {
 	r.notes = append(r.notes, n)
 	s := "note " + n.Kind.String()
 	switch n.Kind {
-	case kvevents.NoteGap, kvevents.NoteLost, kvevents.NoteRestart, kvevents.NoteTruncated, kvevents.NoteReplayDone:
+	case kvevents.NoteGap, kvevents.NoteLost, kvevents.NoteRestart, kvevents.NoteBackwards, kvevents.NoteTruncated, kvevents.NoteReplayDone:
 		s += fmt.Sprintf(" %d-%d", n.From, n.To)
 	case kvevents.NoteReplayStart, kvevents.NoteDuplicate, kvevents.NoteJoin, kvevents.NoteStray,
-		kvevents.NoteVerified, kvevents.NoteLate:
+		kvevents.NoteVerified, kvevents.NoteLate, kvevents.NoteUnverifiable:
 		s += fmt.Sprintf(" %d", n.From)
 	case kvevents.NoteReplayFailed:
 		s += " " + n.Reason.String()
@@ -391,13 +391,16 @@ func TestSequencer(t *testing.T) {
 			health: kvevents.HealthDegraded,
 		},
 		{
-			name:  "restart: sequence goes back to zero",
+			name:  "restart: sequence goes back to zero on a new connection",
 			cfg:   withReplay,
-			steps: []step{"L0", "L1", "L2", "L0b", "L1b"},
+			steps: []step{"L0", "L1", "L2", "C", "L0b", "L1b"},
 			want: []string{
 				"deliver 0 p0",
 				"deliver 1 p1",
 				"deliver 2 p2",
+				"note replay-start 2",
+				"request 2",
+				"cancel",
 				"note restart 2-0",
 				"reset restart",
 				"deliver 0 p0b",
@@ -407,18 +410,21 @@ func TestSequencer(t *testing.T) {
 		{
 			name:  "restart after a single batch",
 			cfg:   noReplay,
-			steps: []step{"L0", "L0b"},
+			steps: []step{"L0", "C", "L0b"},
 			want: []string{
 				"deliver 0 p0",
+				"note unverifiable 0",
+				"note health unconfirmed",
 				"note restart 0-0",
 				"reset restart",
 				"deliver 0 p0b",
+				"note health ok",
 			},
 		},
 		{
 			name:  "restart seen late (first batches lost) bootstraps from zero",
 			cfg:   withReplay,
-			steps: []step{"L7", "R0", "R1", "R2", "R3", "R4", "R5", "R6", "R7", "E", "L8", "L3b", "R0b", "R1b", "R2b", "R3b", "E", "L4b"},
+			steps: []step{"L7", "R0", "R1", "R2", "R3", "R4", "R5", "R6", "R7", "E", "L8", "C", "L3b", "R0b", "R1b", "R2b", "R3b", "E", "L4b"},
 			want: []string{
 				"note replay-start 0 bootstrap",
 				"request 0",
@@ -433,6 +439,9 @@ func TestSequencer(t *testing.T) {
 				"note replay-done 0-8 bootstrap",
 				"note duplicate 7",
 				"deliver 8 p8",
+				"note replay-start 8",
+				"request 8",
+				"cancel",
 				"note restart 8-3",
 				"reset restart",
 				"note replay-start 0 bootstrap",
@@ -449,11 +458,14 @@ func TestSequencer(t *testing.T) {
 		{
 			name:  "restart while a replay is outstanding",
 			cfg:   withReplay,
-			steps: []step{"L0", "L1", "L5", "L6", "L0b", "R2", "L1b"},
+			steps: []step{"L0", "L1", "L5", "L6", "C", "L0b", "R2", "L1b"},
 			want: []string{
 				"deliver 0 p0",
 				"deliver 1 p1",
 				"note gap 2-5",
+				"note replay-start 1",
+				"request 1",
+				"cancel",
 				"note replay-start 1",
 				"request 1",
 				"cancel",
@@ -467,10 +479,13 @@ func TestSequencer(t *testing.T) {
 		{
 			name:  "restart while a replay is outstanding, seq equal to the held one",
 			cfg:   withReplay,
-			steps: []step{"L0", "L5", "L5b"},
+			steps: []step{"L0", "L5", "C", "L5b"},
 			want: []string{
 				"deliver 0 p0",
 				"note gap 1-5",
+				"note replay-start 0",
+				"request 0",
+				"cancel",
 				"note replay-start 0",
 				"request 0",
 				"cancel",
@@ -572,18 +587,75 @@ func TestSequencer(t *testing.T) {
 			want:  []string{"deliver 0 p0", "note stray 1", "note stray 18446744073709551615", "deliver 1 p1"},
 		},
 		{
-			name:  "maximal sequence number",
+			name:  "a sequence wrapping past its maximum proves no restart",
 			cfg:   noReplay,
 			steps: []step{"L18446744073709551615", "L0b"},
 			want: []string{
 				"note join 18446744073709551615",
 				"note health unconfirmed",
 				"deliver 18446744073709551615 p18446744073709551615",
-				"note restart 18446744073709551615-0",
+				"note backwards 18446744073709551615-0",
 				"reset restart",
-				"note health ok",
 				"deliver 0 p0b",
 			},
+			health: kvevents.HealthUnconfirmed,
+		},
+		{
+			// vLLM numbers a new process's batches from 0 on a new
+			// connection; on the same one, an unknown batch under an
+			// old seq is a peer's doing: reset, and not ok.
+			name:  "a sequence going back on the same connection proves no restart",
+			cfg:   noReplay,
+			steps: []step{"L0", "L1", "L2", "L0b", "L1b"},
+			want: []string{
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"deliver 2 p2",
+				"note backwards 2-0",
+				"note health unconfirmed",
+				"reset restart",
+				"deliver 0 p0b",
+				"deliver 1 p1b",
+			},
+			health: kvevents.HealthUnconfirmed,
+		},
+		{
+			name:  "a sequence going back on the same connection, with replay, bootstraps unconfirmed",
+			cfg:   withReplay,
+			steps: []step{"L0", "L1", "L2", "L1b", "R0b", "R1b", "E", "L2b"},
+			want: []string{
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"deliver 2 p2",
+				"note backwards 2-1",
+				"note health unconfirmed",
+				"reset restart",
+				"note replay-start 0 bootstrap",
+				"request 0",
+				"deliver 0 p0b",
+				"deliver 1 p1b",
+				"note replay-done 0-2 bootstrap",
+				"note duplicate 1",
+				"deliver 2 p2b",
+			},
+			health: kvevents.HealthUnconfirmed,
+		},
+		{
+			// A restarted engine whose first batches were lost while
+			// the connection came back may go on at last+1.
+			name:  "a reconnect without a replay endpoint is unconfirmed, whatever follows",
+			cfg:   noReplay,
+			steps: []step{"L0", "L1", "C", "L2", "L3", "C", "L4"},
+			want: []string{
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"note unverifiable 1",
+				"note health unconfirmed",
+				"deliver 2 p2",
+				"deliver 3 p3",
+				"deliver 4 p4",
+			},
+			health: kvevents.HealthUnconfirmed,
 		},
 	}
 	for _, tt := range tests {
@@ -657,13 +729,24 @@ func TestSequencerConnected(t *testing.T) {
 				s.Replayed(0, []byte("p0"), 0)
 				s.Replayed(1, []byte("p1"), 0)
 				s.ReplayEnd(0)
-				// Seq 1 again, but another batch: a new process.
+				// Seq 1 again on a new connection, but another batch:
+				// a new process.
+				s.Connected(0)
 				s.Live(1, []byte("new1"), 0)
 			},
 			want: []string{
-				"note replay-start 0 bootstrap", "request 0", "deliver 0 p0", "deliver 1 p1",
-				"note replay-done 0-2 bootstrap", "note restart 1-1", "reset restart",
-				"note replay-start 0 bootstrap", "request 0",
+				"note replay-start 0 bootstrap",
+				"request 0",
+				"deliver 0 p0",
+				"deliver 1 p1",
+				"note replay-done 0-2 bootstrap",
+				"note replay-start 1",
+				"request 1",
+				"cancel",
+				"note restart 1-1",
+				"reset restart",
+				"note replay-start 0 bootstrap",
+				"request 0",
 			},
 		},
 		{
@@ -678,13 +761,29 @@ func TestSequencerConnected(t *testing.T) {
 				s.ReplayEnd(0)
 				s.Live(3, []byte("p3"), 0) // in flight: a duplicate
 				s.Live(4, []byte("p4"), 0)
+				s.Connected(0)
 				s.Live(4, []byte("x4"), 0) // below the live high mark
 			},
 			want: []string{
-				"deliver 0 p0", "note gap 1-2", "note replay-start 0", "request 0",
-				"note verified 0", "deliver 1 p1", "deliver 2 p2", "note duplicate 2", "deliver 3 p3", "note replay-done 1-4",
-				"note duplicate 3", "deliver 4 p4",
-				"note restart 4-4", "reset restart", "note replay-start 0 bootstrap", "request 0",
+				"deliver 0 p0",
+				"note gap 1-2",
+				"note replay-start 0",
+				"request 0",
+				"note verified 0",
+				"deliver 1 p1",
+				"deliver 2 p2",
+				"note duplicate 2",
+				"deliver 3 p3",
+				"note replay-done 1-4",
+				"note duplicate 3",
+				"deliver 4 p4",
+				"note replay-start 4",
+				"request 4",
+				"cancel",
+				"note restart 4-4",
+				"reset restart",
+				"note replay-start 0 bootstrap",
+				"request 0",
 			},
 		},
 		{
@@ -751,14 +850,15 @@ func TestSequencerVerify(t *testing.T) {
 		{
 			name:  "another batch under an applied seq is a restart",
 			cfg:   noReplay,
-			steps: []step{"L0", "L1", "L1b", "L2b"},
+			steps: []step{"L0", "L1", "C", "L1b", "L2b"},
 			want: []string{
 				"deliver 0 p0",
 				"deliver 1 p1",
+				"note unverifiable 1",
+				"note health unconfirmed",
 				"note restart 1-1",
 				"reset restart",
 				"note join 1",
-				"note health unconfirmed",
 				"deliver 1 p1b",
 				"deliver 2 p2b",
 			},
@@ -787,10 +887,13 @@ func TestSequencerVerify(t *testing.T) {
 		{
 			name:  "another batch under a held seq is a restart",
 			cfg:   withReplay,
-			steps: []step{"L0", "L3", "L3b"},
+			steps: []step{"L0", "L3", "C", "L3b"},
 			want: []string{
 				"deliver 0 p0",
 				"note gap 1-3",
+				"note replay-start 0",
+				"request 0",
+				"cancel",
 				"note replay-start 0",
 				"request 0",
 				"cancel",
@@ -926,11 +1029,12 @@ func TestSequencerVerify(t *testing.T) {
 			want: []string{
 				"deliver 0 p0",
 				"deliver 1 p1",
+				"note unverifiable 1",
+				"note health unconfirmed",
 				"deliver 2 p2",
 				"note restart 2-1",
 				"reset restart",
 				"note join 1",
-				"note health unconfirmed",
 				"deliver 1 p1b",
 			},
 			health: kvevents.HealthUnconfirmed,
@@ -1022,8 +1126,8 @@ func TestSequencerVerify(t *testing.T) {
 				"note health restored",
 				"note restart 5-0",
 				"reset restart",
-				"note health ok",
 				"deliver 0 p0b",
+				"note health ok",
 				"deliver 1 p1b",
 			},
 		},

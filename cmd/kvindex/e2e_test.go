@@ -383,7 +383,9 @@ func TestE2E(t *testing.T) {
 
 	t.Run("engine restart", func(t *testing.T) {
 		resetsBefore := x.pod("pod-b", 0).GetResets()
-		b.Restart()
+		if err := b.Restart(); err != nil {
+			t.Fatal(err)
+		}
 		fresh := testutil.Seq(40000, 2*e2eBlockSize)
 		if _, err := b.Process(fresh, nil); err != nil {
 			t.Fatal(err)

@@ -59,8 +59,9 @@ func (s *simEngine) Process(now time.Duration, tokens []uint64) (int, error) {
 func (s *simEngine) Lookup(keys []uint64) int { return s.e.LookupKeys(keys) * s.bs }
 
 func (s *simEngine) Restart(time.Duration) error {
-	s.e.Restart() // publishes nothing: the new process's first batch reveals it
-	return nil
+	// New sockets, and nothing published: the reconnect and the new
+	// process's first batch reveal it.
+	return s.e.Restart()
 }
 
 // newFleet starts n engines of capacity blocks each. With events, it also

@@ -595,6 +595,13 @@ func (st *stream) Note(n kvevents.Note) {
 		c.resets.Add(1)
 		st.logAttrs(slog.LevelWarn, "zmqtransport: engine restarted (an unknown batch under a seq already applied); resetting its blocks",
 			slog.Uint64("last", n.From), slog.Uint64("seq", n.To))
+	case kvevents.NoteBackwards:
+		c.resets.Add(1)
+		st.logAttrs(slog.LevelWarn, "zmqtransport: sequence went back on the same connection, where no engine restart can be (a forged or wrapped seq); resetting its blocks, unconfirmed until the engine clears its cache or restarts",
+			slog.Uint64("last", n.From), slog.Uint64("seq", n.To))
+	case kvevents.NoteUnverifiable:
+		st.logAttrs(slog.LevelWarn, "zmqtransport: reconnected without a replay endpoint: its blocks cannot be verified (a restarted engine may go on at the next seq), unconfirmed until the engine clears its cache or restarts",
+			slog.Uint64("last", n.From))
 	case kvevents.NoteReplayRestart:
 		c.restarts.Add(1)
 		c.resets.Add(1)

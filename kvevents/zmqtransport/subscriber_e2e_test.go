@@ -217,7 +217,9 @@ func TestSubscriberWithEngineSim(t *testing.T) {
 				}
 			case round == 300 && i == 0:
 				catchUp(eng)
-				eng.Restart()
+				if err := eng.Restart(); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if _, err := eng.Process(prompt(), nil); err != nil {
 				t.Fatal(err)

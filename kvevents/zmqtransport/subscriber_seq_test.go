@@ -83,6 +83,41 @@ func TestSubscriberFastRestartDetected(t *testing.T) {
 	}
 }
 
+// TestSubscriberRestartWithoutReplayUnconfirmed: an engine without a
+// replay endpoint restarts; its first batches go out while the subscriber
+// reconnects (lost, the slow joiner), and the first one heard carries the
+// old process's next seq. Nothing can tell the processes apart, so the
+// stream must not be ok with the old process's blocks: it is unconfirmed
+// from the reconnect on, until the engine clears its cache.
+func TestSubscriberRestartWithoutReplayUnconfirmed(t *testing.T) {
+	pub, sink, s, e := connectedEngine(t, pubOptions{noReplay: true}, SubscriberConfig{}, "pod-norep")
+	pub.publishN(5, 0)
+	sink.waitApplied(t, e, 4)
+	if st := mustStream(t, s, e); st.Health != kvevents.HealthOK {
+		t.Fatalf("before the restart: %+v, want ok", st)
+	}
+	pub.restart()
+	pub.publishN(5, 0) // seqs 0-4 of the new process: nobody hears them
+	pub.waitSubscribed(1)
+	pub.publishN(7, 0) // 5 and 6: the old process's next seqs
+	sink.waitApplied(t, e, 6)
+	sink.wantCalls(t, e, seqRange(0, 7))
+	if st := mustStream(t, s, e); st.Health != kvevents.HealthUnconfirmed {
+		t.Fatalf("after an unverifiable reconnect: %+v, want unconfirmed", st)
+	}
+	// AllBlocksCleared proves the state again.
+	cleared, err := kvevents.AppendBatch(nil, &kvevents.Batch{TS: 1, Events: []kvevents.Event{{Kind: kvevents.AllBlocksCleared}}},
+		kvevents.EncodeOptions{Shape: kvevents.ShapeArray})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub.publish(cleared)
+	testutil.Await(t, waitTimeout, "ok after AllBlocksCleared", func() bool {
+		st, _ := streamOf(s, e)
+		return st.Health == kvevents.HealthOK
+	})
+}
+
 // TestSubscriberSlowRestartDetected: a restarted engine that has not
 // published yet is recognised on reconnecting (its replay holds nothing
 // at the last applied seq), before any batch of the new process.

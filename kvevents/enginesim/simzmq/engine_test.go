@@ -314,27 +314,38 @@ func TestClear(t *testing.T) {
 	process(t, e, testutil.Seq(0, 16), nil, 0)
 }
 
-// TestRestart: a new process starts at seq 0 with an empty cache and
-// announces nothing.
+// TestRestart: a new process starts at seq 0 with an empty cache,
+// announces nothing, and binds the same endpoints anew: its subscribers
+// reconnect.
 func TestRestart(t *testing.T) {
 	e := newEngine(t, enginesim.Config{}, zmqtransport.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	pubEP, replayEP := e.PubEndpoint(), e.ReplayEndpoint()
 	sub := subscribe(t, e, "")
 	seq := e.Seq()
 	process(t, e, testutil.Seq(0, 16), nil, 0)
 	sub.expect(seq)
-	e.Restart()
+	if err := e.Restart(); err != nil {
+		t.Fatal(err)
+	}
 	if e.Seq() != 0 || e.CachedBlocks() != 0 {
 		t.Fatalf("after Restart: Seq %d, CachedBlocks %d", e.Seq(), e.CachedBlocks())
 	}
-	process(t, e, testutil.Seq(0, 16), nil, 0) // a miss again
-	m := sub.expect(0)
-	if m.batch.Events[0].Kind != kvevents.BlockStored {
-		t.Fatalf("first message after restart is %v", m.batch.Events[0].Kind)
+	if e.PubEndpoint() != pubEP || e.ReplayEndpoint() != replayEP {
+		t.Fatalf("after Restart: endpoints %s %s, want %s %s", e.PubEndpoint(), e.ReplayEndpoint(), pubEP, replayEP)
 	}
+	process(t, e, testutil.Seq(0, 16), nil, 0) // a miss again
 	// The replay buffer starts over too.
 	got := replay(t, e, 0, false)
 	if len(got) != 1 || got[0].Seq != 0 {
 		t.Fatalf("replay after restart: %d batches", len(got))
+	}
+	// The old connection is gone; the subscriber reconnects to the new
+	// process and hears it.
+	sub.sync(e)
+	seq = e.Seq()
+	process(t, e, testutil.Seq(0, 16), nil, 0) // sync's probes emptied the cache
+	if m := sub.expect(seq); m.batch.Events[0].Kind != kvevents.BlockStored {
+		t.Fatalf("first message after restart is %v", m.batch.Events[0].Kind)
 	}
 }
 
