@@ -123,7 +123,7 @@ func TestServeConfigErrors(t *testing.T) {
 		t.Errorf("missing file: %v", err)
 	}
 	// An empty file is no error.
-	if _, _, err := parseServe(t, "--config", writeFile(t, "e.yaml", ""), "--listen", "tcp://*:5557"); err != nil {
+	if _, _, err := parseServe(t, "--config", writeFile(t, "e.yaml", ""), "--listen", "tcp://*:5557", "--engine-allow", "*=127.0.0.1"); err != nil {
 		t.Errorf("empty file: %v", err)
 	}
 }
@@ -136,25 +136,25 @@ func TestServeFlagErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"serve"}, "kvindex: no event source: give --engine NAME=ENDPOINT (connect mode), --discover-selector LABELS (connect mode, pods found on Kubernetes), --listen ENDPOINT (bind mode) or --nats URL (NATS mode, fed by kvindex relay)"},
-		{[]string{"serve", "--nats", "nats://n:4222", "--model", "m", "--listen", "tcp://*:1"}, "kvindex: --nats replaces --engine, --listen and --discover-selector"},
+		{[]string{"serve", "--nats", "nats://n:4222", "--model", "m", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1"}, "kvindex: --nats replaces --engine, --listen and --discover-selector"},
 		{[]string{"serve", "--nats", "nats://n:4222", "--model", "m", "--state-dir", "/tmp/x"}, "kvindex: --state-dir does not apply with --nats"},
 		{[]string{"serve", "--nats", "nats://n:4222"}, "kvindex: --nats needs --model"},
-		{[]string{"serve", "--listen", "tcp://*:1", "--snapshot-keep", "3"}, "kvindex: --snapshot-bucket and --snapshot-keep apply to NATS mode (--nats) only"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--snapshot-keep", "3"}, "kvindex: --snapshot-bucket and --snapshot-keep apply to NATS mode (--nats) only"},
 		{[]string{"serve", "--nats", "nats://n:4222", "--model", "m", "--snapshot-keep", "0"}, "kvindex: --snapshot-keep 0: want at least 1"},
 		{[]string{"serve", "--nats", "nats://n:4222", "--model", "m", "--nats-max-age", "1m"}, "kvindex: --nats-stream settings: stream duplicate window 2m0s exceeds its max age 1m0s"},
 		{[]string{"serve", "--engine", "a"}, "kvindex: --engine \"a\": missing \"=ENDPOINT\" (want NAME=ENDPOINT[,replay=ENDPOINT][,ranks=N][,model=M])"},
 		{[]string{"serve", "--model", "m", "--engine", "a=tcp://x:1", "--engine", "a=tcp://y:1"}, "kvindex: --engine \"a=tcp://y:1\": the name \"a\" is used twice"},
-		{[]string{"serve", "--listen", "tcp://*:1", "--hash-algo", "md5"}, "kvindex: unknown --hash-algo \"md5\""},
-		{[]string{"serve", "--listen", "tcp://*:1", "--block-size", "0"}, "kvindex: --block-size 0 out of range"},
-		{[]string{"serve", "--listen", "tcp://*:1", "--memory-budget", "lots"}, "kvindex: invalid argument \"lots\" for \"--memory-budget\" flag: \"lots\": want a size"},
-		{[]string{"serve", "--listen", "tcp://*:1", "--max-engines", "0"}, "kvindex: --max-engines 0: want at least 1"},
-		{[]string{"serve", "--listen", "tcp://*:1", "--log-level", "loud"}, "kvindex: --log-level \"loud\": want debug, info, warn or error"},
-		{[]string{"serve", "--listen", "tcp://*:1", "--log-format", "xml"}, "kvindex: --log-format \"xml\": want text or json"},
-		{[]string{"serve", "--listen", "tcp://*:1", "--grpc-addr", ":9", "--http-addr", ":9"}, "kvindex: --grpc-addr and --http-addr are both \":9\""},
-		{[]string{"serve", "--listen", "tcp://*:1", "--tokenizer", "/nonexistent/tokenizer.json", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --tokenizer /nonexistent/tokenizer.json: "},
-		{[]string{"serve", "--listen", "tcp://*:1", "--tokenize-url", "vllm:8000", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --tokenize-url: base URL \"vllm:8000\""},
-		{[]string{"serve", "--listen", "tcp://*:1", "--topic-pattern", "kv@{model}", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --topic-pattern: topic template \"kv@{model}\" has no {pod}"},
-		{[]string{"serve", "--listen", "tcp://*:1", "--replay-template", "tcp://x:1", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --replay-template \"tcp://x:1\": no {addr} or {pod}"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--hash-algo", "md5"}, "kvindex: unknown --hash-algo \"md5\""},
+		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--block-size", "0"}, "kvindex: --block-size 0 out of range"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--memory-budget", "lots"}, "kvindex: invalid argument \"lots\" for \"--memory-budget\" flag: \"lots\": want a size"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--max-engines", "0"}, "kvindex: --max-engines 0: want at least 1"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--log-level", "loud"}, "kvindex: --log-level \"loud\": want debug, info, warn or error"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--log-format", "xml"}, "kvindex: --log-format \"xml\": want text or json"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--grpc-addr", ":9", "--http-addr", ":9"}, "kvindex: --grpc-addr and --http-addr are both \":9\""},
+		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--tokenizer", "/nonexistent/tokenizer.json", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --tokenizer /nonexistent/tokenizer.json: "},
+		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--tokenize-url", "vllm:8000", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --tokenize-url: base URL \"vllm:8000\""},
+		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--topic-pattern", "kv@{model}", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --topic-pattern: topic template \"kv@{model}\" has no {pod}"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--replay-template", "tcp://x:1", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, "kvindex: --replay-template \"tcp://x:1\": no {addr} or {pod}"},
 		// Data-parallel layouts: every rank's ports, within and across engines.
 		// (--check: a setting that is wrongly accepted fails at once
 		// instead of starting a server.)
@@ -170,14 +170,15 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{"serve", "--check", "--listen", "tcp://*:*", "--listen-ranks", "2"}, "kvindex: --listen \"tcp://*:*\": an ephemeral port (\"*\") cannot be offset by the rank"},
 		{[]string{"serve", "--check", "--listen", "tcp://*:65535", "--listen-ranks", "2"}, "kvindex: --listen \"tcp://*:65535\": port 65535 cannot be offset by 2 data-parallel ranks"},
 		{[]string{"serve", "--check", "--listen", "tcp://*:5557", "--listen-ranks", "0"}, "kvindex: --listen-ranks 0: want an integer in 1..1024"},
-		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--replay-template", "tcp://{pod}:0"}, "kvindex: --replay-template \"tcp://{pod}:0\": port \"0\": connecting needs the engine's port"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:5557"}, "kvindex: bind mode (--listen) needs engine allow rules (--engine-allow POD=CIDR) or discovery (--discover-selector)"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--replay-template", "tcp://{pod}:0"}, "kvindex: --replay-template \"tcp://{pod}:0\": port \"0\": connecting needs the engine's port"},
 		// Engine allow rules.
-		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "vllm-0"}, "kvindex: --engine-allow \"vllm-0\": no '='"},
-		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "=10.0.0.0/8"}, "kvindex: --engine-allow \"=10.0.0.0/8\": empty pod"},
-		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "p=10.0.0.0/33"}, "kvindex: --engine-allow \"p=10.0.0.0/33\": \"10.0.0.0/33\" is not an IP network or address"},
-		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "p=10.1.2.3/16"}, "kvindex: --engine-allow \"p=10.1.2.3/16\": network 10.1.2.3/16 has bits set beyond its /16 prefix; did you mean 10.1.0.0/16?"},
-		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "p=10.0.0.5", "--engine-allow", "p=10.0.0.5/32"}, "kvindex: --engine-allow \"p=10.0.0.5/32\": the same rule as \"p=10.0.0.5\", given before"},
-		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "*=10.0.0.0/8", "--replay-template", "tcp://{pod}:5567"}, "kvindex: --replay-template \"tcp://{pod}:5567\": with engine allow rules the replay host must be the engine's source address: want tcp://{addr}:PORT"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--engine-allow", "vllm-0"}, "kvindex: --engine-allow \"vllm-0\": no '='"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--engine-allow", "=10.0.0.0/8"}, "kvindex: --engine-allow \"=10.0.0.0/8\": empty pod"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--engine-allow", "p=10.0.0.0/33"}, "kvindex: --engine-allow \"p=10.0.0.0/33\": \"10.0.0.0/33\" is not an IP network or address"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--engine-allow", "p=10.1.2.3/16"}, "kvindex: --engine-allow \"p=10.1.2.3/16\": network 10.1.2.3/16 has bits set beyond its /16 prefix; did you mean 10.1.0.0/16?"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--engine-allow", "p=10.0.0.5", "--engine-allow", "p=10.0.0.5/32"}, "kvindex: --engine-allow \"p=10.0.0.5/32\": the same rule as \"p=10.0.0.5\", given before"},
+		{[]string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--engine-allow", "*=10.0.0.0/8", "--replay-template", "tcp://{pod}:5567"}, "kvindex: --replay-template \"tcp://{pod}:5567\": with engine allow rules the replay host must be the engine's source address: want tcp://{addr}:PORT"},
 		{[]string{"serve", "--check", "--listen", "ipc:///tmp/kv", "--engine-allow", "*=10.0.0.0/8"}, "kvindex: --engine-allow needs a tcp --listen endpoint"},
 		{[]string{"serve", "--check", "--model", "m", "--engine", "a=tcp://h:1", "--engine-allow", "a=10.0.0.1"}, "kvindex: --engine-allow applies to bind mode (--listen) only"},
 		// Bind-mode flags without bind mode.
@@ -197,7 +198,7 @@ func TestServeFlagErrors(t *testing.T) {
 
 // The command line wins over the environment, which wins over the file.
 func TestServeSettingsPrecedence(t *testing.T) {
-	cfg := writeFile(t, "kvindex.yaml", "grpc-addr: \":6000\"\nhttp-addr: \":6001\"\nmodel: from-file\nmemory-budget: 1GiB\nlisten: tcp://*:5557\n")
+	cfg := writeFile(t, "kvindex.yaml", "grpc-addr: \":6000\"\nhttp-addr: \":6001\"\nmodel: from-file\nmemory-budget: 1GiB\nlisten: tcp://*:5557\nengine-allow:\n  - \"*=127.0.0.1\"\n")
 	env := map[string]string{
 		"KVINDEX_CONFIG":    cfg,
 		"KVINDEX_HTTP_ADDR": ":7001",
@@ -222,7 +223,7 @@ func TestServeSettingsPrecedence(t *testing.T) {
 		t.Errorf("engines %+v, want a and b from KVINDEX_ENGINE", o.Engines)
 	}
 
-	_, _, err = parseServeEnv(t, map[string]string{"KVINDEX_BLOCK_SIZE": "big"}, "--listen", "tcp://*:1")
+	_, _, err = parseServeEnv(t, map[string]string{"KVINDEX_BLOCK_SIZE": "big"}, "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1")
 	if err == nil || !strings.Contains(err.Error(), `KVINDEX_BLOCK_SIZE="big": invalid argument`) {
 		t.Errorf("bad environment value: %v, want an error naming the variable", err)
 	}
@@ -273,8 +274,8 @@ func TestServeCheck(t *testing.T) {
 		!strings.Contains(out, "engine pod-a (model m): tcp://127.0.0.1:3, replay tcp://127.0.0.1:4, 1 rank(s)") {
 		t.Errorf("exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	out, errOut, code = runCLI(t, "serve", "--check", "--listen", "tcp://127.0.0.1:3", "--listen-ranks", "4", "--replay-template", "tcp://{pod}:20")
-	if code != exitOK || !strings.Contains(out, "listen tcp://127.0.0.1:3, 4 rank(s), topics kv@{pod}@{model}, replay tcp://{pod}:20") {
+	out, errOut, code = runCLI(t, "serve", "--check", "--listen", "tcp://127.0.0.1:3", "--listen-ranks", "4", "--replay-template", "tcp://{addr}:20", "--engine-allow", "*=127.0.0.1")
+	if code != exitOK || !strings.Contains(out, "listen tcp://127.0.0.1:3, 4 rank(s), topics kv@{pod}@{model}, replay tcp://{addr}:20, engine allow rules 1") {
 		t.Errorf("bind mode with ranks: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	// --engine-allow from a --config list, with the replay template it
@@ -285,7 +286,7 @@ func TestServeCheck(t *testing.T) {
 		t.Errorf("engine allow rules: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	bad := writeFile(t, "tokenizer.json", `{"model":{"type":"Unigram"}}`)
-	_, errOut, code = runCLI(t, "serve", "--check", "--listen", "tcp://127.0.0.1:*", "--tokenizer", bad)
+	_, errOut, code = runCLI(t, "serve", "--check", "--listen", "tcp://127.0.0.1:*", "--engine-allow", "*=127.0.0.1", "--tokenizer", bad)
 	if code != exitUsage || !strings.HasPrefix(errOut, "kvindex: --tokenizer "+bad+": ") {
 		t.Errorf("bad tokenizer: exit %d, %q", code, errOut)
 	}

@@ -510,7 +510,7 @@ func TestE2EMissingTokenizer(t *testing.T) {
 	}
 	// A file that is not a tokenizer stops serve with one line.
 	bad := writeFile(t, "tokenizer.json", `{"model":{"type":"Unigram"}}`)
-	_, errOut, code = runCLI(t, "serve", "--listen", "tcp://127.0.0.1:*", "--tokenizer", bad, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
+	_, errOut, code = runCLI(t, "serve", "--listen", "tcp://127.0.0.1:*", "--engine-allow", "*=127.0.0.1", "--tokenizer", bad, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
 	if code != exitUsage || !strings.HasPrefix(errOut, "kvindex: --tokenizer "+bad+": ") || strings.Count(errOut, "\n") != 1 {
 		t.Errorf("bad tokenizer file: %q", errOut)
 	}

@@ -8,7 +8,7 @@ import (
 // Resource bounds are positive, and the tokens in flight fit the largest
 // query; anything else is a usage error naming the flag.
 func TestServeLimitFlagErrors(t *testing.T) {
-	base := []string{"serve", "--check", "--listen", "tcp://*:1"}
+	base := []string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1"}
 	tests := []struct {
 		args []string
 		want string

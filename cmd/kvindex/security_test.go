@@ -214,7 +214,7 @@ func TestE2ETokens(t *testing.T) {
 func TestServeSecurityFlagErrors(t *testing.T) {
 	p := newPKI(t)
 	auth := writeFile(t, "auth.yaml", "tokens: []\n")
-	base := []string{"serve", "--check", "--listen", "tcp://*:1"}
+	base := []string{"serve", "--check", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1"}
 	tests := []struct {
 		args []string
 		code int

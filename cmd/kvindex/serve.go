@@ -31,7 +31,9 @@ indexer.v1.IndexerService, health, reflection) on --grpc-addr, and HTTP/JSON
 Connect mode (--engine, repeatable): kvindex connects to each engine's PUB
 socket (vLLM's endpoint "tcp://*:5557"). Bind mode (--listen): kvindex binds
 one socket and the engines connect to it; their topics (kv@<pod>@<model> by
-default, see --topic-pattern) name them.
+default, see --topic-pattern) name them, and --engine-allow rules (or
+discovery) say who may speak for which pod: bind mode refuses to start
+without either (--engine-allow '*=127.0.0.0/8' tries it on one machine).
 
 On Kubernetes, --discover-selector finds the engines instead (or besides
 --engine): kvindex watches the pods the label selector picks in

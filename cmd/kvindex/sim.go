@@ -76,8 +76,9 @@ at --port + i*ranks + r for rank r, and its replay socket at --replay-port
 + i*ranks + r. Bind mode (--connect ENDPOINT): the engines connect to a
 kvindex listening there, on topics kv@<pod>@<model>; engine i runs on the
 loopback address 127.0.0.<i+1> and is named by it, as llm-d names engines
-by pod IP, so that kvindex finds rank r's replay socket at
---replay-template tcp://{pod}:PORT plus r.
+by pod IP, so that kvindex admits each only from its own address
+(--engine-allow '*=127.0.0.0/8') and finds rank r's replay socket at
+--replay-template tcp://{addr}:PORT plus r.
 
 With --tokenizer the prompts are text (one line each) tokenized by that
 tokenizer.json, so "kvindex query --prompt TEXT" finds them when kvindex

@@ -70,7 +70,7 @@ func TestSimServeLine(t *testing.T) {
 		{[]string{"--engines", "3", "--no-replay"},
 			"kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash + " --engine pod-0=tcp://127.0.0.1:5557 --engine pod-1=tcp://127.0.0.1:5558 --engine pod-2=tcp://127.0.0.1:5559"},
 		{[]string{"--connect", "tcp://127.0.0.1:5557", "--ranks", "2"},
-			"kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash + " --listen tcp://127.0.0.1:5557 --replay-template 'tcp://{pod}:5558'"},
+			"kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash + " --listen tcp://127.0.0.1:5557 --replay-template 'tcp://{addr}:5558' --engine-allow '*=127.0.0.0/8'"},
 		{[]string{"--connect", "kvindex.example:6000", "--no-replay"},
 			"kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash + " --listen 'tcp://*:6000'"},
 	} {

@@ -118,6 +118,9 @@ func simServeArgs(f sim.Follow) []string {
 	if f.ReplayTemplate != "" {
 		args = append(args, "--replay-template", f.ReplayTemplate)
 	}
+	for _, r := range f.EngineAllow {
+		args = append(args, "--engine-allow", r)
+	}
 	return args
 }
 

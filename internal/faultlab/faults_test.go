@@ -286,7 +286,7 @@ func churn(t *testing.T) {
 	const waves, perWave = 10, 100
 	listen := "tcp://" + testutil.FreeAddr(t)
 	// Departed engines are forgotten 2 s after their connection went.
-	k := startKvindex(t, "--listen", listen, "--forget-after", "2s")
+	k := startKvindex(t, "--listen", listen, "--engine-allow", "*=127.0.0.1", "--forget-after", "2s")
 	tr := newTraffic(2)
 	var live, departed []*engine
 	for w := range waves {

@@ -122,6 +122,10 @@ func (o *Options) Validate() error {
 		return configerr.New("MaxEngines", "%v %d: want at least 1", f("MaxEngines"), o.MaxEngines)
 	case o.SnapshotInterval < MinSnapshotInterval:
 		return configerr.New("SnapshotInterval", "%v %v: want at least %v", f("SnapshotInterval"), o.SnapshotInterval, MinSnapshotInterval)
+	case o.Listen != "" && len(o.EngineAllow) == 0 && o.Discover == nil:
+		return configerr.New("EngineAllow", "bind mode (%v) needs engine allow rules (%v POD=CIDR) or discovery (%v): without either, whoever reaches the listen socket writes, or wipes, any pod's entries. "+
+			"To try it on one machine: %v '*=127.0.0.0/8'. In a cluster, discovery ties each pod's name to its IP; pods named by their IP address may speak only for themselves",
+			f("Listen"), f("EngineAllow"), f("Discover"), f("EngineAllow"))
 	}
 	return nil
 }

@@ -145,6 +145,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"no engines allowed", func(o *Options) { o.MaxEngines = 0 }, "MaxEngines", "want at least 1"},
 		{"snapshot interval", func(o *Options) { o.SnapshotInterval = time.Millisecond }, "SnapshotInterval", "want at least 100ms"},
 		{"discovery without model", func(o *Options) { o.Model, o.Discover = "", &DiscoverOptions{Selector: "app=vllm"} }, "Model", "Discover needs Model"},
+		{"bind mode open to anyone", func(o *Options) { o.Engines, o.Listen = nil, "tcp://127.0.0.1:5557" }, "EngineAllow", "needs engine allow rules (EngineAllow POD=CIDR) or discovery (Discover)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := baseOptions(ec)

@@ -105,10 +105,10 @@ func TestPlanLayout(t *testing.T) {
 			[]string{"127.0.0.1", "127.0.0.2"}, []string{"127.0.0.1:8000", "127.0.0.2:8000"},
 			[][]string{{"tcp://127.0.0.1:5557", "tcp://127.0.0.1:5557"}, {"tcp://127.0.0.1:5557", "tcp://127.0.0.1:5557"}},
 			[][]string{{"tcp://127.0.0.1:5558", "tcp://127.0.0.1:5559"}, {"tcp://127.0.0.2:5558", "tcp://127.0.0.2:5559"}},
-			Follow{Listen: "tcp://127.0.0.1:5557", ReplayTemplate: "tcp://{pod}:5558"}},
+			Follow{Listen: "tcp://127.0.0.1:5557", ReplayTemplate: "tcp://{addr}:5558", EngineAllow: []string{"*=127.0.0.0/8"}}},
 		{"bind mode, remote kvindex", func(o *Options) { o.Connect, o.Engines, o.ReplayPort = "tcp://kvindex.example:6000", 1, 7000 },
 			[]string{"127.0.0.1"}, nil, [][]string{{"tcp://kvindex.example:6000"}}, [][]string{{"tcp://127.0.0.1:7000"}},
-			Follow{Listen: "tcp://*:6000", ReplayTemplate: "tcp://{pod}:7000"}},
+			Follow{Listen: "tcp://*:6000", ReplayTemplate: "tcp://{addr}:7000"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := DefaultOptions()

@@ -37,8 +37,8 @@ func NewPlan(o Options) (*Plan, error) {
 	// Connect mode: engine i rank r binds port + i*ranks + r on 127.0.0.1.
 	// Bind mode: engine i is the host 127.0.0.<i+1> (Linux answers on all
 	// of 127/8), named by it as llm-d names engines by pod IP, so that
-	// kvindex finds its replay socket from a template tcp://{pod}:PORT;
-	// rank r replays on PORT + r.
+	// kvindex admits each only from its own address and finds its replay
+	// socket from a template tcp://{addr}:PORT; rank r replays on PORT + r.
 	perHost := o.Engines * o.Ranks
 	if p.connectMode {
 		if err := checkPorts(fieldPort, o.Port, perHost); err != nil {
@@ -185,9 +185,13 @@ type Follow struct {
 	Engines []FollowEngine
 	// Listen, in bind mode, is the endpoint kvindex binds for the
 	// engines to connect to, and ReplayTemplate where it finds an
-	// engine's replay socket, {pod} standing for its name, rank r at the
-	// port + r ("" without replay).
+	// engine's replay socket, {addr} standing for the address its events
+	// come from, rank r at the port + r ("" without replay).
 	Listen, ReplayTemplate string
+	// EngineAllow, in bind mode on loopback, is the engine allow rule
+	// that admits the engines: every pod is named by its loopback
+	// address, and a pod so named may speak only from it.
+	EngineAllow []string
 }
 
 // FollowEngine is one engine a kvindex connects to.
@@ -205,7 +209,10 @@ func (p *Plan) Follow() Follow {
 	if !p.connectMode {
 		f.Listen = listenEndpoint(p.connect)
 		if p.replay {
-			f.ReplayTemplate = "tcp://{pod}:" + strconv.Itoa(p.replayPort)
+			f.ReplayTemplate = "tcp://{addr}:" + strconv.Itoa(p.replayPort)
+		}
+		if f.Listen == p.connect {
+			f.EngineAllow = []string{"*=127.0.0.0/8"}
 		}
 		return f
 	}

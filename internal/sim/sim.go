@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -234,6 +235,13 @@ func (s *Sim) engine(i, rank int) lifecycle.Part {
 		e.Topic = "kv@" + e.Pod + "@" + o.Model
 		pcfg.Topic = e.Topic
 		ports = fieldReplayPort
+		if p.connect == listenEndpoint(p.connect) {
+			// On loopback the engine connects from its own address,
+			// the one it is named by, as a pod does from its IP, so
+			// that kvindex's allow rules tie the name to the source
+			// (ZMQ's "tcp://SOURCE;DESTINATION").
+			pcfg.Endpoint = "tcp://" + e.Pod + ":0;" + strings.TrimPrefix(p.connect, "tcp://")
+		}
 	}
 	if p.replay {
 		pcfg.ReplayEndpoint = p.replays[i][rank]

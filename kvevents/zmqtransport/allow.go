@@ -68,6 +68,19 @@ func ParseAllowRule(s string) (AllowRule, error) {
 	return AllowRule{Pod: pod, Prefix: p}, nil
 }
 
+// Warning says what a rule admits beyond what its text suggests, or ""
+// when nothing: a glob over a network lets any engine of the network speak
+// for every matching pod (but pods named by their IP address, which may
+// speak only from it), so one compromised or misconfigured engine can
+// write, or wipe, its neighbours' entries.
+func (r AllowRule) Warning() string {
+	if !isGlob(r.Pod) || r.Prefix.IsSingleIP() {
+		return ""
+	}
+	return fmt.Sprintf("engine allow rule lets any engine in %s speak for every pod matching %q (pods named by their IP address excepted): tie names to addresses with discovery, name the pods by their IP address, or give each pod its own rule",
+		r.Prefix, r.Pod)
+}
+
 // isGlob reports whether a rule's pod is a pattern rather than a name.
 func isGlob(pod string) bool { return strings.ContainsAny(pod, `*?[\`) }
 

@@ -67,6 +67,29 @@ func FuzzParseAllowRule(f *testing.F) {
 	})
 }
 
+// TestAllowRuleWarning: only a glob over a network lets one engine speak
+// for others.
+func TestAllowRuleWarning(t *testing.T) {
+	for _, tt := range []struct {
+		rule string
+		warn bool
+	}{
+		{"pod-a=10.0.0.1", false},
+		{"pod-a=10.0.1.0/24", false},
+		{"vllm-*=10.0.0.5", false},
+		{"vllm-*=10.1.0.0/16", true},
+		{"*=127.0.0.0/8", true},
+	} {
+		w := allowRule(tt.rule).Warning()
+		if (w != "") != tt.warn {
+			t.Errorf("%s: warning %q, want one: %v", tt.rule, w, tt.warn)
+		}
+		if tt.warn && !strings.Contains(w, allowRule(tt.rule).Prefix.String()) {
+			t.Errorf("%s: warning %q does not name the network", tt.rule, w)
+		}
+	}
+}
+
 func TestAllowList(t *testing.T) {
 	a, err := compileAllowList([]AllowRule{
 		allowRule("pod-a=10.0.0.1"),

@@ -118,8 +118,13 @@ func (s *Subscriber) startListener() error {
 	s.log.Info("zmqtransport: listening", "endpoint", ln.bound[0], "ranks", len(ln.bound),
 		"endpoints", strings.Join(ln.bound, " "),
 		"topic_pattern", s.topic.src, "replay_template", s.cfg.ReplayTemplate, "engine_allow_rules", len(s.cfg.EngineAllow))
-	if ln.allow == nil {
-		s.log.Warn("zmqtransport: no engine allow rules: whoever reaches the listen socket can write any pod's entries (set engine allow rules, --engine-allow)")
+	if ln.allow == nil && !s.cfg.EngineAllowDynamic {
+		s.log.Warn("zmqtransport: no engine allow rules: whoever reaches the listen socket can write any pod's entries")
+	}
+	for _, r := range s.cfg.EngineAllow {
+		if w := r.Warning(); w != "" {
+			s.log.Warn("zmqtransport: "+w, "rule", r.String())
+		}
 	}
 	return nil
 }
