@@ -127,6 +127,7 @@ func (ns *namespace) evictOlder(gen uint64, minAge int) uint64 {
 	for id, n := range perEngine {
 		if n != 0 && id < len(et.byID) && et.byID[id] != nil {
 			et.byID[id].holderBlocks.Add(-n)
+			et.byID[id].evicted.Add(uint64(n))
 		}
 	}
 	return evicted

@@ -80,6 +80,9 @@ type PodMatch struct {
 	MatchedTokens int
 	Tiers         []TierCount
 	HashCheck     HashCheck
+	// Evicted: budget eviction dropped some of the engine's entries
+	// (EngineInfo.Evicted), so MatchedBlocks is a lower bound.
+	Evicted bool
 }
 
 // Result answers a Query.
@@ -122,6 +125,13 @@ type EngineInfo struct {
 	RemoveMisses uint64 // removals of blocks the index did not hold
 	LastSeq      uint64 // sequence number of the last applied batch
 	Message      string // why the engine is flagged, if it is
+	// Evicted counts the engine's entries (holder-blocks) that budget
+	// eviction (Options.MemoryBudget) dropped since its entries were last
+	// exact: while it is not 0 the index holds less than the engine does,
+	// so the engine's matches are lower bounds (the API's PARTIAL
+	// health). AllBlocksCleared or a reset makes the entries exact again
+	// and zeroes it.
+	Evicted uint64
 }
 
 // Stats sizes the index.
@@ -267,10 +277,12 @@ func (ix *Index) Apply(id kvevents.EngineID, seq uint64, events []kvevents.Event
 	ix.maybeEvict()
 }
 
-// clearEngine removes every entry of e (mu held).
+// clearEngine removes every entry of e (mu held): what the index holds of
+// it is exact again (nothing), whatever eviction took before.
 func (ix *Index) clearEngine(ns *namespace, e *engine, b *batch) {
 	b.holdings -= int64(ns.clearEngine(e.id))
 	b.bytes += e.forgetKeys()
+	e.evicted.Store(0)
 }
 
 // Reset forgets every block the engine holds. ResetRestart also forgets
@@ -348,6 +360,7 @@ func (ix *Index) Engines() []EngineInfo {
 				Malformed:    e.malformed.Load(),
 				RemoveMisses: e.removeMisses.Load(),
 				LastSeq:      e.lastSeq.Load(),
+				Evicted:      e.evicted.Load(),
 			}
 			if m := e.message.Load(); m != nil {
 				info.Message = *m

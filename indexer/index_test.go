@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"reflect"
@@ -449,6 +450,34 @@ func TestMemoryBudgetEvictsLeastRecentlyStored(t *testing.T) {
 	}
 	if sum != st.HolderBlocks {
 		t.Errorf("engines hold %d, index %d", sum, st.HolderBlocks)
+	}
+	// Both engines lost entries to the budget: their matches are lower
+	// bounds until their entries are exact again (a reset, or
+	// AllBlocksCleared), and the flag survives a snapshot.
+	evicted := func(ix *Index) map[string]uint64 {
+		m := map[string]uint64{}
+		for _, e := range ix.Engines() {
+			m[e.Engine.Pod] = e.Evicted
+		}
+		return m
+	}
+	if ev := evicted(ix); ev["a"] == 0 || ev["b"] == 0 {
+		t.Errorf("evicted per engine %v, want both counted", ev)
+	}
+	var snap bytes.Buffer
+	if err := ix.Snapshot(&snap); err != nil {
+		t.Fatal(err)
+	}
+	restored := mustNew(t, Options{})
+	if err := restored.Restore(&snap); err != nil {
+		t.Fatal(err)
+	}
+	if ev := evicted(restored); ev["a"] != 1 || ev["b"] != 1 {
+		t.Errorf("restored evicted per engine %v, want both flagged (1)", ev)
+	}
+	ix.Reset(a, kvevents.ResetRestart)
+	if ev := evicted(ix); ev["a"] != 0 || ev["b"] == 0 {
+		t.Errorf("after a's reset, evicted per engine %v, want a exact again", ev)
 	}
 	// Keeps working at the budget.
 	for i := range 100 {

@@ -42,6 +42,7 @@ type engine struct {
 	removed bool
 
 	holderBlocks atomic.Int64
+	evicted      atomic.Uint64 // EngineInfo.Evicted
 	check        atomic.Uint32 // HashCheck
 	fallback     atomic.Bool
 	lastSeq      atomic.Uint64

@@ -666,6 +666,7 @@ func fillResult(res *Result, s *queryScratch, ns *namespace, et *engineTable, bs
 			MatchedTokens: m * bs,
 			Tiers:         tiers,
 			HashCheck:     HashCheck(e.check.Load()),
+			Evicted:       e.evicted.Load() != 0,
 		})
 	}
 	res.Pods = pods

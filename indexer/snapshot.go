@@ -30,7 +30,8 @@ import (
 //	models
 //	per model: name, block size, media count, media names (id order),
 //	  engines count, per engine: pod, rank (varint), last seq, hash check,
-//	  fallback flag, message, fallback entries count, per entry: engine
+//	  flags (1: fallback, 2: entries evicted, EngineInfo.Evicted; a
+//	  restored engine's count is 1), message, fallback entries count, per entry: engine
 //	  key (u64 BE), digest bytes, sub-key count, sub-keys (u64 BE);
 //	  then blocks: holdings count (0 ends the model), key (u64 BE), per
 //	  holding: engine number (order above), group, medium id, references.
@@ -46,6 +47,12 @@ const (
 	maxFrame      = 1 << 20
 	maxSnapString = 1 << 16
 	maxSnapSub    = 1 << 16
+)
+
+// An engine's flags in a snapshot.
+const (
+	snapFallback = 1 << iota
+	snapEvicted
 )
 
 // ErrBadSnapshot wraps every reason a snapshot stream is refused.
@@ -166,11 +173,14 @@ func (ns *namespace) snapshot(fw *frameWriter, en *enc) {
 		fw2.varint(int64(e.eid.DPRank))
 		fw2.uvarint(e.lastSeq.Load())
 		fw2.uvarint(uint64(e.check.Load()))
+		var flags uint64
 		if e.fallback.Load() {
-			fw2.uvarint(1)
-		} else {
-			fw2.uvarint(0)
+			flags |= snapFallback
 		}
+		if e.evicted.Load() != 0 {
+			flags |= snapEvicted
+		}
+		fw2.uvarint(flags)
 		msg := ""
 		if m := e.message.Load(); m != nil {
 			msg = *m
@@ -603,12 +613,15 @@ func (ix *Index) restoreEngine(fr *frameReader, ns *namespace, total *int64) (*e
 			return nil, err
 		}
 	}
-	if v[1] > uint64(HashMismatch) || v[2] > 1 {
+	if v[1] > uint64(HashMismatch) || v[2]&^(snapFallback|snapEvicted) != 0 {
 		return nil, snapErr("engine state %d/%d", v[1], v[2])
 	}
 	e.lastSeq.Store(v[0])
 	e.check.Store(uint32(v[1]))
-	e.fallback.Store(v[2] == 1)
+	e.fallback.Store(v[2]&snapFallback != 0)
+	if v[2]&snapEvicted != 0 {
+		e.evicted.Store(1)
+	}
 	msg, err := fr.str()
 	if err != nil {
 		return nil, err

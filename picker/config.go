@@ -51,6 +51,10 @@ type TierWeights struct {
 // HealthWeights discount an engine's matched blocks by how far the index
 // vouches for them (see Health). OK is always exact (weight 1).
 type HealthWeights struct {
+	// Partial: the memory budget evicted some of the engine's entries;
+	// those left are exact, so a match is a lower bound of the engine's
+	// true prefix.
+	Partial float64 `yaml:"partial"`
 	// Restored: entries from an earlier kvindex's snapshot, not yet
 	// confirmed; usually still right.
 	Restored float64 `yaml:"restored"`
@@ -128,7 +132,7 @@ func DefaultConfig() Config {
 		BlockSize: 16,
 		Tiers:     TierWeights{GPU: 1, CPU: 0.5, Disk: 0.25},
 		Health: HealthWeights{
-			Restored: 0.9, Unconfirmed: 0.5, Degraded: 0.5, Disconnected: 0.25, Unknown: 0,
+			Partial: 1, Restored: 0.9, Unconfirmed: 0.5, Degraded: 0.5, Disconnected: 0.25, Unknown: 0,
 		},
 		LoadScale:         1,
 		MetricsMaxAge:     5 * time.Second,
@@ -166,6 +170,7 @@ func (c *Config) Validate() error {
 		{"tiers.gpu", t.GPU, 0, 1, false},
 		{"tiers.cpu", t.CPU, 0, 1, false},
 		{"tiers.disk", t.Disk, 0, 1, false},
+		{"health.partial", h.Partial, 0, 1, false},
 		{"health.restored", h.Restored, 0, 1, false},
 		{"health.unconfirmed", h.Unconfirmed, 0, 1, false},
 		{"health.degraded", h.Degraded, 0, 1, false},

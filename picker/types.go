@@ -103,6 +103,7 @@ type Health uint8
 // Health states. HealthOK is the zero value.
 const (
 	HealthOK Health = iota
+	HealthPartial
 	HealthRestored
 	HealthUnconfirmed
 	HealthDegraded
@@ -110,7 +111,7 @@ const (
 	HealthUnknown
 )
 
-var healthNames = [...]string{"ok", "restored", "unconfirmed", "degraded", "disconnected", "unknown"}
+var healthNames = [...]string{"ok", "partial", "restored", "unconfirmed", "degraded", "disconnected", "unknown"}
 
 func (h Health) String() string {
 	if int(h) < len(healthNames) {
@@ -135,6 +136,8 @@ func (c *Config) healthWeight(h Health) float64 {
 	switch h {
 	case HealthOK:
 		return 1
+	case HealthPartial:
+		return c.Health.Partial
 	case HealthRestored:
 		return c.Health.Restored
 	case HealthUnconfirmed:

@@ -220,13 +220,15 @@ func HashCheckName(c kvindexv1.HashCheck) string {
 }
 
 // HealthName is the lower-case name of an engine's stream health: "ok",
-// "restored", "unconfirmed", "degraded", "disconnected", or "unknown" for
+// "partial", "restored", "unconfirmed", "degraded", "disconnected", or "unknown" for
 // engines kvindex does not follow. What each means is documented on
 // kvindex.v1.EngineHealth.
 func HealthName(h kvindexv1.EngineHealth) string {
 	switch h {
 	case kvindexv1.EngineHealth_ENGINE_HEALTH_OK:
 		return "ok"
+	case kvindexv1.EngineHealth_ENGINE_HEALTH_PARTIAL:
+		return "partial"
 	case kvindexv1.EngineHealth_ENGINE_HEALTH_RESTORED:
 		return "restored"
 	case kvindexv1.EngineHealth_ENGINE_HEALTH_UNCONFIRMED:

@@ -99,6 +99,9 @@ const (
 	EngineHealth_ENGINE_HEALTH_RESTORED EngineHealth = 4
 	// The start of the engine's history is unknown (kvevents.HealthUnconfirmed).
 	EngineHealth_ENGINE_HEALTH_UNCONFIRMED EngineHealth = 5
+	// The stream is OK, but the memory budget evicted some of the engine's
+	// entries: its matches are lower bounds (indexer.EngineInfo.Evicted).
+	EngineHealth_ENGINE_HEALTH_PARTIAL EngineHealth = 6
 )
 
 // Enum value maps for EngineHealth.
@@ -110,6 +113,7 @@ var (
 		3: "ENGINE_HEALTH_DISCONNECTED",
 		4: "ENGINE_HEALTH_RESTORED",
 		5: "ENGINE_HEALTH_UNCONFIRMED",
+		6: "ENGINE_HEALTH_PARTIAL",
 	}
 	EngineHealth_value = map[string]int32{
 		"ENGINE_HEALTH_UNSPECIFIED":  0,
@@ -118,6 +122,7 @@ var (
 		"ENGINE_HEALTH_DISCONNECTED": 3,
 		"ENGINE_HEALTH_RESTORED":     4,
 		"ENGINE_HEALTH_UNCONFIRMED":  5,
+		"ENGINE_HEALTH_PARTIAL":      6,
 	}
 )
 
@@ -1988,14 +1993,15 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\tHashCheck\x12\x1a\n" +
 	"\x16HASH_CHECK_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13HASH_CHECK_VERIFIED\x10\x01\x12\x17\n" +
-	"\x13HASH_CHECK_MISMATCH\x10\x02*\xba\x01\n" +
+	"\x13HASH_CHECK_MISMATCH\x10\x02*\xd5\x01\n" +
 	"\fEngineHealth\x12\x1d\n" +
 	"\x19ENGINE_HEALTH_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10ENGINE_HEALTH_OK\x10\x01\x12\x1a\n" +
 	"\x16ENGINE_HEALTH_DEGRADED\x10\x02\x12\x1e\n" +
 	"\x1aENGINE_HEALTH_DISCONNECTED\x10\x03\x12\x1a\n" +
 	"\x16ENGINE_HEALTH_RESTORED\x10\x04\x12\x1d\n" +
-	"\x19ENGINE_HEALTH_UNCONFIRMED\x10\x05*\x9b\x01\n" +
+	"\x19ENGINE_HEALTH_UNCONFIRMED\x10\x05\x12\x19\n" +
+	"\x15ENGINE_HEALTH_PARTIAL\x10\x06*\x9b\x01\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17EVENT_KIND_BLOCK_STORED\x10\x01\x12\x1c\n" +

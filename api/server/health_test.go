@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
@@ -21,21 +22,37 @@ func TestHealthStates(t *testing.T) {
 		name      string
 		connected bool
 		health    kvevents.Health
+		evict     bool // the memory budget evicts a's entries
 	}{
-		{"ok", true, kvevents.HealthOK},
-		{"restored", true, kvevents.HealthRestored},
-		{"unconfirmed", true, kvevents.HealthUnconfirmed},
-		{"degraded", true, kvevents.HealthDegraded},
-		{"disconnected", false, kvevents.HealthRestored}, // not heard: whatever it held
+		{"ok", true, kvevents.HealthOK, false},
+		{"partial", true, kvevents.HealthOK, true},
+		{"restored", true, kvevents.HealthRestored, false},
+		{"unconfirmed", true, kvevents.HealthUnconfirmed, false},
+		{"degraded", true, kvevents.HealthDegraded, false},
+		{"disconnected", false, kvevents.HealthRestored, false}, // not heard: whatever it held
+		{"degraded", true, kvevents.HealthDegraded, true},       // a worse state says more
 	}
-	states := []string{"ok", "restored", "unconfirmed", "degraded", "disconnected"}
+	states := []string{"ok", "restored", "unconfirmed", "degraded", "disconnected", "partial"}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			streams := &fakeStreams{}
 			streams.set(kvevents.StreamStats{Engine: engine("a", 0), Connected: tt.connected, Health: tt.health})
-			f := newFixture(t, func(c *Config) { c.Streams = streams })
+			var opts indexer.Options
+			if tt.evict {
+				opts.MemoryBudget = 1 << 20
+			}
+			f := newFixtureIndex(t, opts, func(c *Config) { c.Streams = streams })
 			tokens := testutil.Seq(1, 64)
 			loadThree(t, f, tokens)
+			if tt.evict {
+				// Another engine's blocks push a's, the oldest, out.
+				for i := 0; f.index.Engines()[0].Evicted == 0; i++ {
+					if i == 10_000 {
+						t.Fatal("no eviction")
+					}
+					f.hub.Apply(engine("z", 0), uint64(i), []kvevents.Event{stored(t, testutil.Seq(1<<20+i*8000, 8000), 500)})
+				}
+			}
 			ctx := context.Background()
 
 			pods, err := f.client.ListPods(ctx, testModel)

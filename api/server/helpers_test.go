@@ -35,7 +35,15 @@ type fixture struct {
 // newFixture starts a server; edit may change its config before start.
 func newFixture(t testing.TB, edit func(*Config)) *fixture {
 	t.Helper()
-	ix, err := indexer.New(indexer.Options{Hasher: testHasher})
+	return newFixtureIndex(t, indexer.Options{}, edit)
+}
+
+// newFixtureIndex starts a server over an index with opts (and the test
+// hasher).
+func newFixtureIndex(t testing.TB, opts indexer.Options, edit func(*Config)) *fixture {
+	t.Helper()
+	opts.Hasher = testHasher
+	ix, err := indexer.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -189,6 +189,7 @@ var streamHealthStates = []kvindexv1.EngineHealth{
 	kvindexv1.EngineHealth_ENGINE_HEALTH_UNCONFIRMED,
 	kvindexv1.EngineHealth_ENGINE_HEALTH_DEGRADED,
 	kvindexv1.EngineHealth_ENGINE_HEALTH_DISCONNECTED,
+	kvindexv1.EngineHealth_ENGINE_HEALTH_PARTIAL,
 }
 
 func newDesc(name, help string, labels []string) *prometheus.Desc {
@@ -216,6 +217,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		return 0
 	}
 	if s.cfg.Streams != nil {
+		evicted := evictedEngines(s.index)
 		for _, st := range s.cfg.Streams.Streams() {
 			l := []string{st.Engine.Pod, strconv.Itoa(st.Engine.DPRank), st.Engine.Model}
 			counter(descBatches, st.Batches, l...)
@@ -234,7 +236,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descLastEvent, float64(st.LastEventUnixNano)/1e9, l...)
 			gauge(descConnected, b2f(st.Connected), l...)
 			gauge(descDegraded, b2f(st.Health == kvevents.HealthDegraded), l...)
-			h := streamHealth(&st)
+			h := withEviction(streamHealth(&st), evicted[st.Engine] != 0)
 			for _, state := range streamHealthStates {
 				gauge(descHealth, b2f(h == state), append(l, client.HealthName(state))...)
 			}

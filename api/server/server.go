@@ -691,7 +691,7 @@ func (s *Server) prefixResponse(res *indexer.Result, p resolved) *kvindexv1.Long
 		pm.MatchedBlocks = sat32(m.MatchedBlocks)
 		pm.MatchedTokens = sat32(m.MatchedTokens)
 		pm.HashCheck = hashCheck(m.HashCheck)
-		pm.Health = hv.health[m.Engine]
+		pm.Health = withEviction(hv.health[m.Engine], m.Evicted)
 		clear(pm.Tiers)
 		for _, t := range m.Tiers {
 			if t.Blocks <= 0 {
@@ -798,6 +798,7 @@ func (s *Server) ListPods(_ context.Context, req *kvindexv1.ListPodsRequest) (*k
 		p := get(e.Engine)
 		p.Blocks = uint64(max(e.HolderBlocks, 0))
 		p.HashCheck = hashCheck(e.HashCheck)
+		p.Health = withEviction(p.Health, e.Evicted != 0)
 		p.Message = e.Message
 	}
 	out := &kvindexv1.ListPodsResponse{Pods: make([]*kvindexv1.PodInfo, 0, len(byEngine)), IndexSeq: seq}

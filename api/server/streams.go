@@ -29,6 +29,32 @@ func streamHealth(st *kvevents.StreamStats) kvindexv1.EngineHealth {
 	return apiHealth(st.Health)
 }
 
+// withEviction is an engine's health once the index's own state is known:
+// an OK stream whose entries budget eviction thinned (evicted: see
+// indexer.EngineInfo.Evicted) is PARTIAL, its matches lower bounds; a
+// worse stream state says more and stays.
+func withEviction(h kvindexv1.EngineHealth, evicted bool) kvindexv1.EngineHealth {
+	if h == kvindexv1.EngineHealth_ENGINE_HEALTH_OK && evicted {
+		return kvindexv1.EngineHealth_ENGINE_HEALTH_PARTIAL
+	}
+	return h
+}
+
+// evictedEngines lists the engines whose entries budget eviction thinned
+// (nil when none: the common case costs one pass over the engines).
+func evictedEngines(ix Index) map[kvevents.EngineID]uint64 {
+	var m map[kvevents.EngineID]uint64
+	for _, e := range ix.Engines() {
+		if e.Evicted != 0 {
+			if m == nil {
+				m = make(map[kvevents.EngineID]uint64)
+			}
+			m[e.Engine] = e.Evicted
+		}
+	}
+	return m
+}
+
 // apiHealth maps a kvevents.Health to the API's enum; an unknown value
 // (a state added to kvevents and not here) is reported as DEGRADED, the
 // worst state that still says the engine is heard.
