@@ -1,6 +1,16 @@
 package indexer
 
-// Memory budget: every slot carries the generation of its block's last
+import (
+	"cmp"
+	"slices"
+)
+
+// Memory budget: entries the index cannot vouch for go first. An engine
+// whose reported hashes did not match kvindex's (HashMismatch, fallback
+// mode) is keyed through a map of its own, which only grows; when the
+// index is over budget, such engines are cleared, largest first, before
+// any other entry is evicted, so a misconfigured or hostile engine never
+// pushes a healthy engine's entries out. Then every slot carries the generation of its block's last
 // store (the Index counts stored blocks; a generation is genSpan of them,
 // about a sixteenth of what the budget holds). When Apply finds the index
 // over budget, one caller at a time sums the shards' per-generation block
@@ -22,6 +32,9 @@ func (ix *Index) maybeEvict() {
 		return // another Apply is evicting
 	}
 	defer ix.evictMu.Unlock()
+	if ix.shedUnvouched(budget - budget/10) {
+		return
+	}
 	for pass := 0; pass < 4; pass++ {
 		cur := ix.bytes()
 		if cur <= budget {
@@ -131,4 +144,47 @@ func (ns *namespace) evictOlder(gen uint64, minAge int) uint64 {
 		}
 	}
 	return evicted
+}
+
+// shedUnvouched clears the engines in fallback mode (their hashes did not
+// match kvindex's), the largest first, until the index is within target
+// bytes; it reports whether that was enough. A cleared engine's matches
+// are lower bounds from then on (EngineInfo.Evicted).
+func (ix *Index) shedUnvouched(target int64) bool {
+	type cand struct {
+		ns   *namespace
+		e    *engine
+		size int64
+	}
+	var cands []cand
+	for _, ns := range *ix.models.Load() {
+		for _, e := range ns.engines.Load().byID {
+			if e != nil && (e.fallback.Load() || HashCheck(e.check.Load()) == HashMismatch) {
+				e.mu.Lock()
+				size := e.extraBytes // the fallback map and digests
+				e.mu.Unlock()
+				// Holder-blocks weigh about a table slot each.
+				cands = append(cands, cand{ns, e, size + 16*e.holderBlocks.Load()})
+			}
+		}
+	}
+	slices.SortFunc(cands, func(a, b cand) int { return cmp.Compare(b.size, a.size) })
+	for _, c := range cands {
+		if ix.bytes() <= target {
+			return true
+		}
+		c.e.mu.Lock()
+		if !c.e.removed {
+			var b batch
+			ix.clearEngine(c.ns, c.e, &b)
+			c.e.holderBlocks.Add(b.holdings)
+			c.ns.bytes.Add(b.bytes)
+			// After clearEngine, which counts entries exact again:
+			// these were dropped, not cleared by the engine.
+			c.e.evicted.Add(uint64(max(-b.holdings, 1)))
+			ix.evictions.Add(uint64(-b.holdings))
+		}
+		c.e.mu.Unlock()
+	}
+	return ix.bytes() <= target
 }

@@ -270,3 +270,34 @@ func TestMismatchHints(t *testing.T) {
 		t.Errorf("info %+v", info)
 	}
 }
+
+// A mismatched engine flooding the index never pushes a verified engine's
+// entries out: over budget, the engines in fallback mode are cleared
+// first (their fallback maps with their entries), and are partial from
+// then on.
+func TestBudgetShedsMismatchedEnginesFirst(t *testing.T) {
+	const budget = 1 << 20
+	right := mustHasher(t, blockhash.SHA256CBOR, "0", 16)
+	wrong := mustHasher(t, blockhash.SHA256CBOR, "1", 16)
+	ix := mustNew(t, Options{Hasher: right, MemoryBudget: budget})
+	good, bad := eng("good", 0), eng("bad", 0)
+	evg, _ := storedChain(t, right, nil, testutil.Seq(7, 16*64), nil)
+	ix.Apply(good, 1, []kvevents.Event{evg})
+	for i := 0; ix.Stats().Evictions == 0; i++ {
+		if i == 20_000 {
+			t.Fatal("no eviction")
+		}
+		ev, _ := storedChain(t, wrong, nil, testutil.Seq(1<<30+i*16*64, 16*64), nil)
+		ix.Apply(bad, uint64(i+1), []kvevents.Event{ev})
+	}
+	if info := engineInfo(t, ix, bad); !info.Fallback || info.Evicted == 0 {
+		t.Errorf("the mismatched engine: %+v, want in fallback mode and evicted", info)
+	}
+	if info := engineInfo(t, ix, good); info.Evicted != 0 || info.HolderBlocks != 64 {
+		t.Errorf("the verified engine: %+v, want its 64 blocks, none evicted", info)
+	}
+	if st := ix.Stats(); st.Bytes > budget {
+		t.Errorf("%d bytes over the budget of %d", st.Bytes, budget)
+	}
+	checkInvariants(t, ix)
+}
