@@ -122,9 +122,33 @@ func (s *Server) method(m string, h httpFunc) http.Handler {
 	})
 }
 
-// maxBodyBytes bounds a request body: MaxTokens ids of up to 20 digits
+// maxBodyBytes bounds a request body: maxTokens ids of up to 20 digits
 // and a separator, plus room for the other fields.
-func (s *Server) maxBodyBytes() int64 { return int64(s.cfg.MaxTokens)*21 + 1<<20 }
+func maxBodyBytes(maxTokens int) int64 { return int64(min(maxTokens, MaxMaxTokens))*21 + 1<<20 }
+
+// errBodiesBusy: reading a body would exceed Limits.MaxBodyBytesInFlight.
+var errBodiesBusy = errors.New("request bodies in flight")
+
+// gatedBody reads a request body, taking each chunk's bytes from the
+// server's gate of body bytes in flight; release gives them back.
+type gatedBody struct {
+	r    io.Reader
+	g    *tokenGate
+	held int64
+}
+
+func (b *gatedBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if n > 0 {
+		if !b.g.tryAcquire(int64(n)) {
+			return 0, errBodiesBusy
+		}
+		b.held += int64(n)
+	}
+	return n, err
+}
+
+func (b *gatedBody) release() { b.g.release(b.held) }
 
 // promptJSON is the prompt part of the HTTP requests. Its messages
 // decode into tokenizer.Message, whose JSON form is the OpenAI message
@@ -259,8 +283,16 @@ func (s *Server) httpPods(w http.ResponseWriter, r *http.Request) error {
 // unknown fields rejected and the size bounded; on failure it writes the
 // 4xx answer and returns its status error.
 func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
-	limit := s.maxBodyBytes()
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	limit := maxBodyBytes(s.cfg.MaxTokens)
+	if r.ContentLength > limit {
+		// Refused before a byte is read.
+		msg := fmt.Sprintf("request body exceeds the %d-byte limit (Content-Length %d)", limit, r.ContentLength)
+		writeError(w, http.StatusRequestEntityTooLarge, msg)
+		return status.Error(codes.InvalidArgument, msg)
+	}
+	body := &gatedBody{r: http.MaxBytesReader(w, r.Body, limit), g: &s.bodies}
+	defer body.release()
+	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
 	if err == nil {
@@ -277,8 +309,14 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) error
 	}
 	code, msg := http.StatusBadRequest, bodyError(err, v)
 	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
+	switch {
+	case errors.As(err, &mbe):
 		code, msg = http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds the %d-byte limit", limit)
+	case errors.Is(err, errBodiesBusy):
+		s.bodies.refused.Add(1)
+		code, msg = http.StatusTooManyRequests, fmt.Sprintf("kvindex is busy: request bodies being read exceed its limit of %d bytes in flight; retry shortly", s.bodies.max)
+		writeError(w, code, msg)
+		return status.Error(codes.ResourceExhausted, msg)
 	}
 	writeError(w, code, msg)
 	return status.Error(codes.InvalidArgument, msg)

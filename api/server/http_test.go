@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/internal/testutil"
@@ -246,5 +247,48 @@ func TestHTTPUnknownFieldListsAcceptedKeys(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Bodies are refused before they are buffered: one announced larger than
+// the limit at once, and any whose reading would take the bodies being
+// read past Limits.MaxBodyBytesInFlight (HTTP 429), however many arrive.
+func TestBodyBytesInFlight(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.MaxTokens, c.Limits.MaxBodyBytesInFlight = 100, 4096 })
+	// A body that keeps coming holds what it sent so far.
+	pr, pw := io.Pipe()
+	held := make(chan *http.Response, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, f.url+"/v1/longest-prefix", pr)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			close(held)
+			return
+		}
+		held <- resp
+	}()
+	if _, err := pw.Write([]byte(`{"model":"qwen","tokens":[` + strings.Repeat(" ", 3500))); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Await(t, 10*time.Second, "the first body's bytes in flight", func() bool { return f.srv.bodies.inFlight.Load() >= 3500 })
+	code, body := post(t, f.url+"/v1/longest-prefix", `{"model":"qwen","tokens":[`+strings.Repeat(" ", 1000)+`1]}`)
+	if code != http.StatusTooManyRequests || !strings.Contains(string(body), "request bodies being read exceed its limit of 4096 bytes") {
+		t.Errorf("a second body while the first holds 3500 bytes: %d %s, want 429", code, body)
+	}
+	pw.Write([]byte(`1]}`))
+	pw.Close()
+	if resp := <-held; resp != nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("the first body, once complete: %d, want 200", resp.StatusCode)
+		}
+	}
+	if n := f.srv.bodies.inFlight.Load(); n != 0 {
+		t.Errorf("%d body bytes still in flight after both answers", n)
+	}
+	// Once the first is answered, the same body passes.
+	if code, body := post(t, f.url+"/v1/longest-prefix", `{"model":"qwen","tokens":[`+strings.Repeat(" ", 1000)+`1]}`); code != http.StatusOK {
+		t.Errorf("the second body alone: %d %s", code, body)
 	}
 }

@@ -48,6 +48,12 @@ type Limits struct {
 	// query that would exceed it is refused with ResourceExhausted (HTTP
 	// 429). 0: TokensInFlightFactor x Config.MaxTokens.
 	MaxTokensInFlight int64
+	// MaxBodyBytesInFlight caps the bytes of HTTP request bodies being
+	// read at once, across requests: a body whose reading would exceed it
+	// is refused with HTTP 429, so that many large or endless bodies
+	// cannot each be buffered up to the per-request limit at the same
+	// time. 0: TokensInFlightFactor bodies of the largest size.
+	MaxBodyBytesInFlight int64
 
 	// Limits are the Watch bounds (MaxWatchers, WatchQueueEvents and
 	// WatchQueueBytes, HubQueueBatches and HubQueueBytes), embedded so
@@ -103,6 +109,9 @@ func (l Limits) withDefaults(maxTokens int) Limits {
 	}
 	if l.MaxTokensInFlight <= 0 {
 		l.MaxTokensInFlight = TokensInFlightFactor * int64(min(maxTokens, MaxMaxTokens))
+	}
+	if l.MaxBodyBytesInFlight <= 0 {
+		l.MaxBodyBytesInFlight = TokensInFlightFactor * maxBodyBytes(maxTokens)
 	}
 	l.Limits = l.Limits.WithDefaults()
 	return l

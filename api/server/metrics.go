@@ -170,7 +170,7 @@ var (
 	descHubDropped   = newDesc("kvindex_watch_fanout_dropped_batches_total", "Batches the watch fan-out queue could not take.", nil)
 	descHubQueued    = newDesc("kvindex_watch_fanout_queue_batches", "Batches waiting for the watch fan-out.", nil)
 	descTokInFlight  = newDesc("kvindex_query_tokens_in_flight", "Tokens of the queries being answered (bounded by the limit on tokens in flight).", nil)
-	descQryRefused   = newDesc("kvindex_query_refused_total", "Queries refused before any work, by reason (tokens_in_flight).", []string{"reason"})
+	descQryRefused   = newDesc("kvindex_query_refused_total", "Queries refused before any work, by reason (tokens_in_flight, body_bytes_in_flight).", []string{"reason"})
 	descHTTPConns    = newDesc("kvindex_http_connections", "Open HTTP connections (bounded by the connection limit).", nil)
 	descHTTPWaits    = newDesc("kvindex_http_connection_waits_total", "HTTP connections that waited for a slot under the connection limit.", nil)
 	descReady        = newDesc("kvindex_ready", "1 once the server is ready.", nil)
@@ -289,6 +289,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(descTokInFlight, float64(s.tokens.inFlight.Load()))
 	counter(descQryRefused, s.tokens.refused.Load(), "tokens_in_flight")
+	counter(descQryRefused, s.bodies.refused.Load(), "body_bytes_in_flight")
 	gauge(descHTTPConns, float64(s.conns.open.Load()))
 	counter(descHTTPWaits, s.conns.waits.Load())
 	gauge(descReady, b2f(s.Ready()))

@@ -148,6 +148,7 @@ type Server struct {
 	refreshMu sync.Mutex
 
 	tokens tokenGate
+	bodies tokenGate // HTTP request body bytes being read (Limits.MaxBodyBytesInFlight)
 	conns  connStats
 
 	certs    *security.Reloader[security.Certs]  // nil without TLS
@@ -208,6 +209,7 @@ func New(cfg Config) (*Server, error) {
 		health:  health.NewServer(),
 		readyCh: make(chan struct{}),
 		tokens:  tokenGate{max: cfg.Limits.MaxTokensInFlight},
+		bodies:  tokenGate{max: cfg.Limits.MaxBodyBytesInFlight},
 	}
 	m, err := newMetrics(s, cfg.Registry)
 	if err != nil {
