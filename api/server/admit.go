@@ -9,33 +9,17 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/internal/inflight"
 )
 
 // tokenGate bounds the tokens of the queries being answered at once
-// (Limits.MaxTokensInFlight): a weighted semaphore that never waits, so
-// that a burst of large queries is refused at once while small ones still
-// pass, and no caller queues behind another.
+// (Limits.MaxTokensInFlight), or the bytes of the HTTP request bodies
+// being read (Limits.MaxBodyBytesInFlight): an inflight.Gate, whose
+// refusals are logged at most every refusalLogEvery.
 type tokenGate struct {
-	max      int64
-	inFlight atomic.Int64
-	refused  atomic.Uint64
-	logged   atomic.Int64 // unix nanos of the last refusal logged
+	inflight.Gate
+	logged atomic.Int64 // unix nanos of the last refusal logged
 }
-
-// tryAcquire takes n tokens if they fit.
-func (g *tokenGate) tryAcquire(n int64) bool {
-	for {
-		cur := g.inFlight.Load()
-		if n > g.max-cur { // not cur+n > max: that could overflow
-			return false
-		}
-		if g.inFlight.CompareAndSwap(cur, cur+n) {
-			return true
-		}
-	}
-}
-
-func (g *tokenGate) release(n int64) { g.inFlight.Add(-n) }
 
 // refusalLogEvery rate-limits the log line of refused queries.
 const refusalLogEvery = 10 * time.Second
@@ -67,16 +51,15 @@ func (s *Server) promptWeight(p *kvindexv1.Prompt) int64 {
 func (s *Server) admit(p *kvindexv1.Prompt) (release func(), err error) {
 	n := s.promptWeight(p)
 	g := &s.tokens
-	if g.tryAcquire(n) {
-		return func() { g.release(n) }, nil
+	if g.TryAcquire(n) {
+		return func() { g.Release(n) }, nil
 	}
-	g.refused.Add(1)
 	now := s.now().UnixNano()
 	if last := g.logged.Load(); now-last >= int64(refusalLogEvery) && g.logged.CompareAndSwap(last, now) {
-		s.log.Warn("queries refused: too many tokens in flight", "limit", g.max, "refused_total", g.refused.Load())
+		s.log.Warn("queries refused: too many tokens in flight", "limit", g.Max, "refused_total", g.Refused())
 	}
 	return nil, status.Errorf(codes.ResourceExhausted,
-		"kvindex is busy: a query of %d tokens would exceed its limit of %d tokens in flight across concurrent queries; retry shortly", n, g.max)
+		"kvindex is busy: a query of %d tokens would exceed its limit of %d tokens in flight across concurrent queries; retry shortly", n, g.Max)
 }
 
 // sat32 converts a count for a uint32 field of an answer, saturating

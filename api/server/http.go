@@ -19,6 +19,7 @@ import (
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/api/server/security"
+	"github.com/kvindex/kvindex/internal/inflight"
 	"github.com/kvindex/kvindex/tokenizer"
 )
 
@@ -125,30 +126,6 @@ func (s *Server) method(m string, h httpFunc) http.Handler {
 // maxBodyBytes bounds a request body: maxTokens ids of up to 20 digits
 // and a separator, plus room for the other fields.
 func maxBodyBytes(maxTokens int) int64 { return int64(min(maxTokens, MaxMaxTokens))*21 + 1<<20 }
-
-// errBodiesBusy: reading a body would exceed Limits.MaxBodyBytesInFlight.
-var errBodiesBusy = errors.New("request bodies in flight")
-
-// gatedBody reads a request body, taking each chunk's bytes from the
-// server's gate of body bytes in flight; release gives them back.
-type gatedBody struct {
-	r    io.Reader
-	g    *tokenGate
-	held int64
-}
-
-func (b *gatedBody) Read(p []byte) (int, error) {
-	n, err := b.r.Read(p)
-	if n > 0 {
-		if !b.g.tryAcquire(int64(n)) {
-			return 0, errBodiesBusy
-		}
-		b.held += int64(n)
-	}
-	return n, err
-}
-
-func (b *gatedBody) release() { b.g.release(b.held) }
 
 // promptJSON is the prompt part of the HTTP requests. Its messages
 // decode into tokenizer.Message, whose JSON form is the OpenAI message
@@ -290,8 +267,8 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) error
 		writeError(w, http.StatusRequestEntityTooLarge, msg)
 		return status.Error(codes.InvalidArgument, msg)
 	}
-	body := &gatedBody{r: http.MaxBytesReader(w, r.Body, limit), g: &s.bodies}
-	defer body.release()
+	body := &inflight.Reader{R: http.MaxBytesReader(w, r.Body, limit), G: &s.bodies}
+	defer body.Release()
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
@@ -312,9 +289,8 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) error
 	switch {
 	case errors.As(err, &mbe):
 		code, msg = http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds the %d-byte limit", limit)
-	case errors.Is(err, errBodiesBusy):
-		s.bodies.refused.Add(1)
-		code, msg = http.StatusTooManyRequests, fmt.Sprintf("kvindex is busy: request bodies being read exceed its limit of %d bytes in flight; retry shortly", s.bodies.max)
+	case errors.Is(err, inflight.ErrBusy):
+		code, msg = http.StatusTooManyRequests, fmt.Sprintf("kvindex is busy: request bodies being read exceed its limit of %d bytes in flight; retry shortly", s.bodies.Max)
 		writeError(w, code, msg)
 		return status.Error(codes.ResourceExhausted, msg)
 	}

@@ -271,7 +271,7 @@ func TestBodyBytesInFlight(t *testing.T) {
 	if _, err := pw.Write([]byte(`{"model":"qwen","tokens":[` + strings.Repeat(" ", 3500))); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Await(t, 10*time.Second, "the first body's bytes in flight", func() bool { return f.srv.bodies.inFlight.Load() >= 3500 })
+	testutil.Await(t, 10*time.Second, "the first body's bytes in flight", func() bool { return f.srv.bodies.InFlight() >= 3500 })
 	code, body := post(t, f.url+"/v1/longest-prefix", `{"model":"qwen","tokens":[`+strings.Repeat(" ", 1000)+`1]}`)
 	if code != http.StatusTooManyRequests || !strings.Contains(string(body), "request bodies being read exceed its limit of 4096 bytes") {
 		t.Errorf("a second body while the first holds 3500 bytes: %d %s, want 429", code, body)
@@ -284,7 +284,7 @@ func TestBodyBytesInFlight(t *testing.T) {
 			t.Errorf("the first body, once complete: %d, want 200", resp.StatusCode)
 		}
 	}
-	if n := f.srv.bodies.inFlight.Load(); n != 0 {
+	if n := f.srv.bodies.InFlight(); n != 0 {
 		t.Errorf("%d body bytes still in flight after both answers", n)
 	}
 	// Once the first is answered, the same body passes.

@@ -287,9 +287,9 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descHubDropped, h.DroppedBatches())
 		gauge(descHubQueued, float64(h.Queued()))
 	}
-	gauge(descTokInFlight, float64(s.tokens.inFlight.Load()))
-	counter(descQryRefused, s.tokens.refused.Load(), "tokens_in_flight")
-	counter(descQryRefused, s.bodies.refused.Load(), "body_bytes_in_flight")
+	gauge(descTokInFlight, float64(s.tokens.InFlight()))
+	counter(descQryRefused, s.tokens.Refused(), "tokens_in_flight")
+	counter(descQryRefused, s.bodies.Refused(), "body_bytes_in_flight")
 	gauge(descHTTPConns, float64(s.conns.open.Load()))
 	counter(descHTTPWaits, s.conns.waits.Load())
 	gauge(descReady, b2f(s.Ready()))

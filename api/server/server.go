@@ -29,6 +29,7 @@ import (
 	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/configerr"
+	"github.com/kvindex/kvindex/internal/inflight"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -148,7 +149,7 @@ type Server struct {
 	refreshMu sync.Mutex
 
 	tokens tokenGate
-	bodies tokenGate // HTTP request body bytes being read (Limits.MaxBodyBytesInFlight)
+	bodies inflight.Gate // HTTP request body bytes being read (Limits.MaxBodyBytesInFlight)
 	conns  connStats
 
 	certs    *security.Reloader[security.Certs]  // nil without TLS
@@ -208,8 +209,8 @@ func New(cfg Config) (*Server, error) {
 		start:   cfg.Now(),
 		health:  health.NewServer(),
 		readyCh: make(chan struct{}),
-		tokens:  tokenGate{max: cfg.Limits.MaxTokensInFlight},
-		bodies:  tokenGate{max: cfg.Limits.MaxBodyBytesInFlight},
+		tokens:  tokenGate{Gate: inflight.Gate{Max: cfg.Limits.MaxTokensInFlight}},
+		bodies:  inflight.Gate{Max: cfg.Limits.MaxBodyBytesInFlight},
 	}
 	m, err := newMetrics(s, cfg.Registry)
 	if err != nil {

@@ -27,7 +27,7 @@ func (f *pickFlags) register(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&f.endpoints, "endpoint", nil, "a pod requests may go to, POD=HOST:PORT: its name as kvindex knows it and its inference address (repeatable)")
 	fs.StringVar(&f.extprocAddr, "extproc-addr", ":9002", "address of the Envoy ext_proc gRPC server (Endpoint Picker Protocol, with gRPC health)")
 	fs.DurationVar(&f.indexTimeout, "index-timeout", gateway.DefaultIndexTimeout, "deadline of each index query; past it the request is routed by load and session only")
-	fs.IntVar(&f.maxBody, "max-body", gateway.DefaultMaxBody, "largest request body read, in bytes (larger: 413)")
+	fs.IntVar(&f.maxBody, "max-body", gateway.DefaultMaxBody, "largest request body read, in bytes (larger: 413); the bodies buffered at once are bounded at 4 of this size (beyond: 429)")
 	fs.DurationVar(&f.scrapeInterval, "scrape-interval", enginemetrics.DefaultInterval, "how often each --endpoint's http://HOST:PORT/metrics (vLLM's queue, KV usage and prefix-cache counters) is read for the load score and kvindex_fleet_cached_fraction; 0: never")
 	fs.DurationVar(&f.pickHold, "pick-hold", gateway.DefaultPickHold, "how long a /v1/pick decision counts as in flight on its pod (its caller never reports the end)")
 }

@@ -52,8 +52,10 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 		hdr    map[string]string
 		subset []string
 		body   []byte
+		held   int64   // body bytes taken from s.bodies
 		fl     *flight // once routed
 	)
+	defer func() { s.bodies.Release(held) }()
 	defer func() {
 		if fl != nil {
 			fl.done()
@@ -82,10 +84,18 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 			if fl != nil {
 				return status.Error(codes.FailedPrecondition, "request body after the request was routed")
 			}
-			body = append(body, v.RequestBody.GetBody()...)
-			if len(body) > s.cfg.MaxBody {
+			if len(body)+len(v.RequestBody.GetBody()) > s.cfg.MaxBody {
 				s.m.bad.WithLabelValues("too_large").Inc()
 				return stream.Send(immediate(typev3.StatusCode_PayloadTooLarge, "request body over "+strconv.Itoa(s.cfg.MaxBody)+" bytes"))
+			}
+			body = append(body, v.RequestBody.GetBody()...)
+			// The buffer's capacity is what it holds in memory.
+			if grown := int64(cap(body)) - held; grown > 0 {
+				if !s.bodies.TryAcquire(grown) {
+					s.m.bad.WithLabelValues("busy").Inc()
+					return stream.Send(immediate(typev3.StatusCode_TooManyRequests, s.busyMessage()))
+				}
+				held += grown
 			}
 			if v.RequestBody.GetEndOfStream() {
 				resp, fl = x.route(stream, hdr, subset, body)

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/kvindex/kvindex/internal/inflight"
 )
 
 func jsonError(msg string) ([]byte, error) {
@@ -47,8 +49,20 @@ func (s *Service) Handler() http.Handler {
 }
 
 func (s *Service) servePick(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBody)))
+	if r.ContentLength > int64(s.cfg.MaxBody) {
+		s.m.bad.WithLabelValues("too_large").Inc()
+		writeError(w, http.StatusRequestEntityTooLarge, "request body over "+strconv.Itoa(s.cfg.MaxBody)+" bytes")
+		return
+	}
+	in := &inflight.Reader{R: http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBody)), G: &s.bodies}
+	defer in.Release()
+	body, err := io.ReadAll(in)
 	if err != nil {
+		if errors.Is(err, inflight.ErrBusy) {
+			s.m.bad.WithLabelValues("busy").Inc()
+			writeError(w, http.StatusTooManyRequests, s.busyMessage())
+			return
+		}
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			s.m.bad.WithLabelValues("too_large").Inc()
 			writeError(w, http.StatusRequestEntityTooLarge, "request body over "+strconv.Itoa(s.cfg.MaxBody)+" bytes")

@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -8,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/picker/gateway"
 )
@@ -167,5 +170,64 @@ func TestExtProcBodyBound(t *testing.T) {
 				t.Errorf("too_large refusals counted %v, want %d", n, tooLarge)
 			}
 		})
+	}
+}
+
+// The bodies buffered at once are bounded across ext_proc streams and
+// /v1/pick: while one stream holds most of the bound with a body that
+// keeps coming, another request's body is refused as busy (429), and
+// once the first is done the same request passes.
+func TestBodiesInFlightBound(t *testing.T) {
+	f := newFleet(t, "pod-a")
+	svc, reg := newService(t, f, gateway.Local{Server: f.srv}, func(c *gateway.Config) {
+		c.MaxBody, c.MaxBodyInFlight = pickBound, pickBound+pickBound/2
+	})
+	xc, _ := startPicker(t, svc)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	held, err := xc.Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hm := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/completions")}}}
+	for _, r := range []*extprocv3.ProcessingRequest{
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hm}}},
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{"prompt":[` + strings.Repeat(" ", pickBound-100))}}},
+	} {
+		if err := held.Send(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gaugeOf := func() float64 {
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() == "kvindex_picker_body_bytes_in_flight" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		return -1
+	}
+	testutil.Await(t, waitFor, "the held stream's body buffered", func() bool { return gaugeOf() >= pickBound-100 })
+	body := idsBody(testutil.Seq(1, 600)) // about 3 KiB: with the held 4 KiB, past the bound
+	if e := send(t, xc, "/v1/completions", nil, nil, body, 512); e.status != http.StatusTooManyRequests {
+		t.Fatalf("ext_proc while the bound is held: status %d (%s), want 429", e.status, e.body)
+	}
+	hs := httptest.NewServer(svc.Handler())
+	t.Cleanup(hs.Close)
+	resp, err := http.Post(hs.URL+"/v1/pick", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("/v1/pick while the bound is held: %d, want 429", resp.StatusCode)
+	}
+	if n := mustVec(t, reg, "kvindex_picker_bad_requests_total", "busy"); n != 2 {
+		t.Errorf("busy refusals counted %v, want 2", n)
+	}
+	cancel() // the held stream ends: its bytes go back
+	testutil.Await(t, waitFor, "the held bytes released", func() bool { return gaugeOf() == 0 })
+	if e := send(t, xc, "/v1/completions", nil, nil, body, 512); e.status != 0 || e.dest == "" {
+		t.Fatalf("ext_proc once the bound is free: status %d (%s), want routed", e.status, e.body)
 	}
 }

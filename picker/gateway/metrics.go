@@ -10,7 +10,9 @@ type metrics struct {
 	indexSeconds prometheus.Histogram
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// newMetrics registers the picker's metrics on reg (none if nil);
+// bodyBytes reads the request body bytes buffered now.
+func newMetrics(reg prometheus.Registerer, bodyBytes func() int64) (*metrics, error) {
 	m := &metrics{
 		picks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvindex_picker_picks_total",
@@ -22,7 +24,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		bad: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvindex_picker_bad_requests_total",
-			Help: "Requests refused before routing, by reason: body (not an inference request the picker reads), too_large, protocol (an ext_proc stream out of order).",
+			Help: "Requests refused before routing, by reason: body (not an inference request the picker reads), too_large, busy (the bodies buffered at once would pass their bound), protocol (an ext_proc stream out of order).",
 		}, []string{"reason"}),
 		warmups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvindex_picker_index_warmups_total",
@@ -34,8 +36,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14),
 		}),
 	}
+	bodies := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvindex_picker_body_bytes_in_flight",
+		Help: "Bytes of request bodies buffered now, across ext_proc streams and /v1/pick requests (bounded; beyond, requests are refused as busy).",
+	}, func() float64 { return float64(bodyBytes()) })
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.picks, m.fallbacks, m.bad, m.warmups, m.indexSeconds} {
+		for _, c := range []prometheus.Collector{m.picks, m.fallbacks, m.bad, m.warmups, m.indexSeconds, bodies} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

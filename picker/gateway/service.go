@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/internal/inflight"
 	"github.com/kvindex/kvindex/picker"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
@@ -28,6 +30,9 @@ const (
 	// conversation as text with room to spare. Larger requests are refused
 	// (413) rather than routed blind.
 	DefaultMaxBody = 8 << 20
+	// BodiesInFlightFactor sizes the default Config.MaxBodyInFlight: this
+	// many bodies of the largest size buffered at once.
+	BodiesInFlightFactor = 4
 	// DefaultWarmTimeout bounds warming the index's connection at start
 	// and after each reconnect (Service.Warm): connection setup, not a
 	// query, so far above IndexTimeout.
@@ -72,6 +77,12 @@ type Config struct {
 	IndexTimeout time.Duration
 	// MaxBody bounds a buffered request body (DefaultMaxBody if 0).
 	MaxBody int
+	// MaxBodyInFlight bounds the request bodies buffered at once, across
+	// ext_proc streams and /v1/pick requests: a request whose body would
+	// pass it is answered 429, so that many large or endless bodies
+	// cannot each be buffered up to MaxBody at the same time
+	// (BodiesInFlightFactor x MaxBody if 0).
+	MaxBodyInFlight int64
 	// PickHold is how long a /v1/pick counts as in flight
 	// (DefaultPickHold if 0).
 	PickHold time.Duration
@@ -107,6 +118,7 @@ type Service struct {
 	log    *slog.Logger
 	m      *metrics
 	pool   sync.Pool // *pickState
+	bodies inflight.Gate
 }
 
 // endpointSet is the candidates, replaced whole by SetEndpoints so that a
@@ -169,6 +181,9 @@ func New(cfg Config, src Source) (*Service, error) {
 	if cfg.MaxBody == 0 {
 		cfg.MaxBody = DefaultMaxBody
 	}
+	if cfg.MaxBodyInFlight <= 0 {
+		cfg.MaxBodyInFlight = BodiesInFlightFactor * int64(cfg.MaxBody)
+	}
 	if cfg.PickHold == 0 {
 		cfg.PickHold = DefaultPickHold
 	}
@@ -182,14 +197,14 @@ func New(cfg Config, src Source) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, src: src, scorer: sc, log: cfg.Logger}
+	s := &Service{cfg: cfg, src: src, scorer: sc, log: cfg.Logger, bodies: inflight.Gate{Max: cfg.MaxBodyInFlight}}
 	set, err := newEndpointSet(cfg.Endpoints, nil)
 	if err != nil {
 		return nil, err
 	}
 	s.set.Store(set)
 	s.pool.New = func() any { return &pickState{pre: map[string]picker.Prefix{}} }
-	if s.m, err = newMetrics(cfg.Registry); err != nil {
+	if s.m, err = newMetrics(cfg.Registry, s.bodies.InFlight); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -356,4 +371,9 @@ func (s *Service) InFlight(addr string) int {
 		return int(e.inFlight.Load())
 	}
 	return 0
+}
+
+// busyMessage answers a request refused by Config.MaxBodyInFlight.
+func (s *Service) busyMessage() string {
+	return "picker busy: the request bodies being buffered would exceed " + strconv.FormatInt(s.bodies.Max, 10) + " bytes; retry shortly"
 }
