@@ -3,6 +3,7 @@ package server
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -113,8 +114,10 @@ func TestHTTPSlowClients(t *testing.T) {
 	t.Cleanup(func() { hs.Close() })
 
 	closed := make(chan error, conns)
-	for range conns {
-		c, err := net.Dial("tcp", lis.Addr().String())
+	for i := range conns {
+		// Each from its own address: one address may hold only a share
+		// of the slots (TestHTTPConnsPerAddress).
+		c, err := dialFrom(fmt.Sprintf("127.0.0.%d", i+2), lis.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -150,6 +153,71 @@ func TestHTTPSlowClients(t *testing.T) {
 	text := scrape(t, f.url)
 	if !strings.Contains(text, "kvindex_http_connection_waits_total ") || strings.Contains(text, "kvindex_http_connection_waits_total 0\n") {
 		t.Errorf("no connection waits counted:\n%s", grepLines(text, "kvindex_http_conn"))
+	}
+}
+
+// dialFrom connects to addr from the loopback address src.
+func dialFrom(src, addr string) (net.Conn, error) {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 10 * time.Second}
+	return d.Dial("tcp", addr)
+}
+
+// One client address holds at most a share of the HTTP connections: its
+// connection beyond that is closed at once and counted, while other
+// addresses are still served.
+func TestHTTPConnsPerAddress(t *testing.T) {
+	const conns = 2 * PerAddrShare // two per address
+	f := newFixture(t, func(c *Config) { c.Limits.HTTPMaxConns = conns })
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := f.srv.NewHTTPServer(HTTPOptions{})
+	go hs.Serve(f.srv.LimitListener(lis))
+	t.Cleanup(func() { hs.Close() })
+	var held []net.Conn
+	for range 2 {
+		c, err := dialFrom("127.0.0.2", lis.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		held = append(held, c)
+	}
+	// Both are accepted (a request on each is answered) ...
+	for _, c := range held {
+		if _, err := c.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("a connection within the share: %v %v", resp, err)
+		}
+		resp.Body.Close()
+	}
+	// ... a third from the same address is closed unanswered ...
+	third, err := dialFrom("127.0.0.2", lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer third.Close()
+	third.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))
+	third.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := third.Read(make([]byte, 1)); err == nil || n > 0 {
+		t.Errorf("a connection beyond the share was answered (%d bytes, %v)", n, err)
+	}
+	// ... while another address is served.
+	other, err := dialFrom("127.0.0.3", lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	other.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))
+	if resp, err := http.ReadResponse(bufio.NewReader(other), nil); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("another address: %v %v", resp, err)
+	}
+	if text := scrape(t, f.url); !strings.Contains(text, "kvindex_http_connections_refused_total 1\n") {
+		t.Errorf("refusal not counted:\n%s", grepLines(text, "kvindex_http_conn"))
 	}
 }
 

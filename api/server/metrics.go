@@ -173,6 +173,7 @@ var (
 	descQryRefused   = newDesc("kvindex_query_refused_total", "Queries refused before any work, by reason (tokens_in_flight, body_bytes_in_flight).", []string{"reason"})
 	descHTTPConns    = newDesc("kvindex_http_connections", "Open HTTP connections (bounded by the connection limit).", nil)
 	descHTTPWaits    = newDesc("kvindex_http_connection_waits_total", "HTTP connections that waited for a slot under the connection limit.", nil)
+	descHTTPRefused  = newDesc("kvindex_http_connections_refused_total", "HTTP connections closed at once: their client address held its share of the connection limit.", nil)
 	descReady        = newDesc("kvindex_ready", "1 once the server is ready.", nil)
 	descTokHits      = newDesc("kvindex_tokenizer_cache_hits_total", "Tokenizations answered from the tokenizer's cache, by backend.", []string{"source"})
 	descTokRequests  = newDesc("kvindex_tokenizer_backend_requests_total", "Requests sent to the engine's /tokenize, by backend.", []string{"source"})
@@ -292,6 +293,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descQryRefused, s.bodies.Refused(), "body_bytes_in_flight")
 	gauge(descHTTPConns, float64(s.conns.open.Load()))
 	counter(descHTTPWaits, s.conns.waits.Load())
+	counter(descHTTPRefused, s.conns.refused.Load())
 	gauge(descReady, b2f(s.Ready()))
 	for _, t := range s.cfg.Tokenizers {
 		if hs, ok := t.Tokenizer.(httpTokenizerStats); ok {

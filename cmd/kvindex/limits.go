@@ -25,7 +25,7 @@ func (f *limitFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.l.HTTPReadTimeout, "http-read-timeout", d.HTTPReadTimeout, "HTTP: time a client has to send a whole request, body included")
 	fs.DurationVar(&f.l.HTTPWriteTimeout, "http-write-timeout", d.HTTPWriteTimeout, "HTTP: time to answer a request (also caps /debug/pprof/profile?seconds=)")
 	fs.DurationVar(&f.l.HTTPIdleTimeout, "http-idle-timeout", d.HTTPIdleTimeout, "HTTP: keep-alive connections idle this long are closed")
-	fs.IntVar(&f.l.HTTPMaxConns, "http-max-conns", d.HTTPMaxConns, "HTTP: open connections at most; more wait until one closes")
+	fs.IntVar(&f.l.HTTPMaxConns, "http-max-conns", d.HTTPMaxConns, "HTTP: open connections at most; more wait until one closes; one client address may hold a quarter of them (more are closed at once)")
 	fs.Uint32Var(&f.l.GRPCMaxStreams, "grpc-max-streams", d.GRPCMaxStreams, "gRPC: concurrent calls per connection")
 	fs.DurationVar(&f.l.GRPCMaxConnIdle, "grpc-max-conn-idle", d.GRPCMaxConnIdle, "gRPC: connections without calls this long are closed (clients reconnect transparently)")
 	fs.DurationVar(&f.l.GRPCKeepaliveTime, "grpc-keepalive-time", d.GRPCKeepaliveTime, "gRPC: ping a quiet connection this often to find dead peers")
