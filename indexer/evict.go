@@ -3,14 +3,17 @@ package indexer
 import (
 	"cmp"
 	"slices"
+
+	"github.com/kvindex/kvindex/kvevents"
 )
 
 // Memory budget: entries the index cannot vouch for go first. An engine
 // whose reported hashes did not match kvindex's (HashMismatch, fallback
 // mode) is keyed through a map of its own, which only grows; when the
-// index is over budget, such engines are cleared, largest first, before
-// any other entry is evicted, so a misconfigured or hostile engine never
-// pushes a healthy engine's entries out. Then every slot carries the generation of its block's last
+// index is over budget, such engines are cleared, largest first, then the
+// engines whose stream is not healthy (Index.Health), before any healthy
+// engine's entry is evicted (shedUnvouched), so a misconfigured, broken or
+// hostile engine never pushes a healthy engine's entries out. Then every slot carries the generation of its block's last
 // store (the Index counts stored blocks; a generation is genSpan of them,
 // about a sixteenth of what the budget holds). When Apply finds the index
 // over budget, one caller at a time sums the shards' per-generation block
@@ -146,35 +149,56 @@ func (ns *namespace) evictOlder(gen uint64, minAge int) uint64 {
 	return evicted
 }
 
-// shedUnvouched clears the engines in fallback mode (their hashes did not
-// match kvindex's), the largest first, until the index is within target
-// bytes; it reports whether that was enough. A cleared engine's matches
-// are lower bounds from then on (EngineInfo.Evicted).
+// shedUnvouched clears the entries kvindex cannot vouch for, until the
+// index is within target bytes, and reports whether that was enough:
+// first the engines in fallback mode (their hashes did not match
+// kvindex's; their maps are not evictable otherwise), then, while some
+// healthy engine holds entries they would otherwise push out, the engines
+// whose stream is not HealthOK (as Health last said); the largest first
+// within each. A cleared engine's matches are lower bounds from then on
+// (EngineInfo.Evicted). Without a healthy engine to protect, the
+// unhealthy ones are evicted by age like any other.
 func (ix *Index) shedUnvouched(target int64) bool {
 	type cand struct {
 		ns   *namespace
 		e    *engine
+		tier int // 0: fallback, 1: not healthy
 		size int64
 	}
 	var cands []cand
+	protect := false
 	for _, ns := range *ix.models.Load() {
 		for _, e := range ns.engines.Load().byID {
-			if e != nil && (e.fallback.Load() || HashCheck(e.check.Load()) == HashMismatch) {
-				e.mu.Lock()
-				size := e.extraBytes // the fallback map and digests
-				e.mu.Unlock()
-				// Holder-blocks weigh about a table slot each.
-				cands = append(cands, cand{ns, e, size + 16*e.holderBlocks.Load()})
+			if e == nil {
+				continue
 			}
+			tier := -1
+			switch {
+			case e.fallback.Load() || HashCheck(e.check.Load()) == HashMismatch:
+				tier = 0
+			case kvevents.Health(e.health.Load()) != kvevents.HealthOK:
+				tier = 1
+			default:
+				protect = protect || e.holderBlocks.Load() > 0
+				continue
+			}
+			e.mu.Lock()
+			size := e.extraBytes // the fallback map and digests
+			e.mu.Unlock()
+			// Holder-blocks weigh about a table slot each.
+			cands = append(cands, cand{ns, e, tier, size + 16*e.holderBlocks.Load()})
 		}
 	}
-	slices.SortFunc(cands, func(a, b cand) int { return cmp.Compare(b.size, a.size) })
+	slices.SortFunc(cands, func(a, b cand) int { return cmp.Or(cmp.Compare(a.tier, b.tier), cmp.Compare(b.size, a.size)) })
 	for _, c := range cands {
 		if ix.bytes() <= target {
 			return true
 		}
+		if c.tier == 1 && !protect {
+			break
+		}
 		c.e.mu.Lock()
-		if !c.e.removed {
+		if !c.e.removed && c.e.holderBlocks.Load()+c.e.extraBytes > 0 {
 			var b batch
 			ix.clearEngine(c.ns, c.e, &b)
 			c.e.holderBlocks.Add(b.holdings)

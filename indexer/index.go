@@ -328,6 +328,19 @@ func (ix *Index) clear(id kvevents.EngineID, reason kvevents.ResetReason) {
 	}
 }
 
+// Health implements kvevents.HealthSink: the transport's view of the
+// engine's stream. Over budget, the entries of engines that are not
+// HealthOK are shed before any healthy engine's (see maybeEvict).
+func (ix *Index) Health(id kvevents.EngineID, h kvevents.Health) {
+	ns := ix.namespace(id.Model, true)
+	e := ix.lockEngine(ns, id)
+	if e == nil {
+		return
+	}
+	e.health.Store(uint32(h))
+	e.mu.Unlock()
+}
+
 // Models lists, sorted, the models the index knows: those an engine has
 // sent events for (or a snapshot restored), even if no block is left.
 func (ix *Index) Models() []string {

@@ -43,6 +43,7 @@ type engine struct {
 
 	holderBlocks atomic.Int64
 	evicted      atomic.Uint64 // EngineInfo.Evicted
+	health       atomic.Uint32 // kvevents.Health, as the transport last said (Index.Health)
 	check        atomic.Uint32 // HashCheck
 	fallback     atomic.Bool
 	lastSeq      atomic.Uint64

@@ -301,3 +301,47 @@ func TestBudgetShedsMismatchedEnginesFirst(t *testing.T) {
 	}
 	checkInvariants(t, ix)
 }
+
+// Over budget, an engine whose stream is not healthy is shed before a
+// healthy engine loses an entry; without a healthy engine to protect,
+// every engine is evicted by age as usual.
+func TestBudgetShedsUnhealthyEnginesFirst(t *testing.T) {
+	const budget = 1 << 20
+	h := mustHasher(t, blockhash.SHA256CBOR, "0", 16)
+	flood := func(ix *Index, e kvevents.EngineID) {
+		for i := 0; ix.Stats().Evictions == 0; i++ {
+			if i == 20_000 {
+				t.Fatal("no eviction")
+			}
+			ev, _ := storedChain(t, h, nil, testutil.Seq(1<<30+i*16*64, 16*64), nil)
+			ix.Apply(e, uint64(i+1), []kvevents.Event{ev})
+		}
+	}
+	good, shaky := eng("good", 0), eng("shaky", 0)
+	ix := mustNew(t, Options{Hasher: h, MemoryBudget: budget})
+	ix.Health(shaky, kvevents.HealthUnconfirmed)
+	evg, _ := storedChain(t, h, nil, testutil.Seq(7, 16*64), nil)
+	ix.Apply(good, 1, []kvevents.Event{evg})
+	flood(ix, shaky)
+	if info := engineInfo(t, ix, shaky); info.Evicted == 0 {
+		t.Errorf("the unhealthy engine: %+v, want evicted", info)
+	}
+	if info := engineInfo(t, ix, good); info.Evicted != 0 || info.HolderBlocks != 64 {
+		t.Errorf("the healthy engine: %+v, want its 64 blocks, none evicted", info)
+	}
+	checkInvariants(t, ix)
+
+	// Both unhealthy: the oldest entries go, the first engine's.
+	ix = mustNew(t, Options{Hasher: h, MemoryBudget: budget})
+	ix.Health(good, kvevents.HealthDegraded)
+	ix.Health(shaky, kvevents.HealthUnconfirmed)
+	ix.Apply(good, 1, []kvevents.Event{evg})
+	flood(ix, shaky)
+	if info := engineInfo(t, ix, good); info.Evicted == 0 {
+		t.Errorf("without a healthy engine, the oldest entries (good's): %+v, want evicted by age", info)
+	}
+	if info := engineInfo(t, ix, shaky); info.HolderBlocks == 0 {
+		t.Errorf("without a healthy engine, the flooding engine was cleared whole: %+v", info)
+	}
+	checkInvariants(t, ix)
+}

@@ -127,6 +127,16 @@ type Sink interface {
 	Reset(engine EngineID, reason ResetReason)
 }
 
+// HealthSink is a Sink that also wants each engine's stream health
+// (Health) as the transport sees it: an index that must shed entries to
+// stay within a memory budget sheds those it cannot vouch for first. A
+// transport whose Sink implements it calls Health when an engine's health
+// changes, under the same rules as Apply and Reset for that engine.
+type HealthSink interface {
+	Sink
+	Health(engine EngineID, h Health)
+}
+
 // PayloadSink is a Sink that also wants each batch's payload exactly as
 // the engine sent it: a relay that forwards batches unchanged to another
 // transport. A transport whose Sink implements it calls ApplyPayload

@@ -36,3 +36,9 @@ func (r *recordingSink) Reset(e kvevents.EngineID, reason kvevents.ResetReason) 
 	r.calls = append(r.calls, "reset "+e.String()+" "+string(reason))
 	r.mu.Unlock()
 }
+
+func (r *recordingSink) Health(e kvevents.EngineID, h kvevents.Health) {
+	r.mu.Lock()
+	r.calls = append(r.calls, "health "+e.String()+" "+h.String())
+	r.mu.Unlock()
+}

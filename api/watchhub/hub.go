@@ -152,6 +152,15 @@ func (h *Hub) Reset(engine kvevents.EngineID, reason kvevents.ResetReason) {
 	h.enqueue(&hubItem{engine: engine, ms: h.now().UnixMilli(), reset: reason, isRst: true, bytes: 128}, 1)
 }
 
+// Health implements kvevents.HealthSink: the engine's stream health goes
+// to the sink if it wants it (an index shedding what it cannot vouch
+// for); Watch streams do not carry it.
+func (h *Hub) Health(engine kvevents.EngineID, hl kvevents.Health) {
+	if hs, ok := h.sink.(kvevents.HealthSink); ok {
+		hs.Health(engine, hl)
+	}
+}
+
 // enqueue adds it to the fan-out queue, or, if the queue is full, drops it
 // and leaves a marker saying how many events were lost (one marker for a
 // run of drops: the queue holds at most one item beyond its bound).

@@ -349,6 +349,21 @@ func TestHubConcurrent(t *testing.T) {
 	}
 }
 
+// The hub passes an engine's health to a sink that wants it
+// (kvevents.HealthSink), and to no other.
+func TestHubForwardsHealth(t *testing.T) {
+	sink := &recordingSink{}
+	h := New(sink, Limits{})
+	defer h.Close()
+	h.Health(engine("a", 0), kvevents.HealthUnconfirmed)
+	if want := []string{"health a unconfirmed"}; !slices.Equal(sink.calls, want) {
+		t.Errorf("calls %v, want %v", sink.calls, want)
+	}
+	plain := New(nopSink{}, Limits{}) // a plain Sink: nothing to tell, nothing fails
+	plain.Health(engine("a", 0), kvevents.HealthDegraded)
+	plain.Close()
+}
+
 type nopSink struct{}
 
 func (nopSink) Apply(kvevents.EngineID, uint64, []kvevents.Event) {}

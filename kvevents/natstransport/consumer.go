@@ -118,6 +118,9 @@ type engState struct {
 	first     uint64 // print of the batch under seq 0, when seen (0: not)
 	own       kvevents.Health
 	relay     kvevents.Health
+	// told, toldHealth: the health last passed to a kvevents.HealthSink.
+	told       bool
+	toldHealth kvevents.Health
 
 	batches, events, decodeErrors, unknownEvents atomic.Uint64
 	gaps, lost, duplicates, restarts, resets     atomic.Uint64
@@ -298,6 +301,7 @@ func (c *Consumer) process(subject string, h nats.Header, data []byte) {
 		c.bySubject[subject] = st
 	}
 	st.relay = rec.Health
+	defer c.tellHealth(st)
 	defer st.publishHealth()
 	switch rec.Kind {
 	case KindReset:
@@ -456,6 +460,17 @@ func (st *engState) printOf(seq uint64) (uint64, bool) {
 // and the consumer's own, visible to Streams.
 func (st *engState) publishHealth() {
 	st.health.Store(uint32(max(st.own, st.relay)))
+}
+
+// tellHealth passes a change of the engine's health to a sink that wants
+// it (kvevents.HealthSink), from the goroutine that applies its records;
+// a change a heartbeat brought is passed on with the next record.
+func (c *Consumer) tellHealth(st *engState) {
+	h := kvevents.Health(st.health.Load())
+	if hs, ok := c.sink.(kvevents.HealthSink); ok && (!st.told || h != st.toldHealth) {
+		st.told, st.toldHealth = true, h
+		hs.Health(st.id, h)
+	}
 }
 
 func (c *Consumer) onHeartbeat(m *nats.Msg) {

@@ -626,6 +626,9 @@ func (st *stream) Note(n kvevents.Note) {
 			slog.Uint64("first", n.To))
 	case kvevents.NoteHealth:
 		c.health.Store(uint32(n.Health))
+		if hs, ok := st.s.sink.(kvevents.HealthSink); ok {
+			hs.Health(st.id, n.Health)
+		}
 		level := slog.LevelInfo
 		if n.Health == kvevents.HealthDegraded {
 			level = slog.LevelWarn

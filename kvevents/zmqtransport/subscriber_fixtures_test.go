@@ -50,10 +50,26 @@ type recSink struct {
 	calls    map[kvevents.EngineID][]sinkEntry
 	inflight map[kvevents.EngineID]bool
 	overlaps int
+	health   map[kvevents.EngineID]kvevents.Health // as kvevents.HealthSink last heard
 }
 
 func newRecSink() *recSink {
-	return &recSink{calls: map[kvevents.EngineID][]sinkEntry{}, inflight: map[kvevents.EngineID]bool{}}
+	return &recSink{calls: map[kvevents.EngineID][]sinkEntry{}, inflight: map[kvevents.EngineID]bool{}, health: map[kvevents.EngineID]kvevents.Health{}}
+}
+
+// Health implements kvevents.HealthSink.
+func (r *recSink) Health(engine kvevents.EngineID, h kvevents.Health) {
+	r.enter(engine)
+	r.mu.Lock()
+	r.health[engine] = h
+	r.inflight[engine] = false
+	r.mu.Unlock()
+}
+
+func (r *recSink) healthOf(e kvevents.EngineID) kvevents.Health {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.health[e]
 }
 
 func (r *recSink) enter(e kvevents.EngineID) {

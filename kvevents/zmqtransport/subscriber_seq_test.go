@@ -105,6 +105,11 @@ func TestSubscriberRestartWithoutReplayUnconfirmed(t *testing.T) {
 	if st := mustStream(t, s, e); st.Health != kvevents.HealthUnconfirmed {
 		t.Fatalf("after an unverifiable reconnect: %+v, want unconfirmed", st)
 	}
+	// The sink hears it too (kvevents.HealthSink): an index sheds what it
+	// cannot vouch for first.
+	if h := sink.healthOf(e); h != kvevents.HealthUnconfirmed {
+		t.Errorf("the sink heard %v, want unconfirmed", h)
+	}
 	// AllBlocksCleared proves the state again.
 	cleared, err := kvevents.AppendBatch(nil, &kvevents.Batch{TS: 1, Events: []kvevents.Event{{Kind: kvevents.AllBlocksCleared}}},
 		kvevents.EncodeOptions{Shape: kvevents.ShapeArray})
