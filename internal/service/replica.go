@@ -279,7 +279,7 @@ var (
 	descConsumerMessages = prometheus.NewDesc("kvindex_nats_consumer_messages_total",
 		"Records read from the JetStream stream.", nil, nil)
 	descConsumerDropped = prometheus.NewDesc("kvindex_nats_consumer_dropped_total",
-		"Records dropped before any engine saw them, by reason: malformed (subject or headers), redelivered (already applied).", []string{"reason"}, nil)
+		"Records and heartbeats dropped before any engine saw them, by reason: malformed (subject or headers), redelivered (already applied), forged (not signed with the --nats-auth-key).", []string{"reason"}, nil)
 	descConsumerBadBeats = prometheus.NewDesc("kvindex_nats_consumer_bad_heartbeats_total",
 		"Relay heartbeats that did not decode.", nil, nil)
 	descConsumerSeq = prometheus.NewDesc("kvindex_nats_index_stream_sequence",
@@ -300,6 +300,7 @@ func (cc consumerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descConsumerMessages, prometheus.CounterValue, float64(st.Messages))
 	ch <- prometheus.MustNewConstMetric(descConsumerDropped, prometheus.CounterValue, float64(st.Malformed), "malformed")
 	ch <- prometheus.MustNewConstMetric(descConsumerDropped, prometheus.CounterValue, float64(st.Redelivery), "redelivered")
+	ch <- prometheus.MustNewConstMetric(descConsumerDropped, prometheus.CounterValue, float64(st.Forged), "forged")
 	ch <- prometheus.MustNewConstMetric(descConsumerBadBeats, prometheus.CounterValue, float64(st.BadBeats))
 	ch <- prometheus.MustNewConstMetric(descConsumerSeq, prometheus.GaugeValue, float64(st.AppliedSeq))
 }

@@ -51,6 +51,10 @@ type ConsumerConfig struct {
 	Flavor       kvevents.Flavor
 	Limits       kvevents.Limits
 	RelayTimeout time.Duration // default DefaultRelayTimeout
+	// Auth, if set, makes the consumer apply only records, and heed only
+	// heartbeats, that a relay with the same key signed (see Auth); the
+	// others are dropped and counted (ConsumerStats.Forged).
+	Auth *Auth
 }
 
 // ConsumerStats counts what a consumer read that belongs to no engine
@@ -60,6 +64,7 @@ type ConsumerStats struct {
 	Malformed  uint64 // bad subject or headers: dropped
 	Redelivery uint64 // messages at or before AppliedSeq: dropped
 	BadBeats   uint64 // undecodable heartbeats
+	Forged     uint64 // records and heartbeats that failed authentication (ConsumerConfig.Auth): dropped
 	AppliedSeq uint64
 }
 
@@ -96,7 +101,7 @@ type Consumer struct {
 	beats map[kvevents.EngineID]beat
 
 	applied                                    atomic.Uint64
-	messages, malformed, redelivered, badBeats atomic.Uint64
+	messages, malformed, redelivered, badBeats, forged atomic.Uint64
 	caughtUp                                   chan struct{}
 	caughtOnce                                 sync.Once
 }
@@ -275,8 +280,27 @@ func (c *Consumer) bad(msg, subject string, err error) {
 	}
 }
 
+// authentic reports whether a message passes ConsumerConfig.Auth
+// (always, without one); a forgery is counted and logged.
+func (c *Consumer) authentic(what, subject string, h nats.Header, data []byte) bool {
+	if c.cfg.Auth == nil {
+		return true
+	}
+	err := c.cfg.Auth.Verify(subject, h, data)
+	if err == nil {
+		return true
+	}
+	if n := c.forged.Add(1); logEvery(n) {
+		c.log.Warn("natstransport: "+what+" refused: not signed with kvindex's key; dropped", slog.String("subject", subject), slog.Any("err", err), slog.Uint64("count", n))
+	}
+	return false
+}
+
 // process applies one record. Callers hold mu.
 func (c *Consumer) process(subject string, h nats.Header, data []byte) {
+	if !c.authentic("record", subject, h, data) {
+		return
+	}
 	st := c.bySubject[subject]
 	var id kvevents.EngineID
 	if st == nil {
@@ -474,6 +498,9 @@ func (c *Consumer) tellHealth(st *engState) {
 }
 
 func (c *Consumer) onHeartbeat(m *nats.Msg) {
+	if !c.authentic("heartbeat", m.Subject, m.Header, m.Data) {
+		return
+	}
 	var hb Heartbeat
 	if err := json.Unmarshal(m.Data, &hb); err != nil {
 		if n := c.badBeats.Add(1); logEvery(n) {
@@ -536,7 +563,7 @@ func (c *Consumer) Streams() []kvevents.StreamStats {
 func (c *Consumer) Stats() ConsumerStats {
 	return ConsumerStats{
 		Messages: c.messages.Load(), Malformed: c.malformed.Load(), Redelivery: c.redelivered.Load(),
-		BadBeats: c.badBeats.Load(), AppliedSeq: c.applied.Load(),
+		BadBeats: c.badBeats.Load(), Forged: c.forged.Load(), AppliedSeq: c.applied.Load(),
 	}
 }
 

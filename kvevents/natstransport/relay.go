@@ -44,6 +44,9 @@ type RelayConfig struct {
 	Model     string // the model every engine of this relay serves (the subject's model token)
 	MaxBuffer int64  // bytes held while NATS is away (default DefaultRelayBuffer)
 	Heartbeat time.Duration
+	// Auth, if set, signs every record and heartbeat (see Auth): the
+	// replicas, given the same key, apply only what such relays wrote.
+	Auth *Auth
 	// PodIPs maps pod names to their IPs, sent with each record when
 	// known (the consumer side's engine allow rules key on them).
 	PodIPs map[string]string
@@ -282,6 +285,9 @@ func (r *Relay) controlLocked(engine kvevents.EngineID, st *relayStream, rec Rec
 }
 
 func (r *Relay) pushLocked(rec *record) {
+	if r.cfg.Auth != nil {
+		r.cfg.Auth.Sign(rec.msg)
+	}
 	r.queue = append(r.queue, rec)
 	r.bytes += rec.size
 	r.buffered.Store(r.bytes)
@@ -457,7 +463,11 @@ func (r *Relay) heartbeatLoop(ctx context.Context) {
 		if nc.IsConnected() {
 			data, err := json.Marshal(r.heartbeat())
 			if err == nil {
-				err = nc.Publish(subj, data)
+				msg := &nats.Msg{Subject: subj, Data: data}
+				if r.cfg.Auth != nil {
+					r.cfg.Auth.Sign(msg)
+				}
+				err = nc.PublishMsg(msg)
 			}
 			if err != nil {
 				r.log.Debug("natstransport: heartbeat not sent", slog.Any("err", err))
