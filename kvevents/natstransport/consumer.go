@@ -100,10 +100,10 @@ type Consumer struct {
 	hbMu  sync.Mutex
 	beats map[kvevents.EngineID]beat
 
-	applied                                    atomic.Uint64
+	applied                                            atomic.Uint64
 	messages, malformed, redelivered, badBeats, forged atomic.Uint64
-	caughtUp                                   chan struct{}
-	caughtOnce                                 sync.Once
+	caughtUp                                           chan struct{}
+	caughtOnce                                         sync.Once
 }
 
 type beat struct {
