@@ -376,7 +376,14 @@ func (fr *frameReader) count(what string, limit uint64) (int, error) {
 // Restore replaces the index's content with a snapshot read from r. On any
 // error the index is left as it was. Restore must not run concurrently with
 // Apply, Reset or RemoveEngine (pause ingest); queries may run throughout.
-func (ix *Index) Restore(r io.Reader) error {
+func (ix *Index) Restore(r io.Reader) error { return ix.RestoreChecked(r, nil) }
+
+// RestoreChecked is Restore with one more test before the index's content
+// is replaced: check, if not nil, is called once the whole snapshot has
+// been read and checked, and its error leaves the index as it was (an
+// authentication code over the snapshot's bytes, which only its end can
+// confirm).
+func (ix *Index) RestoreChecked(r io.Reader, check func() error) error {
 	var hdr [12]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return snapErr("reading header: %v", err)
@@ -414,6 +421,11 @@ func (ix *Index) Restore(r io.Reader) error {
 		}
 		if !fr.ended {
 			return snapErr("trailing content")
+		}
+	}
+	if check != nil {
+		if err := check(); err != nil {
+			return err
 		}
 	}
 	ix.nsMu.Lock()

@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/internal/service"
 )
 
 // clientFlags are the connection settings of the commands that talk to a
@@ -71,16 +72,7 @@ func (f *clientFlags) dial(ctx context.Context) (*client.Client, error) {
 // kvindex's own --http-addr.
 func (f *clientFlags) httpPortError() error {
 	return fmt.Errorf("--server %s answers HTTP/1.1, not gRPC: that looks like kvindex's HTTP port (--http-addr); the gRPC API is on --grpc-addr (default %s)",
-		f.server, serveFlagDefault("grpc-addr"))
-}
-
-// serveFlagDefault returns the default of one of serve's flags, so that
-// messages quote it from its one home.
-func serveFlagDefault(name string) string {
-	var sf serveFlags
-	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
-	sf.register(fs)
-	return fs.Lookup(name).DefValue
+		f.server, service.DefaultOptions().GRPCAddr)
 }
 
 // callError turns an RPC failure into the CLI's one line.

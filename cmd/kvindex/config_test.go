@@ -139,6 +139,8 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{"serve", "--nats", "nats://n:4222", "--model", "m", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1"}, "kvindex: --nats replaces --engine, --listen and --discover-selector"},
 		{[]string{"serve", "--nats", "nats://n:4222", "--model", "m", "--state-dir", "/tmp/x"}, "kvindex: --state-dir does not apply with --nats"},
 		{[]string{"serve", "--nats", "nats://n:4222"}, "kvindex: --nats needs --model"},
+		{[]string{"serve", "--nats", "nats://n:4222", "--model", "m"}, "kvindex: NATS mode needs --nats-auth-key FILE"},
+		{[]string{"serve", "--nats", "nats://n:4222", "--model", "m", "--nats-auth-key", "k", "--nats-insecure"}, "kvindex: --nats-auth-key and --nats-insecure: give one"},
 		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--snapshot-keep", "3"}, "kvindex: --snapshot-bucket and --snapshot-keep apply to NATS mode (--nats) only"},
 		{[]string{"serve", "--nats", "nats://n:4222", "--model", "m", "--snapshot-keep", "0"}, "kvindex: --snapshot-keep 0: want at least 1"},
 		{[]string{"serve", "--nats", "nats://n:4222", "--model", "m", "--nats-max-age", "1m"}, "kvindex: --nats-stream settings: stream duplicate window 2m0s exceeds its max age 1m0s"},

@@ -59,6 +59,8 @@ var serveFlagNames = map[configerr.Field]string{
 	"TokenizeURL":          "--tokenize-url",
 	"TokenizerFile":        "--tokenizer",
 	"NATS":                 "--nats",
+	"NATSAuthKey":          "--nats-auth-key",
+	"NATSInsecure":         "--nats-insecure",
 	"NATS.Snapshot.Bucket": "--snapshot-bucket",
 	"Discover":             "--discover-selector",
 	"Discover.Namespace":   "--discover-namespace",

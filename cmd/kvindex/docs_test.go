@@ -154,6 +154,11 @@ func TestDocsExamples(t *testing.T) {
 	x.awaitMatched(prompt, map[string]uint32{"pod-a": 5, "pod-b": 3})
 
 	work := t.TempDir()
+	// The NATS examples' key, as README's `openssl rand -hex 32 > nats.key`
+	// makes it.
+	if err := os.WriteFile(filepath.Join(work, "nats.key"), []byte(strings.Repeat("ab", 32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for name, ids := range map[string][]uint64{"prompt.json": prompt, "prompt64.json": prompt[:4*e2eBlockSize], "block-tokens.json": prompt[:e2eBlockSize]} {
 		data, _ := json.Marshal(ids)
 		if err := os.WriteFile(filepath.Join(work, name), data, 0o644); err != nil {

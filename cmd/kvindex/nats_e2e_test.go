@@ -67,6 +67,12 @@ func natsServerProc(t *testing.T) string {
 	return "nats://" + addr
 }
 
+// natsKeyFile writes the key every relay and replica of the tests shares.
+func natsKeyFile(t *testing.T) string {
+	t.Helper()
+	return writeFile(t, "nats.key", strings.Repeat("k", 32)+"\n")
+}
+
 // natsReplicaProc is one serve --nats replica started in-process.
 type natsReplicaProc struct {
 	svc    *service.Service
@@ -79,7 +85,7 @@ func startNATSReplica(t *testing.T, url string, extra ...string) *natsReplicaPro
 	t.Helper()
 	o, f, err := parseServe(t, append([]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--model", e2eModel,
 		"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "16",
-		"--nats", url}, extra...)...)
+		"--nats", url, "--nats-auth-key", natsKeyFile(t)}, extra...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +179,7 @@ func TestNATSModeEndToEnd(t *testing.T) {
 	url := natsServerProc(t)
 	pods := []string{"vllm-a", "vllm-b"}
 	engines := map[string]*simzmq.Engine{}
-	args := []string{"--model", e2eModel, "--nats", url, "--http-addr", "127.0.0.1:0", "--heartbeat", "100ms"}
+	args := []string{"--model", e2eModel, "--nats", url, "--nats-auth-key", natsKeyFile(t), "--http-addr", "127.0.0.1:0", "--heartbeat", "100ms"}
 	for _, pod := range pods {
 		e, err := simzmq.New(enginesim.Config{
 			Pod: pod, Model: e2eModel, Hasher: e2eHasher, CapacityBlocks: 4096,

@@ -25,12 +25,16 @@ type natsFlags struct {
 	maxBytes   bytesize.Value
 	replicas   int
 	duplicates time.Duration
+	authKey    string
+	insecure   bool
 }
 
 func (f *natsFlags) register(fs *pflag.FlagSet, urlHelp string) {
 	f.maxBytes = bytesize.Value(natstransport.DefaultMaxBytes)
 	fs.StringVar(&f.url, "nats", "", urlHelp)
 	fs.StringVar(&f.creds, "nats-creds", "", "NATS credentials file (JWT and NKey seed) to authenticate with")
+	fs.StringVar(&f.authKey, "nats-auth-key", "", "file of the key relays and replicas share (at least 32 bytes, e.g. openssl rand -hex 32): every record and heartbeat is signed with it, and replicas apply only what verifies; required unless --nats-insecure")
+	fs.BoolVar(&f.insecure, "nats-insecure", false, "run NATS mode without --nats-auth-key, for trials: whoever may write to the NATS server can then write, or wipe, any engine's entries in every replica")
 	fs.StringVar(&f.tlsCA, "nats-tls-ca", "", "CA bundle to verify the NATS server's certificate with (tls:// URLs); default: the system roots")
 	fs.StringVar(&f.stream, "nats-stream", natstransport.DefaultStream, "JetStream stream of the KV events (subjects kvevents.>); created with the --nats-* settings if missing")
 	fs.DurationVar(&f.maxAge, "nats-max-age", natstransport.DefaultMaxAge, "stream retention: events older than this are dropped (a replica restoring an older snapshot cannot catch up)")
@@ -39,12 +43,9 @@ func (f *natsFlags) register(fs *pflag.FlagSet, urlHelp string) {
 	fs.DurationVar(&f.duplicates, "nats-duplicates", natstransport.DefaultDuplicates, "stream duplicate window: a batch published twice within it (a relay retrying) is stored once")
 }
 
-// enabled reports whether --nats was given.
-func (f *natsFlags) enabled() bool { return f.url != "" }
-
 // conn is how to reach NATS.
 func (f *natsFlags) conn() service.NATSConn {
-	return service.NATSConn{URL: f.url, Creds: f.creds, TLSCA: f.tlsCA}
+	return service.NATSConn{URL: f.url, Creds: f.creds, TLSCA: f.tlsCA, AuthKey: f.authKey, Insecure: f.insecure}
 }
 
 // streamConfig validates the stream settings.
@@ -63,7 +64,7 @@ func (f *natsFlags) streamConfig() (natstransport.StreamConfig, error) {
 
 // natsOptions validates the NATS mode flags; nil without --nats.
 func (f *serveFlags) natsOptions() (*service.NATSOptions, error) {
-	if !f.nats.enabled() {
+	if f.nats.url == "" { // not NATS mode
 		if f.snapshotBucket != snapstore.DefaultBucket || f.snapshotKeep != snapstore.DefaultKeep {
 			return nil, usagef("--snapshot-bucket and --snapshot-keep apply to NATS mode (--nats) only")
 		}

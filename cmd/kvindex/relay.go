@@ -47,7 +47,7 @@ func (f *relayFlags) register(fs *pflag.FlagSet) {
 // options turns the flags into the relay's options.
 func (f *relayFlags) options() (*service.RelayOptions, error) {
 	o := &service.RelayOptions{Model: f.model, Conn: f.nats.conn(), HTTPAddr: f.httpAddr}
-	if !f.nats.enabled() {
+	if f.nats.url == "" {
 		return nil, usagef("--nats is required: the NATS server to publish to, e.g. --nats nats://nats:4222")
 	}
 	var err error
@@ -107,6 +107,9 @@ its engines disconnected.`,
 			log, err := newLogger(cmd.ErrOrStderr(), f.logLevel, f.logFormat)
 			if err != nil {
 				return err
+			}
+			if _, err := o.Conn.Auth(); err != nil {
+				return configUsage(err, serveFlagNames)
 			}
 			if f.check {
 				return checkRelay(cmd.OutOrStdout(), o)

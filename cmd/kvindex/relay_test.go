@@ -61,3 +61,26 @@ func TestRelayOptions(t *testing.T) {
 		})
 	}
 }
+
+// A relay needs the key the replicas share, or --nats-insecure said
+// aloud; --check reads the key.
+func TestRelayAuthKey(t *testing.T) {
+	base := []string{"relay", "--nats", "nats://n:4222", "--model", "m", "--engine", "a=tcp://h:1", "--check"}
+	for _, tc := range []struct {
+		name  string
+		extra []string
+		code  int
+		want  string
+	}{
+		{"none", nil, exitUsage, "kvindex: NATS mode needs --nats-auth-key FILE"},
+		{"missing file", []string{"--nats-auth-key", "/nonexistent/nats.key"}, exitRuntime, "kvindex: --nats-auth-key /nonexistent/nats.key: open /nonexistent/nats.key"},
+		{"short key", []string{"--nats-auth-key", writeFile(t, "short.key", "abc\n")}, exitRuntime, "want at least 32"},
+		{"key", []string{"--nats-auth-key", writeFile(t, "nats.key", strings.Repeat("k", 32)+"\n")}, exitOK, ""},
+		{"insecure", []string{"--nats-insecure"}, exitOK, ""},
+	} {
+		out, errOut, code := runCLI(t, append(base, tc.extra...)...)
+		if code != tc.code || !strings.Contains(errOut, tc.want) || (code == exitOK && !strings.HasPrefix(out, "settings ok")) {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit %d saying %q", tc.name, code, out, errOut, tc.code, tc.want)
+		}
+	}
+}

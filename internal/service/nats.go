@@ -1,8 +1,10 @@
 package service
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
+	"os"
 	"slices"
 	"time"
 
@@ -23,7 +25,54 @@ type NATSConn struct {
 	// TLSCA is a CA bundle for the server's certificate; "" for the
 	// system roots.
 	TLSCA string
+	// AuthKey is a file holding the key relays and replicas share
+	// (natstransport.Auth: at least natstransport.MinAuthKey bytes, a
+	// trailing newline ignored). Without one, Insecure must say so: then
+	// whoever may write to the NATS server can write any engine's entries
+	// into every replica.
+	AuthKey  string
+	Insecure bool
 }
+
+// The settings of NATSConn's authentication, as configuration errors name
+// them.
+const (
+	FieldNATSAuthKey  configerr.Field = "NATSAuthKey"
+	FieldNATSInsecure configerr.Field = "NATSInsecure"
+)
+
+// checkAuth refuses a connection that neither authenticates what it
+// carries nor says it will not.
+func (c NATSConn) checkAuth() error {
+	switch {
+	case c.AuthKey == "" && !c.Insecure:
+		return configerr.New(FieldNATSAuthKey, "NATS mode needs %v FILE, a key relays and replicas share, so that replicas apply only what kvindex's relays wrote (whoever may write to the NATS server could otherwise write or wipe any engine's entries); %v runs without it, for trials",
+			FieldNATSAuthKey, FieldNATSInsecure)
+	case c.AuthKey != "" && c.Insecure:
+		return configerr.New(FieldNATSInsecure, "%v and %v: give one", FieldNATSAuthKey, FieldNATSInsecure)
+	}
+	return nil
+}
+
+// Auth checks the authentication settings and loads the key: nil when
+// Insecure (logged as a warning by the caller).
+func (c NATSConn) Auth() (*natstransport.Auth, error) {
+	if err := c.checkAuth(); err != nil || c.Insecure {
+		return nil, err
+	}
+	b, err := os.ReadFile(c.AuthKey)
+	if err != nil {
+		return nil, configerr.Failed(FieldNATSAuthKey, "%v %s: %v", FieldNATSAuthKey, c.AuthKey, err)
+	}
+	a, err := natstransport.NewAuth(bytes.TrimRight(b, "\r\n"))
+	if err != nil {
+		return nil, configerr.Failed(FieldNATSAuthKey, "%v %s: %v", FieldNATSAuthKey, c.AuthKey, err)
+	}
+	return a, nil
+}
+
+// insecureWarning is logged by a relay or replica running without a key.
+const insecureWarning = "NATS without an authentication key (insecure mode): whoever may write to the NATS server can write, or wipe, any engine's entries in every replica"
 
 // connect dials NATS. A server that is not up yet is retried in the
 // background (the caller's readiness reflects it), and so is every later

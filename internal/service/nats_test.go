@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -43,11 +45,22 @@ func startNATS(t *testing.T) string {
 	return fmt.Sprintf("nats://127.0.0.1:%d", s.Addr().(*net.TCPAddr).Port)
 }
 
+// natsConn reaches url, signing with the key every relay and replica of
+// the tests shares.
+func natsConn(t *testing.T, url string) NATSConn {
+	t.Helper()
+	key := filepath.Join(t.TempDir(), "nats.key")
+	if err := os.WriteFile(key, []byte(strings.Repeat("k", natstransport.MinAuthKey)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return NATSConn{URL: url, AuthKey: key}
+}
+
 // startRelay runs a relay of engines to url, stopped when the test ends.
 func startRelay(t *testing.T, url string, engines []zmqtransport.EngineConfig, d *DiscoverOptions) *Relay {
 	t.Helper()
 	o := &RelayOptions{
-		Engines: engines, Discover: d, Model: testModel, Conn: NATSConn{URL: url}, HTTPAddr: "127.0.0.1:0",
+		Engines: engines, Discover: d, Model: testModel, Conn: natsConn(t, url), HTTPAddr: "127.0.0.1:0",
 		Stream: natstransport.StreamConfig{Name: natstransport.DefaultStream},
 		Relay: natstransport.RelayConfig{Stream: natstransport.DefaultStream, Model: testModel,
 			MaxBuffer: natstransport.DefaultRelayBuffer, Heartbeat: 100 * time.Millisecond},
@@ -78,7 +91,7 @@ func startReplica(t *testing.T, url string) *started {
 	t.Helper()
 	o := baseOptions()
 	o.NATS = &NATSOptions{
-		Conn:     NATSConn{URL: url},
+		Conn:     natsConn(t, url),
 		Stream:   natstransport.StreamConfig{Name: natstransport.DefaultStream},
 		Snapshot: snapstore.Config{Bucket: snapstore.DefaultBucket, Model: testModel, Keep: snapstore.DefaultKeep},
 		Interval: time.Hour,

@@ -98,6 +98,8 @@ func (o *Options) Validate() error {
 		return configerr.New("StateDir", "%v does not apply with %v: NATS mode keeps its snapshots in JetStream (%v)", f("StateDir"), f("NATS"), f("NATS.Snapshot.Bucket"))
 	case o.NATS != nil && o.Model == "":
 		return configerr.New("Model", "%v needs %v: a replica consumes one model's events", f("NATS"), f("Model"))
+	case o.NATS != nil && o.NATS.Conn.checkAuth() != nil:
+		return o.NATS.Conn.checkAuth()
 	case len(o.Engines) == 0 && o.Listen == "" && o.Discover == nil && o.NATS == nil:
 		return configerr.New("Engines", "no event source: give %v NAME=ENDPOINT (connect mode), %v LABELS (connect mode, pods found on Kubernetes), %v ENDPOINT (bind mode) or %v URL (NATS mode, fed by kvindex relay)",
 			f("Engines"), f("Discover"), f("Listen"), f("NATS"))

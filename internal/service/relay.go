@@ -58,6 +58,13 @@ func NewRelay(o *RelayOptions, log *slog.Logger) (*Relay, error) {
 			return nil, err
 		}
 	}
+	auth, err := o.Conn.Auth()
+	if err != nil {
+		return nil, err
+	}
+	if o.Relay.Auth = auth; auth == nil {
+		log.Warn(insecureWarning)
+	}
 	r := &Relay{o: o, log: log}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

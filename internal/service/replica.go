@@ -45,8 +45,9 @@ type natsReplica struct {
 	id      string // this replica's name in the lease
 	host    string
 
-	nc *nats.Conn
-	js jetstream.JetStream
+	nc   *nats.Conn
+	auth *natstransport.Auth // nil: insecure
+	js   jetstream.JetStream
 
 	consumer atomic.Pointer[natstransport.Consumer]
 	caughtUp chan struct{} // closed once the consumer has caught up
@@ -87,6 +88,13 @@ func (r *natsReplica) parts() []lifecycle.Part {
 	return []lifecycle.Part{{
 		Name: "NATS connection",
 		Start: func(context.Context) error {
+			auth, err := r.o.Conn.Auth()
+			if err != nil {
+				return err
+			}
+			if r.auth = auth; auth == nil {
+				r.log.Warn(insecureWarning)
+			}
 			nc, js, err := r.o.Conn.connect("kvindex serve "+r.host, r.log.With("component", "nats"))
 			if err != nil {
 				return err
@@ -134,7 +142,7 @@ func (r *natsReplica) bootstrap(ctx context.Context) error {
 	}
 	start, resume := r.restore(ctx, store)
 	c, err := natstransport.NewConsumer(r.js, natstransport.ConsumerConfig{
-		Stream: r.o.Stream.Name, Model: r.model, StartSeq: start, Resume: resume,
+		Stream: r.o.Stream.Name, Model: r.model, StartSeq: start, Resume: resume, Auth: r.auth,
 	}, r.sink, r.log.With("component", "consumer"))
 	if err != nil {
 		return err
@@ -161,7 +169,9 @@ func (r *natsReplica) openStore(ctx context.Context) (*snapstore.Store, error) {
 	var store *snapstore.Store
 	err := retryNATS(ctx, r.log, "snapshot store not ready; retrying", []any{"bucket", r.o.Snapshot.Bucket}, func(ctx context.Context) error {
 		var err error
-		store, err = snapstore.Open(ctx, r.js, r.o.Snapshot, r.log.With("component", "snapshots"))
+		cfg := r.o.Snapshot
+		cfg.Auth = r.auth
+		store, err = snapstore.Open(ctx, r.js, cfg, r.log.With("component", "snapshots"))
 		return err
 	})
 	return store, err
@@ -182,7 +192,7 @@ func (r *natsReplica) restore(ctx context.Context, store *snapstore.Store) (uint
 		if err != nil {
 			return err
 		}
-		if err := r.index.Restore(body); err != nil {
+		if err := r.index.RestoreChecked(body, snapstore.Verifier(body)); err != nil {
 			return err
 		}
 		pos = p

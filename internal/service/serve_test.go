@@ -126,7 +126,7 @@ func TestServeStartFailureUndoes(t *testing.T) {
 // Validate refuses settings that cannot work together, naming the field.
 func TestOptionsValidate(t *testing.T) {
 	ec := zmqtransport.EngineConfig{Name: "a", Model: testModel, Endpoint: "tcp://h:1", Ranks: 1}
-	nats := &NATSOptions{Conn: NATSConn{URL: "nats://n:4222"}, Stream: natstransport.StreamConfig{Name: "S"}}
+	nats := &NATSOptions{Conn: NATSConn{URL: "nats://n:4222", Insecure: true}, Stream: natstransport.StreamConfig{Name: "S"}}
 	for _, tc := range []struct {
 		name  string
 		edit  func(*Options)
@@ -144,6 +144,12 @@ func TestOptionsValidate(t *testing.T) {
 		{"negative forget", func(o *Options) { o.ForgetAfter = -1 }, "ForgetAfter", "0: never"},
 		{"no engines allowed", func(o *Options) { o.MaxEngines = 0 }, "MaxEngines", "want at least 1"},
 		{"snapshot interval", func(o *Options) { o.SnapshotInterval = time.Millisecond }, "SnapshotInterval", "want at least 100ms"},
+		{"NATS without a key", func(o *Options) {
+			o.Engines, o.NATS = nil, &NATSOptions{Conn: NATSConn{URL: "nats://n:4222"}, Stream: natstransport.StreamConfig{Name: "S"}}
+		}, "NATSAuthKey", "NATS mode needs NATSAuthKey FILE"},
+		{"NATS with a key and insecure", func(o *Options) {
+			o.Engines, o.NATS = nil, &NATSOptions{Conn: NATSConn{URL: "nats://n:4222", AuthKey: "k", Insecure: true}, Stream: natstransport.StreamConfig{Name: "S"}}
+		}, "NATSInsecure", "give one"},
 		{"discovery without model", func(o *Options) { o.Model, o.Discover = "", &DiscoverOptions{Selector: "app=vllm"} }, "Model", "Discover needs Model"},
 		{"bind mode open to anyone", func(o *Options) { o.Engines, o.Listen = nil, "tcp://127.0.0.1:5557" }, "EngineAllow", "needs engine allow rules (EngineAllow POD=CIDR) or discovery (Discover)"},
 	} {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"regexp"
 	"time"
+
+	"github.com/kvindex/kvindex/kvevents/natstransport"
 )
 
 // Defaults of Config (and of serve's --snapshot-bucket and --snapshot-keep).
@@ -42,6 +44,12 @@ type Config struct {
 	LeaseTTL time.Duration
 	// Replicas is the buckets' replica count in a clustered JetStream.
 	Replicas int
+	// Auth, if set, signs every snapshot written (an HMAC of its bytes in
+	// the object's metadata, metaMAC) and makes Load refuse any snapshot
+	// whose code is missing or wrong, before its content is used (see
+	// Verifier): whoever may write to the buckets cannot have a replica
+	// restore an index of their making.
+	Auth *natstransport.Auth
 }
 
 // bucketName is what JetStream accepts as a bucket name.

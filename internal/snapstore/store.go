@@ -4,12 +4,16 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"crypto/hmac"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -293,8 +297,14 @@ func (s *Store) put(ctx context.Context, h *statefile.Header, snapshot func(io.W
 func (s *Store) upload(ctx context.Context, name string, h *statefile.Header, snapshot func(io.Writer) error) (*jetstream.ObjectInfo, error) {
 	pr, pw := io.Pipe()
 	encErr := make(chan error, 1)
+	var out io.Writer = pw
+	var mac hash.Hash
+	if s.cfg.Auth != nil {
+		mac = s.cfg.Auth.NewHash(macDomain)
+		out = io.MultiWriter(pw, mac)
+	}
 	go func() {
-		bw := bufio.NewWriterSize(pw, chunkSize)
+		bw := bufio.NewWriterSize(out, chunkSize)
 		err := statefile.Encode(bw, h, snapshot)
 		if err == nil {
 			err = bw.Flush()
@@ -317,7 +327,37 @@ func (s *Store) upload(ctx context.Context, name string, h *statefile.Header, sn
 	if err != nil {
 		return nil, fmt.Errorf("snapstore: uploading %s: %w", name, err)
 	}
+	if mac != nil {
+		meta := oi.ObjectMeta
+		meta.Metadata = maps.Clone(meta.Metadata)
+		meta.Metadata[metaMAC] = hex.EncodeToString(mac.Sum(nil))
+		if err := s.obs.UpdateMeta(ctx, name, meta); err != nil {
+			return nil, fmt.Errorf("snapstore: signing %s: %w", name, err)
+		}
+	}
 	return oi, nil
+}
+
+// The snapshot's code in its object's metadata (Config.Auth), and the
+// domain of the key it is made with.
+const (
+	metaMAC   = "kvindex-mac"
+	macDomain = "snapshot"
+)
+
+// ErrUnsigned: with Config.Auth, a snapshot without a code, or whose
+// bytes do not match it.
+var ErrUnsigned = errors.New("snapstore: snapshot not signed with kvindex's key")
+
+// Verifier returns the check a restore must pass once it has read a body
+// Load handed it, before it uses what it read (indexer.Index.RestoreChecked):
+// it reads the rest of the object and compares the code of all of it with
+// the object's. Without Config.Auth it returns nil.
+func Verifier(body io.Reader) func() error {
+	if b, ok := body.(*objectBody); ok {
+		return b.verify
+	}
+	return nil
 }
 
 // movePointer points the model's pointer at info, unless it already
@@ -434,13 +474,14 @@ func (s *Store) candidates(ctx context.Context) (*Info, []string, error) {
 	return p, names, nil
 }
 
-// body is a snapshot's index snapshot, after its header.
-type body struct {
+// objectBody is a snapshot's index snapshot, after its header.
+type objectBody struct {
 	*bufio.Reader
-	obj jetstream.ObjectResult
+	obj    jetstream.ObjectResult
+	verify func() error // nil without Config.Auth
 }
 
-func (b body) Close() error { return b.obj.Close() }
+func (b *objectBody) Close() error { return b.obj.Close() }
 
 // open opens one snapshot object and reads and checks its header.
 func (s *Store) open(ctx context.Context, name string, p *Info) (*statefile.Header, io.ReadCloser, error) {
@@ -448,7 +489,31 @@ func (s *Store) open(ctx context.Context, name string, p *Info) (*statefile.Head
 	if err != nil {
 		return nil, nil, err
 	}
-	br := bufio.NewReaderSize(obj, 1<<20)
+	var in io.Reader = obj
+	var verify func() error
+	if s.cfg.Auth != nil {
+		info, err := obj.Info()
+		var want []byte
+		if err == nil {
+			want, err = hex.DecodeString(info.Metadata[metaMAC])
+		}
+		if err != nil || len(want) == 0 {
+			obj.Close()
+			return nil, nil, fmt.Errorf("%w: no code in its metadata", ErrUnsigned)
+		}
+		mac := s.cfg.Auth.NewHash(macDomain)
+		in = io.TeeReader(obj, mac)
+		verify = func() error {
+			if _, err := io.Copy(io.Discard, in); err != nil {
+				return fmt.Errorf("snapstore: reading %s to its end: %w", name, err)
+			}
+			if !hmac.Equal(mac.Sum(nil), want) {
+				return fmt.Errorf("%w: its bytes do not match its code", ErrUnsigned)
+			}
+			return nil
+		}
+	}
+	br := bufio.NewReaderSize(in, 1<<20)
 	h, err := statefile.ReadHeader(br)
 	if err == nil && p != nil && name == p.Object && (h.StreamSeq != p.StreamSeq || h.Stream != p.Stream) {
 		err = fmt.Errorf("%w: header says %s at %d, the pointer %s at %d", statefile.ErrBadState, h.Stream, h.StreamSeq, p.Stream, p.StreamSeq)
@@ -457,7 +522,18 @@ func (s *Store) open(ctx context.Context, name string, p *Info) (*statefile.Head
 		obj.Close()
 		return nil, nil, err
 	}
-	return h, body{Reader: br, obj: obj}, nil
+	if verify != nil {
+		// The header's bytes are read through br: the rest of the
+		// object too.
+		tail := verify
+		verify = func() error {
+			if _, err := io.Copy(io.Discard, br); err != nil {
+				return err
+			}
+			return tail()
+		}
+	}
+	return h, &objectBody{Reader: br, obj: obj, verify: verify}, nil
 }
 
 // Latest opens the model's newest usable snapshot: its checked header,

@@ -37,6 +37,7 @@ var (
 // is not forgery: it is a duplicate, which the consumer drops by its
 // sequence and print.) It is safe for concurrent use.
 type Auth struct {
+	key  []byte
 	pool sync.Pool // hash.Hash keyed by the key
 }
 
@@ -47,7 +48,7 @@ func NewAuth(key []byte) (*Auth, error) {
 		return nil, fmt.Errorf("natstransport: an authentication key of %d bytes; want at least %d (e.g. openssl rand -hex 32)", len(key), MinAuthKey)
 	}
 	k := slices.Clone(key)
-	a := &Auth{}
+	a := &Auth{key: k}
 	a.pool.New = func() any { return hmac.New(sha256.New, k) }
 	return a, nil
 }
@@ -82,6 +83,15 @@ func (a *Auth) mac(subject string, h nats.Header, data []byte) []byte {
 	}
 	m.Write(data)
 	return m.Sum(nil)
+}
+
+// NewHash returns an HMAC-SHA256 keyed with the key, for authenticating
+// a stream of bytes (a snapshot) in its own domain, so that no code of
+// one kind verifies as another's.
+func (a *Auth) NewHash(domain string) hash.Hash {
+	m := hmac.New(sha256.New, a.key)
+	m.Write([]byte("kvindex-" + domain + "-v1\x00"))
+	return m
 }
 
 // Sign sets msg's HeaderMAC.
