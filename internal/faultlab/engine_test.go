@@ -105,6 +105,9 @@ type engineOpts struct {
 	capacity    int    // blocks (default 160: the check prompts do not all fit)
 	bufferSteps int    // replay buffer (default enginesim's)
 	connectTo   string // bind mode: kvindex's --listen endpoint
+	// hasher, if set, is the engine's own (another seed: a
+	// misconfigured engine, whose hashes kvindex cannot verify).
+	hasher *blockhash.Hasher
 }
 
 // newEngine starts an engine whose faults are drawn from a RNG seeded by
@@ -127,7 +130,7 @@ func newEngine(t *testing.T, name string, seed uint64, o engineOpts) *engine {
 	e.pcfg.ReplayHWM = steps + 16
 	var err error
 	e.Engine, err = enginesim.New(enginesim.Config{
-		Pod: name, Model: model, Hasher: hasher, CapacityBlocks: cmp.Or(o.capacity, 160),
+		Pod: name, Model: model, Hasher: cmp.Or(o.hasher, hasher), CapacityBlocks: cmp.Or(o.capacity, 160),
 		BufferSteps: o.bufferSteps, Publisher: e.fp,
 	})
 	if err != nil {

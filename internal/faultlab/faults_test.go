@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/internal/statefile"
 	"github.com/kvindex/kvindex/internal/testutil"
@@ -51,9 +52,10 @@ func TestFaults(t *testing.T) {
 		{"churn-1000-engines", churn},
 		{"slow-watchers-and-http", slowClients},
 		{"budget-eviction-1MiB", budgetEviction},
+		{"mismatched-flood-2MiB", mismatchedFlood},
 	} {
 		tableOrder = append(tableOrder, f.name)
-		heavy := slices.Contains([]string{"flood-16MiB-budget", "churn-1000-engines", "slow-watchers-and-http", "budget-eviction-1MiB"}, f.name)
+		heavy := slices.Contains([]string{"flood-16MiB-budget", "churn-1000-engines", "slow-watchers-and-http", "budget-eviction-1MiB", "mismatched-flood-2MiB"}, f.name)
 		t.Run(f.name, func(t *testing.T) {
 			if !heavy {
 				t.Parallel()
@@ -405,6 +407,48 @@ func budgetEviction(t *testing.T) {
 	r := settle(t, k, faultEnd, engines, nil, budget)
 	if r.wrongFlagged == 0 {
 		t.Errorf("no answer differed from the engines' caches: the budget evicted nothing they hold, so the row tests nothing")
+	}
+}
+
+// mismatchedFlood: 2 engines hashing with another seed (kvindex keys
+// them by its own chain, through a fallback map) flood a kvindex with a
+// 2 MiB budget, beside a healthy engine whose cache fits it. The
+// mismatched engines' entries must go first: the healthy engine keeps
+// every entry and stays ok, and every answer about it is exact.
+func mismatchedFlood(t *testing.T) {
+	const budget = 2 << 20
+	other := blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "1", BlockSize: blockSize})
+	healthy := []*engine{newEngine(t, "pod-0", 1, engineOpts{replay: true})}
+	args := []string{"--engine", healthy[0].engineFlag(), "--memory-budget", strconv.Itoa(budget)}
+	var wrong []*engine
+	for i := range 2 {
+		e := newEngine(t, fmt.Sprintf("wrong-seed-%d", i), uint64(50+i), engineOpts{replay: true, capacity: 8192, hasher: other})
+		wrong = append(wrong, e)
+		args = append(args, "--engine", e.engineFlag())
+	}
+	k := startKvindex(t, args...)
+	warmUp(t, k, append(slices.Clone(healthy), wrong...))
+	tr := newTraffic(1)
+	tr.run(t, healthy, 50)
+	flood := newTraffic(7)
+	for range 1500 {
+		for _, e := range wrong {
+			if _, err := e.Process(flood.fresh(16), nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	faultEnd := time.Now()
+	tail(t, tr, healthy)
+	r := settle(t, k, faultEnd, healthy, nil, budget)
+	if r.wrongFlagged != 0 {
+		t.Errorf("%d answers about the healthy engine flagged: the mismatched engines pushed its entries out", r.wrongFlagged)
+	}
+	pods := listPods(t, k)
+	for _, e := range wrong {
+		if h := pods[podKey(e.name, 0)].GetHealth(); h != kvindexv1.EngineHealth_ENGINE_HEALTH_PARTIAL {
+			t.Errorf("%s is %v, want partial: the budget never shed it, so the row tests nothing", e.name, h)
+		}
 	}
 }
 
