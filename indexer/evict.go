@@ -13,7 +13,9 @@ import (
 // index is over budget, such engines are cleared, largest first, then the
 // engines whose stream is not healthy (Index.Health), before any healthy
 // engine's entry is evicted (shedUnvouched), so a misconfigured, broken or
-// hostile engine never pushes a healthy engine's entries out. Then every slot carries the generation of its block's last
+// hostile engine never pushes a healthy engine's entries out. Next go the
+// engines' digest LRUs, state beside the entries that only helps
+// verification (trimDigests). Then every slot carries the generation of its block's last
 // store (the Index counts stored blocks; a generation is genSpan of them,
 // about a sixteenth of what the budget holds). When Apply finds the index
 // over budget, one caller at a time sums the shards' per-generation block
@@ -35,7 +37,7 @@ func (ix *Index) maybeEvict() {
 		return // another Apply is evicting
 	}
 	defer ix.evictMu.Unlock()
-	if ix.shedUnvouched(budget - budget/10) {
+	if ix.shedUnvouched(budget-budget/10) || ix.trimDigests(budget-budget/10, budget/digestShareDiv) {
 		return
 	}
 	for pass := 0; pass < 4; pass++ {
@@ -208,6 +210,57 @@ func (ix *Index) shedUnvouched(target int64) bool {
 			c.e.evicted.Add(uint64(max(-b.holdings, 1)))
 			ix.evictions.Add(uint64(-b.holdings))
 		}
+		c.e.mu.Unlock()
+	}
+	return ix.bytes() <= target
+}
+
+// digestShareDiv: the engines' digest LRUs may keep budget/digestShareDiv
+// bytes under pressure (trimDigests).
+const digestShareDiv = 8
+
+// trimDigests empties the engines' LRUs of verified digests (the state
+// that lets a sampled event be verified against its parent's full hash),
+// the largest first, while they hold more than keep bytes together, until
+// the index is within target bytes, and reports whether that was enough:
+// they are the engines' state beside their entries, rebuilt by the next
+// verified events, and emptying them costs only some sampled
+// verifications (counted as unverifiable). Within keep they stay: a
+// fleet of a few engines keeps verifying under pressure.
+func (ix *Index) trimDigests(target, keep int64) bool {
+	type cand struct {
+		ns   *namespace
+		e    *engine
+		size int
+	}
+	var cands []cand
+	for _, ns := range *ix.models.Load() {
+		for _, e := range ns.engines.Load().byID {
+			if e == nil {
+				continue
+			}
+			e.mu.Lock()
+			if n := e.digests.Len(); n > 0 {
+				cands = append(cands, cand{ns, e, n})
+			}
+			e.mu.Unlock()
+		}
+	}
+	slices.SortFunc(cands, func(a, b cand) int { return cmp.Compare(b.size, a.size) })
+	var total int64
+	for _, c := range cands {
+		total += int64(c.size) * digestEntryBytes
+	}
+	for _, c := range cands {
+		if ix.bytes() <= target || total <= keep {
+			break
+		}
+		c.e.mu.Lock()
+		freed := int64(c.e.digests.Len()) * digestEntryBytes
+		total -= freed
+		c.e.digests.Purge()
+		c.e.extraBytes -= freed
+		c.ns.bytes.Add(-freed)
 		c.e.mu.Unlock()
 	}
 	return ix.bytes() <= target

@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -342,6 +343,35 @@ func TestBudgetShedsUnhealthyEnginesFirst(t *testing.T) {
 	}
 	if info := engineInfo(t, ix, shaky); info.HolderBlocks == 0 {
 		t.Errorf("without a healthy engine, the flooding engine was cleared whole: %+v", info)
+	}
+	checkInvariants(t, ix)
+}
+
+// Many engines' digest LRUs, state beside their entries, stay within the
+// budget: over it, the largest are emptied before any entry is evicted,
+// down to an eighth of the budget.
+func TestBudgetTrimsDigests(t *testing.T) {
+	// The entries take about 3.6 MB, the digests 3 MB more.
+	const budget = 6 << 20
+	h := mustHasher(t, blockhash.SHA256CBOR, "0", 16)
+	ix := mustNew(t, Options{Hasher: h, MemoryBudget: budget})
+	// 300 engines of 64 blocks each: their entries fit, their digests
+	// (up to DefaultDigestEntries each) do not.
+	for p := range 300 {
+		ev, _ := storedChain(t, h, nil, testutil.Seq(p*16*64, 16*64), nil)
+		ix.Apply(eng(fmt.Sprintf("pod-%03d", p), 0), 1, []kvevents.Event{ev})
+	}
+	st := ix.Stats()
+	if st.Bytes > budget {
+		t.Errorf("%d bytes over the budget of %d", st.Bytes, budget)
+	}
+	if st.Evictions != 0 {
+		t.Errorf("%d entries evicted while the digests could go", st.Evictions)
+	}
+	for _, e := range ix.Engines() {
+		if e.Evicted != 0 || e.HolderBlocks != 64 {
+			t.Fatalf("engine %+v lost entries", e)
+		}
 	}
 	checkInvariants(t, ix)
 }
