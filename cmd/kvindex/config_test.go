@@ -149,7 +149,7 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--hash-algo", "md5"}, "kvindex: unknown --hash-algo \"md5\""},
 		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--block-size", "0"}, "kvindex: --block-size 0 out of range"},
 		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--memory-budget", "lots"}, "kvindex: invalid argument \"lots\" for \"--memory-budget\" flag: \"lots\": want a size"},
-		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--max-engines", "0"}, "kvindex: --max-engines 0: want at least 1"},
+		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--max-engines", "-1"}, "kvindex: --max-engines -1: want at least 1 (0: from the memory budget)"},
 		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--log-level", "loud"}, "kvindex: --log-level \"loud\": want debug, info, warn or error"},
 		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--log-format", "xml"}, "kvindex: --log-format \"xml\": want text or json"},
 		{[]string{"serve", "--listen", "tcp://*:1", "--engine-allow", "*=127.0.0.1", "--grpc-addr", ":9", "--http-addr", ":9"}, "kvindex: --grpc-addr and --http-addr are both \":9\""},

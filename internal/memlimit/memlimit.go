@@ -62,6 +62,24 @@ const (
 	MaxRcvHWM = 1000
 )
 
+// EngineBytes is what one engine rank is taken to cost beyond its entries
+// (its sequencer, replay socket, counters and metrics series): a budget
+// follows budget/EngineBytes engines at most in bind mode (MaxEngines).
+const EngineBytes = 64 << 10
+
+// MaxEngines is the most engine ranks a bind-mode listener admits under a
+// memory budget (bytes): budget/EngineBytes, at least minEngines and at
+// most def (the transport's default, which applies without a budget).
+func MaxEngines(budget int64, def int) int {
+	if budget <= 0 {
+		return def
+	}
+	return int(min(max(budget/EngineBytes, minEngines), int64(def)))
+}
+
+// minEngines is the fewest engine ranks MaxEngines allows.
+const minEngines = 16
+
 // Limits are the process-wide bounds derived from --memory-budget.
 type Limits struct {
 	GoLimit int64 // for debug.SetMemoryLimit; 0: leave the runtime's

@@ -76,3 +76,18 @@ func TestMemoryLimitApplyWithoutGOMEMLIMIT(t *testing.T) {
 		t.Fatalf("Go memory limit %d, want %d", got, 80<<20)
 	}
 }
+
+// The engines a budget follows in bind mode: one per EngineBytes, within
+// [minEngines, the default]; the default without a budget.
+func TestMaxEngines(t *testing.T) {
+	for _, tc := range []struct {
+		budget int64
+		want   int
+	}{
+		{0, 8000}, {-1, 8000}, {1 << 20, minEngines}, {64 << 20, 1024}, {1 << 40, 8000},
+	} {
+		if got := MaxEngines(tc.budget, 8000); got != tc.want {
+			t.Errorf("MaxEngines(%d) = %d, want %d", tc.budget, got, tc.want)
+		}
+	}
+}

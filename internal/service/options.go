@@ -10,6 +10,7 @@ import (
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/configerr"
+	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/internal/snapstore"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -41,7 +42,9 @@ type Options struct {
 	TopicPattern   string
 	ReplayTemplate string
 	EngineAllow    []zmqtransport.AllowRule
-	MaxEngines     int
+	// MaxEngines caps bind mode's engine ranks; 0: from the memory
+	// budget (memlimit.MaxEngines).
+	MaxEngines int
 	// ForgetAfter: bind mode forgets engines gone this long; 0: never.
 	ForgetAfter time.Duration
 	Index       indexer.Options
@@ -70,7 +73,7 @@ func DefaultOptions() *Options {
 	return &Options{
 		GRPCAddr: ":" + client.DefaultPort, HTTPAddr: ":8080",
 		ListenRanks: 1, TopicPattern: zmqtransport.LLMDTopicPattern,
-		MaxEngines: zmqtransport.DefaultMaxEngines, ForgetAfter: zmqtransport.DefaultForgetAfter,
+		ForgetAfter:    zmqtransport.DefaultForgetAfter,
 		Index:          indexer.Options{Hasher: blockhash.MustNew(blockhash.DefaultConfig())},
 		MaxQueryTokens: server.DefaultMaxTokens, ReadyGrace: server.DefaultReadyGrace,
 		Limits: server.DefaultLimits, SnapshotInterval: DefaultSnapshotInterval,
@@ -120,8 +123,8 @@ func (o *Options) Validate() error {
 		return configerr.New("ReadyGrace", "%v %v: must not be negative", f("ReadyGrace"), o.ReadyGrace)
 	case o.ForgetAfter < 0:
 		return configerr.New("ForgetAfter", "%v %v: must not be negative (0: never)", f("ForgetAfter"), o.ForgetAfter)
-	case o.MaxEngines < 1:
-		return configerr.New("MaxEngines", "%v %d: want at least 1", f("MaxEngines"), o.MaxEngines)
+	case o.MaxEngines < 0:
+		return configerr.New("MaxEngines", "%v %d: want at least 1 (0: from the memory budget)", f("MaxEngines"), o.MaxEngines)
 	case o.SnapshotInterval < MinSnapshotInterval:
 		return configerr.New("SnapshotInterval", "%v %v: want at least %v", f("SnapshotInterval"), o.SnapshotInterval, MinSnapshotInterval)
 	case o.Listen != "" && len(o.EngineAllow) == 0 && o.Discover == nil:
@@ -132,12 +135,21 @@ func (o *Options) Validate() error {
 	return nil
 }
 
+// maxEngines is MaxEngines, or, at 0, what the memory budget allows
+// (memlimit.MaxEngines).
+func (o *Options) maxEngines() int {
+	if o.MaxEngines > 0 {
+		return o.MaxEngines
+	}
+	return memlimit.MaxEngines(o.Index.MemoryBudget, zmqtransport.DefaultMaxEngines)
+}
+
 // streams is the most event streams the settings may open: every
 // connect-mode engine rank and, in bind mode, up to MaxEngines.
 func (o *Options) streams() int {
 	n := expectedStreams(o.Engines)
 	if o.Listen != "" {
-		n += o.MaxEngines
+		n += o.maxEngines()
 	}
 	return n
 }

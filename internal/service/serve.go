@@ -110,7 +110,7 @@ func build(o *Options, log *slog.Logger, restore bool) (*Service, error) {
 		}
 		scfg := zmqtransport.SubscriberConfig{
 			Engines: o.Engines, Listen: o.Listen, ListenRanks: o.ListenRanks, TopicPattern: o.TopicPattern,
-			Model: o.Model, ReplayTemplate: o.ReplayTemplate, MaxEngines: o.MaxEngines, EngineAllow: o.EngineAllow, ForgetAfter: forget,
+			Model: o.Model, ReplayTemplate: o.ReplayTemplate, MaxEngines: o.maxEngines(), EngineAllow: o.EngineAllow, ForgetAfter: forget,
 			EngineAllowDynamic: o.Discover != nil && o.Listen != "",
 			RcvHWM:             memlimit.FromBudget(o.Index.MemoryBudget, o.streams()).RcvHWM, Resume: resume,
 		}

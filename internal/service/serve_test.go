@@ -142,7 +142,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"query tokens", func(o *Options) { o.MaxQueryTokens = 0 }, "MaxQueryTokens", "want an integer in 1.."},
 		{"negative grace", func(o *Options) { o.ReadyGrace = -1 }, "ReadyGrace", "must not be negative"},
 		{"negative forget", func(o *Options) { o.ForgetAfter = -1 }, "ForgetAfter", "0: never"},
-		{"no engines allowed", func(o *Options) { o.MaxEngines = 0 }, "MaxEngines", "want at least 1"},
+		{"negative engines", func(o *Options) { o.MaxEngines = -1 }, "MaxEngines", "want at least 1"},
 		{"snapshot interval", func(o *Options) { o.SnapshotInterval = time.Millisecond }, "SnapshotInterval", "want at least 100ms"},
 		{"NATS without a key", func(o *Options) {
 			o.Engines, o.NATS = nil, &NATSOptions{Conn: NATSConn{URL: "nats://n:4222"}, Stream: natstransport.StreamConfig{Name: "S"}}

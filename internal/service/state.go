@@ -166,7 +166,7 @@ func keepConfigured(o *Options, pos []kvevents.Position) ([]kvevents.Position, i
 		switch {
 		case configured[p.Engine]:
 			out = append(out, p)
-		case o.Listen != "" && bound < o.MaxEngines:
+		case o.Listen != "" && bound < o.maxEngines():
 			bound++
 			out = append(out, p)
 		}
