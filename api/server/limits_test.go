@@ -105,13 +105,7 @@ func TestHTTPSlowClients(t *testing.T) {
 		c.Limits.HTTPReadHeaderTimeout = 300 * time.Millisecond
 		c.Limits.HTTPMaxConns = conns
 	})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := f.srv.NewHTTPServer(HTTPOptions{})
-	go hs.Serve(f.srv.LimitListener(lis))
-	t.Cleanup(func() { hs.Close() })
+	lis := serveLimited(t, f)
 
 	closed := make(chan error, conns)
 	for i := range conns {
@@ -156,6 +150,20 @@ func TestHTTPSlowClients(t *testing.T) {
 	}
 }
 
+// serveLimited serves f's HTTP API on a loopback listener under its
+// connection limits (LimitListener), until the test ends.
+func serveLimited(t *testing.T, f *fixture) net.Listener {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := f.srv.NewHTTPServer(HTTPOptions{})
+	go hs.Serve(f.srv.LimitListener(lis))
+	t.Cleanup(func() { hs.Close() })
+	return lis
+}
+
 // dialFrom connects to addr from the loopback address src.
 func dialFrom(src, addr string) (net.Conn, error) {
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 10 * time.Second}
@@ -168,13 +176,7 @@ func dialFrom(src, addr string) (net.Conn, error) {
 func TestHTTPConnsPerAddress(t *testing.T) {
 	const conns = 2 * PerAddrShare // two per address
 	f := newFixture(t, func(c *Config) { c.Limits.HTTPMaxConns = conns })
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := f.srv.NewHTTPServer(HTTPOptions{})
-	go hs.Serve(f.srv.LimitListener(lis))
-	t.Cleanup(func() { hs.Close() })
+	lis := serveLimited(t, f)
 	var held []net.Conn
 	for range 2 {
 		c, err := dialFrom("127.0.0.2", lis.Addr().String())

@@ -43,9 +43,9 @@ func TestFaults(t *testing.T) {
 		{"duplicate-2pct/no-replay", func(t *testing.T) { liveFault(t, false, 0, 0.02, 0) }},
 		{"reorder-2pct/replay", func(t *testing.T) { liveFault(t, true, 0, 0, 0.02) }},
 		{"reorder-2pct/no-replay", func(t *testing.T) { liveFault(t, false, 0, 0, 0.02) }},
-		{"engine-restart/slow", func(t *testing.T) { engineRestart(t, false) }},
-		{"engine-restart/fast", func(t *testing.T) { engineRestart(t, true) }},
-		{"engine-restart/no-replay", restartNoReplay},
+		{"engine-restart/slow", func(t *testing.T) { engineRestart(t, restartSlow) }},
+		{"engine-restart/fast", func(t *testing.T) { engineRestart(t, restartFast) }},
+		{"engine-restart/no-replay", func(t *testing.T) { engineRestart(t, restartNoReplay) }},
 		{"kvindex-sigkill/state-dir", func(t *testing.T) { kvindexKill(t, true) }},
 		{"kvindex-sigkill/plain", func(t *testing.T) { kvindexKill(t, false) }},
 		{"flood-16MiB-budget", flood},
@@ -150,53 +150,47 @@ func liveFault(t *testing.T, replay bool, drop, dup, swap float64) {
 	settle(t, k, faultEnd, engines, nil, 0)
 }
 
+// How an engine restarts in engineRestart.
+type restartKind int
+
+const (
+	// restartSlow: kvindex sees the connection close and hears the new
+	// process from its first batches.
+	restartSlow restartKind = iota
+	// restartFast: the new process publishes more batches than the old
+	// one did before kvindex can hear it, so the first batch kvindex
+	// hears is past the old process's last.
+	restartFast
+	// restartNoReplay: an engine without a replay endpoint; the new
+	// process's first batches go out before kvindex has reconnected
+	// (lost), so the first batch kvindex hears carries the old process's
+	// next seq. Nothing tells the processes apart: kvindex must not
+	// report the engine ok with the old process's entries.
+	restartNoReplay
+)
+
 // engineRestart: one of 2 engines restarts (new process: empty cache,
-// sequence from 0, same endpoints). Slow: kvindex sees the connection
-// close and hears the new process from its first batches. Fast: the new
-// process publishes more batches than the old one did before kvindex can
-// hear it, so the first batch kvindex hears is past the old process's
-// last.
-func engineRestart(t *testing.T, fast bool) {
-	k, engines, tr := start(t, 2, engineOpts{replay: true})
+// sequence from 0, same endpoints), as kind says.
+func engineRestart(t *testing.T, kind restartKind) {
+	k, engines, tr := start(t, 2, engineOpts{replay: kind != restartNoReplay})
 	tr.run(t, engines, 100)
 	awaitOK(t, k, engines)
 	e := engines[0]
 	old := e.Seq()
 	e.close()
 	e.Restart()
-	if fast {
-		for e.Seq() < old+10 {
+	switch kind {
+	case restartSlow:
+		awaitPod(t, k, e, "the old connection closed", func(p *kvindexv1.PodInfo) bool { return !p.GetConnected() })
+	case restartFast, restartNoReplay:
+		next := old + 10 // past the old process's last
+		if kind == restartNoReplay {
+			next = old // the old process's next seq
+		}
+		for e.Seq() < next {
 			if _, err := e.Process(tr.prompt(), nil); err != nil {
 				t.Fatal(err)
 			}
-		}
-	} else {
-		awaitPod(t, k, e, "the old connection closed", func(p *kvindexv1.PodInfo) bool { return !p.GetConnected() })
-	}
-	e.open(t)
-	awaitPod(t, k, e, "the new connection", func(p *kvindexv1.PodInfo) bool { return p.GetConnected() })
-	faultEnd := time.Now()
-	tr.run(t, engines, 50)
-	tail(t, tr, engines)
-	settle(t, k, faultEnd, engines, nil, 0)
-}
-
-// restartNoReplay: one of 2 engines without a replay endpoint restarts;
-// the new process's first batches go out before kvindex has reconnected
-// (lost), so the first batch kvindex hears carries the old process's next
-// seq. Nothing tells the processes apart: kvindex must not report the
-// engine ok with the old process's entries.
-func restartNoReplay(t *testing.T) {
-	k, engines, tr := start(t, 2, engineOpts{})
-	tr.run(t, engines, 100)
-	awaitOK(t, k, engines)
-	e := engines[0]
-	old := e.Seq()
-	e.close()
-	e.Restart()
-	for e.Seq() < old {
-		if _, err := e.Process(tr.prompt(), nil); err != nil {
-			t.Fatal(err)
 		}
 	}
 	e.open(t)
