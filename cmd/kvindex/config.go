@@ -67,7 +67,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.maxEngines, "max-engines", d.MaxEngines, "bind mode: most engine ranks to follow; further topics are refused and counted (kvindex_listener_refused_engines_total); 0: one per "+bytesize.Format(memlimit.EngineBytes)+" of --memory-budget (at most "+strconv.Itoa(zmqtransport.DefaultMaxEngines)+", the number without a budget)")
 	fs.DurationVar(&f.forgetAfter, "forget-after", d.ForgetAfter, "bind mode: forget an engine whose connection has been gone this long (its entries dropped, counted in kvindex_listener_forgotten_engines_total); it returns as new if it publishes again; 0: never")
 	f.hash.register(fs)
-	fs.Var(&f.memoryBudget, "memory-budget", "cap on the index's memory, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited. It also bounds the process: Go memory limit of the budget + "+bytesize.Format(memlimit.GoOverhead)+" (unless GOMEMLIMIT is set), event queues sized from 1/"+strconv.Itoa(memlimit.QueueShareDiv)+" of it")
+	fs.Var(&f.memoryBudget, "memory-budget", "cap on the index's memory, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited. It also bounds the process, to the budget + 10% + "+bytesize.Format(memlimit.FixedOverhead)+": the Go memory limit within that (unless GOMEMLIMIT is set), event queues sized from 1/"+strconv.Itoa(memlimit.QueueShareDiv)+" of it")
 	fs.StringVar(&f.tokenizeURL, "tokenize-url", "", "engine server root whose /tokenize tokenizes text and chat prompts, e.g. http://vllm:8000")
 	fs.StringVar(&f.tokenizer, "tokenizer", "", "local tokenizer.json (or .json.gz) for text prompts (completion form only)")
 	fs.IntVar(&f.maxQueryTokens, "max-query-tokens", d.MaxQueryTokens, "largest prompt a query may carry, in tokens")

@@ -371,9 +371,16 @@ func flood(t *testing.T) {
 	tr := newTraffic(3)
 	tail(t, tr, engines)
 	settle(t, k, faultEnd, engines, nil, floodBudget)
-	if limit := memlimit.ProcessBound(floodBudget); k.peakRSS > limit {
+	checkBound(t, k, floodBudget)
+}
+
+// checkBound fails the test if kvindex's peak RSS (read when settle
+// stopped it) passed the process bound of its budget.
+func checkBound(t *testing.T, k *kvindexProc, budget int64) {
+	t.Helper()
+	if limit := memlimit.ProcessBound(budget); k.peakRSS > limit {
 		t.Errorf("peak RSS %s exceeds the process bound of the budget %s (memlimit.ProcessBound, fixed overhead %s) = %s",
-			mib(k.peakRSS), mib(floodBudget), mib(memlimit.FixedOverhead), mib(limit))
+			mib(k.peakRSS), mib(budget), mib(memlimit.FixedOverhead), mib(limit))
 	}
 }
 
@@ -399,6 +406,7 @@ func budgetEviction(t *testing.T) {
 	faultEnd := time.Now()
 	tail(t, tr, engines)
 	r := settle(t, k, faultEnd, engines, nil, budget)
+	checkBound(t, k, budget)
 	if r.wrongFlagged == 0 {
 		t.Errorf("no answer differed from the engines' caches: the budget evicted nothing they hold, so the row tests nothing")
 	}
@@ -435,6 +443,7 @@ func mismatchedFlood(t *testing.T) {
 	faultEnd := time.Now()
 	tail(t, tr, healthy)
 	r := settle(t, k, faultEnd, healthy, nil, budget)
+	checkBound(t, k, budget)
 	if r.wrongFlagged != 0 {
 		t.Errorf("%d answers about the healthy engine flagged: the mismatched engines pushed its entries out", r.wrongFlagged)
 	}

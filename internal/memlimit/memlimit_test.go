@@ -16,10 +16,10 @@ func TestFromBudget(t *testing.T) {
 		want    Limits
 	}{
 		{"unlimited", 0, 4, Limits{}},
-		{"16MiB, 4 streams", 16 << 20, 4, Limits{GoLimit: 16<<20 + GoOverhead, RcvHWM: 512}},
-		{"16MiB, bind mode's 8000", 16 << 20, 8000, Limits{GoLimit: 16<<20 + GoOverhead, RcvHWM: minRcvHWM}},
-		{"1GiB, 4 streams", 1 << 30, 4, Limits{GoLimit: 1<<30 + GoOverhead, RcvHWM: MaxRcvHWM}},
-		{"no streams", 16 << 20, 0, Limits{GoLimit: 16<<20 + GoOverhead, RcvHWM: MaxRcvHWM}},
+		{"16MiB, 4 streams", 16 << 20, 4, Limits{GoLimit: 16<<20 + (16<<20)/10 + 24<<20, RcvHWM: 512}},
+		{"16MiB, bind mode's 8000", 16 << 20, 8000, Limits{GoLimit: 16<<20 + (16<<20)/10 + 24<<20, RcvHWM: minRcvHWM}},
+		{"1GiB, 4 streams", 1 << 30, 4, Limits{GoLimit: 1<<30 + (1<<30)/10 + 24<<20, RcvHWM: MaxRcvHWM}},
+		{"no streams", 16 << 20, 0, Limits{GoLimit: 16<<20 + (16<<20)/10 + 24<<20, RcvHWM: MaxRcvHWM}},
 		{"huge", math.MaxInt64, 1, Limits{GoLimit: math.MaxInt64, RcvHWM: MaxRcvHWM}},
 	}
 	for _, tt := range tests {
@@ -35,8 +35,8 @@ func TestProcessBound(t *testing.T) {
 	}{
 		{0, 0},
 		{-1, 0},
-		{16 << 20, 16<<20 + 16<<20/10 + 48<<20},
-		{3 << 30, 3<<30 + 3<<30/10 + 48<<20},
+		{16 << 20, 16<<20 + 16<<20/10 + 64<<20},
+		{3 << 30, 3<<30 + 3<<30/10 + 64<<20},
 		{math.MaxInt64 - FixedOverhead, math.MaxInt64},
 		{math.MaxInt64, math.MaxInt64},
 	}
