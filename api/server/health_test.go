@@ -3,8 +3,10 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -103,5 +105,41 @@ func TestHealthStates(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// With more engines than Limits.MetricsEngines, /metrics gives series of
+// their own to that many only, the ones not ok first, and still counts
+// every engine by health.
+func TestMetricsEnginesBounded(t *testing.T) {
+	streams := &fakeStreams{}
+	var all []kvevents.StreamStats
+	for i := range 10 {
+		st := kvevents.StreamStats{Engine: engine(fmt.Sprintf("pod-%d", i), 0), Connected: true}
+		if i == 7 || i == 8 {
+			st.Health = kvevents.HealthDegraded
+		}
+		all = append(all, st)
+	}
+	streams.set(all...)
+	f := newFixture(t, func(c *Config) { c.Streams, c.Limits.MetricsEngines = streams, 3 })
+	text := scrape(t, f.url)
+	for _, want := range []string{
+		`kvindex_engines{state="ok"} 8` + "\n",
+		`kvindex_engines{state="degraded"} 2` + "\n",
+		"kvindex_metrics_engines_omitted 7\n",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	var withSeries []string
+	for i := range 10 {
+		if strings.Contains(text, fmt.Sprintf(`kvindex_ingest_batches_total{dp_rank="0",model="qwen",pod="pod-%d"}`, i)) {
+			withSeries = append(withSeries, fmt.Sprintf("pod-%d", i))
+		}
+	}
+	if want := []string{"pod-0", "pod-7", "pod-8"}; !slices.Equal(withSeries, want) {
+		t.Errorf("engines with series of their own: %v, want %v (the degraded ones, then the first healthy one)", withSeries, want)
 	}
 }

@@ -55,6 +55,15 @@ type Limits struct {
 	// time. 0: TokensInFlightFactor bodies of the largest size.
 	MaxBodyBytesInFlight int64
 
+	// MetricsEngines caps the engine ranks /metrics gives series of their
+	// own: with more, the engines that are not ok come first, then the
+	// others by model, pod and rank, so that a fleet of thousands (or a
+	// flood of fake topics) keeps /metrics small while the engines that
+	// need attention stay visible; kvindex_engines counts them all by
+	// health and kvindex_metrics_engines_omitted says how many were left
+	// out.
+	MetricsEngines int
+
 	// Limits are the Watch bounds (MaxWatchers, WatchQueueEvents and
 	// WatchQueueBytes, HubQueueBatches and HubQueueBytes), embedded so
 	// that one Limits holds every bound of kvindex serve. They are the
@@ -74,6 +83,7 @@ var DefaultLimits = Limits{
 	HTTPWriteTimeout:      60 * time.Second,
 	HTTPIdleTimeout:       2 * time.Minute,
 	HTTPMaxConns:          1024,
+	MetricsEngines:        1000,
 
 	GRPCMaxStreams:       1024,
 	GRPCMaxConnIdle:      30 * time.Minute,
@@ -103,6 +113,9 @@ func (l Limits) withDefaults(maxTokens int) Limits {
 	or(&l.GRPCKeepaliveMinTime, d.GRPCKeepaliveMinTime)
 	if l.HTTPMaxConns <= 0 {
 		l.HTTPMaxConns = d.HTTPMaxConns
+	}
+	if l.MetricsEngines <= 0 {
+		l.MetricsEngines = d.MetricsEngines
 	}
 	if l.GRPCMaxStreams == 0 {
 		l.GRPCMaxStreams = d.GRPCMaxStreams

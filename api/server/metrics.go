@@ -1,7 +1,9 @@
 package server
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -140,46 +142,48 @@ var (
 	descDegraded      = newDesc("kvindex_ingest_degraded", "1 if batches were lost and not recovered: the engine's entries may be stale.", engineLabels)
 	descHealth        = newDesc("kvindex_engine_health", "Stream health of the engine: 1 for the current state (ok, restored, unconfirmed, degraded, disconnected); see kvindex.v1.EngineHealth.", append(engineLabels, "state"))
 
-	listenerLabels   = []string{"endpoint"}
-	descLsnPeers     = newDesc("kvindex_listener_peers", "Engines connected to the listen socket.", listenerLabels)
-	descLsnMessages  = newDesc("kvindex_listener_messages_total", "Messages received on the listen socket.", listenerLabels)
-	descLsnRejected  = newDesc("kvindex_listener_rejected_total", "Listen-socket messages not attributable to an engine, by reason (source: no engine allow rule lets the source address speak for the topic's pod).", append(listenerLabels, "reason"))
-	descLsnRefused   = newDesc("kvindex_listener_refused_engines_total", "Engine ranks refused a stream because the listener had as many streams as it may hold.", listenerLabels)
-	descLsnForgot    = newDesc("kvindex_listener_forgotten_engines_total", "Engine ranks forgotten after their connection had been gone for the configured time (their entries dropped).", listenerLabels)
-	descLsnConnRef   = newDesc("kvindex_listener_refused_connections_total", "Connections to the listen socket refused, by reason (handshake: no engine allow rule names the source address).", append(listenerLabels, "reason"))
-	descEngineBlocks = newDesc("kvindex_engine_blocks", "Blocks the engine holds in the index (all media and groups).", engineLabels)
-	descHashCheck    = newDesc("kvindex_engine_hash_check", "Hash verification state of the engine: 1 for the current state (verified, mismatch, unknown).", append(engineLabels, "state"))
-	descHashVerified = newDesc("kvindex_engine_hash_verified_blocks_total", "Blocks whose recomputed hash matched the engine's.", engineLabels)
-	descHashMismatch = newDesc("kvindex_engine_hash_mismatch_blocks_total", "Blocks whose recomputed hash differed from the engine's.", engineLabels)
-	descFallback     = newDesc("kvindex_engine_fallback_keys", "1 if the engine's blocks are keyed by kvindex's own hashes after a mismatch.", engineLabels)
-	descUnverifiable = newDesc("kvindex_engine_unverifiable_events_total", "Sampled events that could not be verified (parent digest unknown).", engineLabels)
-	descEngDropped   = newDesc("kvindex_engine_dropped_blocks_total", "Blocks that could not be keyed (fallback with an unknown parent).", engineLabels)
-	descMalformed    = newDesc("kvindex_engine_malformed_events_total", "Events ignored as invalid (lengths, sizes, fields).", engineLabels)
-	descRemoveMisses = newDesc("kvindex_engine_remove_misses_total", "Removals of blocks the index did not hold.", engineLabels)
-	descIndexBytes   = newDesc("kvindex_index_bytes", "Estimated memory held by the index.", nil)
-	descIndexHolders = newDesc("kvindex_index_holder_blocks", "Block copies held, summed over engines.", nil)
-	descIndexBlocks  = newDesc("kvindex_index_blocks", "Distinct block keys in the index.", nil)
-	descIndexEngines = newDesc("kvindex_index_engines", "Engines with entries in the index.", nil)
-	descIndexModels  = newDesc("kvindex_index_models", "Models with entries in the index.", nil)
-	descEvictions    = newDesc("kvindex_index_evictions_total", "Entries evicted to stay within the memory budget.", nil)
-	descWatchers     = newDesc("kvindex_watchers", "Open Watch streams.", nil)
-	descWatchSent    = newDesc("kvindex_watch_events_total", "Events queued to Watch streams.", nil)
-	descWatchDropped = newDesc("kvindex_watch_dropped_events_total", "Events Watch streams lost by falling behind (each such stream was closed).", nil)
-	descWatchBehind  = newDesc("kvindex_watch_closed_behind_total", "Watch streams closed because they fell behind (their queue or the fan-out queue overflowed).", nil)
-	descWatchRefused = newDesc("kvindex_watch_refused_total", "Watch streams refused because as many as allowed were open.", nil)
-	descHubDropped   = newDesc("kvindex_watch_fanout_dropped_batches_total", "Batches the watch fan-out queue could not take.", nil)
-	descHubQueued    = newDesc("kvindex_watch_fanout_queue_batches", "Batches waiting for the watch fan-out.", nil)
-	descTokInFlight  = newDesc("kvindex_query_tokens_in_flight", "Tokens of the queries being answered (bounded by the limit on tokens in flight).", nil)
-	descQryRefused   = newDesc("kvindex_query_refused_total", "Queries refused before any work, by reason (tokens_in_flight, body_bytes_in_flight).", []string{"reason"})
-	descHTTPConns    = newDesc("kvindex_http_connections", "Open HTTP connections (bounded by the connection limit).", nil)
-	descHTTPWaits    = newDesc("kvindex_http_connection_waits_total", "HTTP connections that waited for a slot under the connection limit.", nil)
-	descHTTPRefused  = newDesc("kvindex_http_connections_refused_total", "HTTP connections closed at once: their client address held its share of the connection limit.", nil)
-	descReady        = newDesc("kvindex_ready", "1 once the server is ready.", nil)
-	descTokHits      = newDesc("kvindex_tokenizer_cache_hits_total", "Tokenizations answered from the tokenizer's cache, by backend.", []string{"source"})
-	descTokRequests  = newDesc("kvindex_tokenizer_backend_requests_total", "Requests sent to the engine's /tokenize, by backend.", []string{"source"})
-	descTokErrors    = newDesc("kvindex_tokenizer_backend_errors_total", "Tokenizer calls that failed, by backend.", []string{"source"})
-	descTokEntries   = newDesc("kvindex_tokenizer_cache_entries", "Entries in the tokenizer's cache, by backend.", []string{"source"})
-	descTokBytes     = newDesc("kvindex_tokenizer_cache_bytes", "Accounted bytes of the tokenizer's cache, by backend.", []string{"source"})
+	listenerLabels     = []string{"endpoint"}
+	descLsnPeers       = newDesc("kvindex_listener_peers", "Engines connected to the listen socket.", listenerLabels)
+	descLsnMessages    = newDesc("kvindex_listener_messages_total", "Messages received on the listen socket.", listenerLabels)
+	descLsnRejected    = newDesc("kvindex_listener_rejected_total", "Listen-socket messages not attributable to an engine, by reason (source: no engine allow rule lets the source address speak for the topic's pod).", append(listenerLabels, "reason"))
+	descLsnRefused     = newDesc("kvindex_listener_refused_engines_total", "Engine ranks refused a stream because the listener had as many streams as it may hold.", listenerLabels)
+	descLsnForgot      = newDesc("kvindex_listener_forgotten_engines_total", "Engine ranks forgotten after their connection had been gone for the configured time (their entries dropped).", listenerLabels)
+	descLsnConnRef     = newDesc("kvindex_listener_refused_connections_total", "Connections to the listen socket refused, by reason (handshake: no engine allow rule names the source address).", append(listenerLabels, "reason"))
+	descEngineBlocks   = newDesc("kvindex_engine_blocks", "Blocks the engine holds in the index (all media and groups).", engineLabels)
+	descHashCheck      = newDesc("kvindex_engine_hash_check", "Hash verification state of the engine: 1 for the current state (verified, mismatch, unknown).", append(engineLabels, "state"))
+	descHashVerified   = newDesc("kvindex_engine_hash_verified_blocks_total", "Blocks whose recomputed hash matched the engine's.", engineLabels)
+	descHashMismatch   = newDesc("kvindex_engine_hash_mismatch_blocks_total", "Blocks whose recomputed hash differed from the engine's.", engineLabels)
+	descFallback       = newDesc("kvindex_engine_fallback_keys", "1 if the engine's blocks are keyed by kvindex's own hashes after a mismatch.", engineLabels)
+	descUnverifiable   = newDesc("kvindex_engine_unverifiable_events_total", "Sampled events that could not be verified (parent digest unknown).", engineLabels)
+	descEngDropped     = newDesc("kvindex_engine_dropped_blocks_total", "Blocks that could not be keyed (fallback with an unknown parent).", engineLabels)
+	descMalformed      = newDesc("kvindex_engine_malformed_events_total", "Events ignored as invalid (lengths, sizes, fields).", engineLabels)
+	descRemoveMisses   = newDesc("kvindex_engine_remove_misses_total", "Removals of blocks the index did not hold.", engineLabels)
+	descIndexBytes     = newDesc("kvindex_index_bytes", "Estimated memory held by the index.", nil)
+	descIndexHolders   = newDesc("kvindex_index_holder_blocks", "Block copies held, summed over engines.", nil)
+	descIndexBlocks    = newDesc("kvindex_index_blocks", "Distinct block keys in the index.", nil)
+	descIndexEngines   = newDesc("kvindex_index_engines", "Engines with entries in the index.", nil)
+	descIndexModels    = newDesc("kvindex_index_models", "Models with entries in the index.", nil)
+	descEvictions      = newDesc("kvindex_index_evictions_total", "Entries evicted to stay within the memory budget.", nil)
+	descWatchers       = newDesc("kvindex_watchers", "Open Watch streams.", nil)
+	descWatchSent      = newDesc("kvindex_watch_events_total", "Events queued to Watch streams.", nil)
+	descWatchDropped   = newDesc("kvindex_watch_dropped_events_total", "Events Watch streams lost by falling behind (each such stream was closed).", nil)
+	descWatchBehind    = newDesc("kvindex_watch_closed_behind_total", "Watch streams closed because they fell behind (their queue or the fan-out queue overflowed).", nil)
+	descWatchRefused   = newDesc("kvindex_watch_refused_total", "Watch streams refused because as many as allowed were open.", nil)
+	descHubDropped     = newDesc("kvindex_watch_fanout_dropped_batches_total", "Batches the watch fan-out queue could not take.", nil)
+	descHubQueued      = newDesc("kvindex_watch_fanout_queue_batches", "Batches waiting for the watch fan-out.", nil)
+	descTokInFlight    = newDesc("kvindex_query_tokens_in_flight", "Tokens of the queries being answered (bounded by the limit on tokens in flight).", nil)
+	descQryRefused     = newDesc("kvindex_query_refused_total", "Queries refused before any work, by reason (tokens_in_flight, body_bytes_in_flight).", []string{"reason"})
+	descHTTPConns      = newDesc("kvindex_http_connections", "Open HTTP connections (bounded by the connection limit).", nil)
+	descEngines        = newDesc("kvindex_engines", "Engine ranks followed, by health state (all of them, those without series of their own included).", []string{"state"})
+	descEnginesOmitted = newDesc("kvindex_metrics_engines_omitted", "Engine ranks without per-engine series: beyond the cap on them, the healthy ones are left out first.", nil)
+	descHTTPWaits      = newDesc("kvindex_http_connection_waits_total", "HTTP connections that waited for a slot under the connection limit.", nil)
+	descHTTPRefused    = newDesc("kvindex_http_connections_refused_total", "HTTP connections closed at once: their client address held its share of the connection limit.", nil)
+	descReady          = newDesc("kvindex_ready", "1 once the server is ready.", nil)
+	descTokHits        = newDesc("kvindex_tokenizer_cache_hits_total", "Tokenizations answered from the tokenizer's cache, by backend.", []string{"source"})
+	descTokRequests    = newDesc("kvindex_tokenizer_backend_requests_total", "Requests sent to the engine's /tokenize, by backend.", []string{"source"})
+	descTokErrors      = newDesc("kvindex_tokenizer_backend_errors_total", "Tokenizer calls that failed, by backend.", []string{"source"})
+	descTokEntries     = newDesc("kvindex_tokenizer_cache_entries", "Entries in the tokenizer's cache, by backend.", []string{"source"})
+	descTokBytes       = newDesc("kvindex_tokenizer_cache_bytes", "Accounted bytes of the tokenizer's cache, by backend.", []string{"source"})
 )
 
 // streamHealthStates are the states streamHealth reports, each a label
@@ -217,9 +221,22 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		return 0
 	}
+	engines := s.index.Engines()
+	var streams []kvevents.StreamStats
 	if s.cfg.Streams != nil {
-		evicted := evictedEngines(s.index)
-		for _, st := range s.cfg.Streams.Streams() {
+		streams = s.cfg.Streams.Streams()
+	}
+	shown, counts, omitted := s.metricsEngines(streams, engines)
+	for _, state := range streamHealthStates {
+		gauge(descEngines, float64(counts[state]), client.HealthName(state))
+	}
+	gauge(descEnginesOmitted, float64(omitted))
+	if s.cfg.Streams != nil {
+		evicted := evictedOf(engines)
+		for _, st := range streams {
+			if !shown[st.Engine] {
+				continue
+			}
 			l := []string{st.Engine.Pod, strconv.Itoa(st.Engine.DPRank), st.Engine.Model}
 			counter(descBatches, st.Batches, l...)
 			counter(descEvents, st.Events, l...)
@@ -258,7 +275,10 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-	for _, e := range s.index.Engines() {
+	for _, e := range engines {
+		if !shown[e.Engine] {
+			continue
+		}
 		l := []string{e.Engine.Pod, strconv.Itoa(e.Engine.DPRank), e.Engine.Model}
 		gauge(descEngineBlocks, float64(e.HolderBlocks), l...)
 		for _, hc := range []indexer.HashCheck{indexer.HashVerified, indexer.HashMismatch, indexer.HashUnknown} {
@@ -305,4 +325,50 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descTokBytes, float64(st.CacheBytes), t.Source)
 		}
 	}
+}
+
+// metricsEngines picks the engines that get series of their own
+// (Limits.MetricsEngines; the ones not ok first, then by model, pod and
+// rank), counts every followed engine by health, and says how many known
+// engines were left out.
+func (s *Server) metricsEngines(streams []kvevents.StreamStats, engines []indexer.EngineInfo) (shown map[kvevents.EngineID]bool, counts map[kvindexv1.EngineHealth]int, omitted int) {
+	evicted := evictedOf(engines)
+	type cand struct {
+		id kvevents.EngineID
+		ok bool
+	}
+	seen := make(map[kvevents.EngineID]bool, len(streams)+len(engines))
+	cands := make([]cand, 0, len(streams)+len(engines))
+	counts = make(map[kvindexv1.EngineHealth]int, len(streamHealthStates))
+	for _, st := range streams {
+		h := withEviction(streamHealth(&st), evicted[st.Engine] != 0)
+		counts[h]++
+		seen[st.Engine] = true
+		cands = append(cands, cand{st.Engine, h == kvindexv1.EngineHealth_ENGINE_HEALTH_OK})
+	}
+	for _, e := range engines {
+		if !seen[e.Engine] {
+			seen[e.Engine] = true
+			cands = append(cands, cand{e.Engine, e.HashCheck != indexer.HashMismatch && e.Evicted == 0})
+		}
+	}
+	limit := s.cfg.Limits.MetricsEngines
+	if len(cands) > limit {
+		slices.SortFunc(cands, func(a, b cand) int {
+			if a.ok != b.ok {
+				if a.ok {
+					return 1
+				}
+				return -1
+			}
+			return cmp.Or(cmp.Compare(a.id.Model, b.id.Model), compareEngines(a.id, b.id))
+		})
+		omitted = len(cands) - limit
+		cands = cands[:limit]
+	}
+	shown = make(map[kvevents.EngineID]bool, len(cands))
+	for _, c := range cands {
+		shown[c.id] = true
+	}
+	return shown, counts, omitted
 }

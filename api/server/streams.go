@@ -2,6 +2,7 @@ package server
 
 import (
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -40,11 +41,11 @@ func withEviction(h kvindexv1.EngineHealth, evicted bool) kvindexv1.EngineHealth
 	return h
 }
 
-// evictedEngines lists the engines whose entries budget eviction thinned
-// (nil when none: the common case costs one pass over the engines).
-func evictedEngines(ix Index) map[kvevents.EngineID]uint64 {
+// evictedOf lists the engines whose entries budget eviction thinned (nil
+// when none: the common case costs one pass over the engines).
+func evictedOf(engines []indexer.EngineInfo) map[kvevents.EngineID]uint64 {
 	var m map[kvevents.EngineID]uint64
-	for _, e := range ix.Engines() {
+	for _, e := range engines {
 		if e.Evicted != 0 {
 			if m == nil {
 				m = make(map[kvevents.EngineID]uint64)

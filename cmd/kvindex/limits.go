@@ -32,6 +32,7 @@ func (f *limitFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.l.GRPCKeepaliveTimeout, "grpc-keepalive-timeout", d.GRPCKeepaliveTimeout, "gRPC: close a connection whose ping is not answered within this")
 	fs.DurationVar(&f.l.GRPCKeepaliveMinTime, "grpc-keepalive-min-time", d.GRPCKeepaliveMinTime, "gRPC: clients pinging more often than this are disconnected")
 	fs.Int64Var(&f.l.MaxTokensInFlight, "max-tokens-in-flight", 0, "tokens of all queries answered at once (text prompts count bytes); beyond it queries get RESOURCE_EXHAUSTED / HTTP 429; 0: 4 x --max-query-tokens")
+	fs.IntVar(&f.l.MetricsEngines, "metrics-engines", d.MetricsEngines, "engine ranks with /metrics series of their own at most: beyond it those not ok first (kvindex_engines counts them all, kvindex_metrics_engines_omitted the rest)")
 	fs.IntVar(&f.l.MaxWatchers, "max-watchers", d.MaxWatchers, "concurrent Watch streams (kvindex tail) at most")
 	fs.IntVar(&f.l.WatchQueueEvents, "watch-queue-events", d.WatchQueueEvents, "events a Watch stream may fall behind before it is closed (it reconnects)")
 	fs.Var((*bytesize.Value)(&f.l.WatchQueueBytes), "watch-queue-bytes", "bytes of events a Watch stream may fall behind before it is closed")
