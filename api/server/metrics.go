@@ -140,7 +140,7 @@ var (
 	descLastEvent     = newDesc("kvindex_ingest_last_event_timestamp_seconds", "When the last batch was applied (Unix time); 0 if never.", engineLabels)
 	descConnected     = newDesc("kvindex_ingest_connected", "1 if the engine's event socket is connected.", engineLabels)
 	descDegraded      = newDesc("kvindex_ingest_degraded", "1 if batches were lost and not recovered: the engine's entries may be stale.", engineLabels)
-	descHealth        = newDesc("kvindex_engine_health", "Stream health of the engine: 1 for the current state (ok, restored, unconfirmed, degraded, disconnected); see kvindex.v1.EngineHealth.", append(engineLabels, "state"))
+	descHealth        = newDesc("kvindex_engine_health", "Stream health of the engine: 1 for the current state (ok, partial, restored, unconfirmed, degraded, disconnected); see kvindex.v1.EngineHealth.", append(engineLabels, "state"))
 
 	listenerLabels     = []string{"endpoint"}
 	descLsnPeers       = newDesc("kvindex_listener_peers", "Engines connected to the listen socket.", listenerLabels)
@@ -226,13 +226,13 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if s.cfg.Streams != nil {
 		streams = s.cfg.Streams.Streams()
 	}
-	shown, counts, omitted := s.metricsEngines(streams, engines)
+	evicted := evictedOf(engines)
+	shown, counts, omitted := s.metricsEngines(streams, engines, evicted)
 	for _, state := range streamHealthStates {
 		gauge(descEngines, float64(counts[state]), client.HealthName(state))
 	}
 	gauge(descEnginesOmitted, float64(omitted))
 	if s.cfg.Streams != nil {
-		evicted := evictedOf(engines)
 		for _, st := range streams {
 			if !shown[st.Engine] {
 				continue
@@ -330,9 +330,8 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 // metricsEngines picks the engines that get series of their own
 // (Limits.MetricsEngines; the ones not ok first, then by model, pod and
 // rank), counts every followed engine by health, and says how many known
-// engines were left out.
-func (s *Server) metricsEngines(streams []kvevents.StreamStats, engines []indexer.EngineInfo) (shown map[kvevents.EngineID]bool, counts map[kvindexv1.EngineHealth]int, omitted int) {
-	evicted := evictedOf(engines)
+// engines were left out; evicted is evictedOf(engines).
+func (s *Server) metricsEngines(streams []kvevents.StreamStats, engines []indexer.EngineInfo, evicted map[kvevents.EngineID]uint64) (shown map[kvevents.EngineID]bool, counts map[kvindexv1.EngineHealth]int, omitted int) {
 	type cand struct {
 		id kvevents.EngineID
 		ok bool
