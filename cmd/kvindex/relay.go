@@ -108,10 +108,10 @@ its engines disconnected.`,
 			if err != nil {
 				return err
 			}
-			if _, err := o.Conn.Auth(); err != nil {
-				return configUsage(err, serveFlagNames)
-			}
-			if f.check {
+			if f.check { // service.NewRelay loads the key otherwise
+				if _, err := o.Conn.Auth(); err != nil {
+					return configUsage(err, serveFlagNames)
+				}
 				return checkRelay(cmd.OutOrStdout(), o)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)

@@ -83,4 +83,9 @@ func TestRelayAuthKey(t *testing.T) {
 			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit %d saying %q", tc.name, code, out, errOut, tc.code, tc.want)
 		}
 	}
+	// serve --check reads it too.
+	_, errOut, code := runCLI(t, "serve", "--check", "--nats", "nats://n:4222", "--model", "m", "--nats-auth-key", "/nonexistent/nats.key")
+	if code != exitRuntime || !strings.Contains(errOut, "kvindex: --nats-auth-key /nonexistent/nats.key: open /nonexistent/nats.key") {
+		t.Errorf("serve --check with a missing key: exit %d, stderr %q", code, errOut)
+	}
 }

@@ -59,10 +59,10 @@ type natsReplica struct {
 	reg prometheus.Registerer
 }
 
-func newNATSReplica(o *NATSOptions, model string, hc blockhash.Config, ix *indexer.Index, sink kvevents.Sink, log *slog.Logger) *natsReplica {
+func newNATSReplica(o *NATSOptions, auth *natstransport.Auth, model string, hc blockhash.Config, ix *indexer.Index, sink kvevents.Sink, log *slog.Logger) *natsReplica {
 	host, _ := os.Hostname()
 	return &natsReplica{
-		o: o, model: model, log: log, index: ix, sink: sink, host: host,
+		o: o, auth: auth, model: model, log: log, index: ix, sink: sink, host: host,
 		hashing: hashingOf(hc),
 		// Unique per replica even when several share a host and process
 		// (tests): the lease tells holders apart by it.
@@ -88,11 +88,7 @@ func (r *natsReplica) parts() []lifecycle.Part {
 	return []lifecycle.Part{{
 		Name: "NATS connection",
 		Start: func(context.Context) error {
-			auth, err := r.o.Conn.Auth()
-			if err != nil {
-				return err
-			}
-			if r.auth = auth; auth == nil {
+			if r.auth == nil {
 				r.log.Warn(insecureWarning)
 			}
 			nc, js, err := r.o.Conn.connect("kvindex serve "+r.host, r.log.With("component", "nats"))

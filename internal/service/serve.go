@@ -24,6 +24,7 @@ import (
 	"github.com/kvindex/kvindex/internal/lifecycle"
 	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/kvevents"
+	"github.com/kvindex/kvindex/kvevents/natstransport"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/tokenizer"
 )
@@ -84,6 +85,12 @@ func build(o *Options, log *slog.Logger, restore bool) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	var auth *natstransport.Auth // the key NATS mode signs and checks with
+	if o.NATS != nil {
+		if auth, err = o.NATS.Conn.Auth(); err != nil {
+			return nil, err
+		}
+	}
 	ix, err := indexer.New(o.Index)
 	if err != nil {
 		return nil, err
@@ -101,7 +108,7 @@ func build(o *Options, log *slog.Logger, restore bool) (*Service, error) {
 	s.hub = watchhub.New(ix, o.Limits.Limits)
 	var replica *natsReplica
 	if o.NATS != nil {
-		replica = newNATSReplica(o.NATS, o.Model, o.Index.Hasher.Config(), ix, s.hub, log.With("component", "nats"))
+		replica = newNATSReplica(o.NATS, auth, o.Model, o.Index.Hasher.Config(), ix, s.hub, log.With("component", "nats"))
 		s.src = replica
 	} else {
 		forget := o.ForgetAfter
