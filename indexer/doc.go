@@ -70,17 +70,18 @@
 // scan of its table. Clearing an engine visits only its entries, in chunks
 // of 128 per write section.
 //
-// Least-recently-stored eviction: every slot records the generation (6
-// bits) of its block's last store; a generation is about a sixteenth of
-// what the budget holds. Over budget, one Apply at a time sums the shards'
-// per-generation block counts, picks the oldest generations that free
-// enough to get back to 90% of the budget, sweeps the shards once
-// (chunked) dropping those blocks with all their holders, and compacts the
-// emptied tables so the bytes really go. Eviction is by block and by
-// generation, not by single holding. Stats.Bytes is the honest size of the
-// tables, arenas, reverse lists, free lists and engine state (measured
-// against the Go heap in BenchmarkMemory); the query memo is bounded
-// separately by MemoEntries.
+// Fair-share eviction: every slot records the generation (6 bits) of its
+// block's last store; a generation is about a sixteenth of what the
+// budget holds. Over budget, one Apply at a time splits what may stay
+// (90% of the budget) max-min fairly among the engines holding entries,
+// estimates from a sample of shards how old the entries of the engines
+// above their share are, and sweeps the shards once (chunked), dropping
+// those engines' oldest holdings down to their share (a block goes with
+// its last holder), then compacts the emptied tables so the bytes really
+// go. An engine within its share loses nothing, however old its entries.
+// Stats.Bytes is the honest size of the tables, arenas, reverse lists,
+// free lists and engine state (measured against the Go heap in
+// BenchmarkMemory); the query memo is bounded separately by MemoEntries.
 //
 // # Concurrency
 //

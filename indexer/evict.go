@@ -3,6 +3,7 @@ package indexer
 import (
 	"cmp"
 	"slices"
+	"sync/atomic"
 
 	"github.com/kvindex/kvindex/kvevents"
 )
@@ -15,18 +16,24 @@ import (
 // engine's entry is evicted (shedUnvouched), so a misconfigured, broken or
 // hostile engine never pushes a healthy engine's entries out. Next go the
 // engines' digest LRUs, state beside the entries that only helps
-// verification (trimDigests). Then every slot carries the generation of its block's last
-// store (the Index counts stored blocks; a generation is genSpan of them,
-// about a sixteenth of what the budget holds). When Apply finds the index
-// over budget, one caller at a time sums the shards' per-generation block
-// counts, picks the oldest generations that together free enough to get
-// back to 90% of the budget, and sweeps every shard once, dropping those
-// blocks with all their holders (least-recently-stored first, at the
-// granularity of a generation), then shrinks the emptied tables. The sweep
-// works in chunks of slots per write section, so queries are never held up
-// for long. Generations wrap after numGens; a block not stored for that
-// long looks young again, which only matters if the index stayed under
-// budget all that time.
+// verification (trimDigests).
+//
+// Then entries are evicted by fair share (evictPass): what may stay is
+// split max-min fairly among the engines holding entries (counted in
+// holder-blocks, from the engines' counters), and only the engines above
+// their share lose entries, each down to it, its least recently stored
+// first; a block goes when its last holder does. So one engine storing
+// without end evicts its own entries, never those of an engine within
+// its share. Every slot carries the generation of its block's last store
+// (the Index counts stored blocks; a generation is genSpan of them, about
+// a sixteenth of what the budget holds); the victims' holdings by age are
+// counted in one shard in evictSampleStride (keys are spread evenly over
+// the shards), which gives each victim the oldest generations that hold
+// its quota, and one sweep of every shard drops those holdings and
+// shrinks the emptied tables. The sweep works in chunks of slots per
+// write section, so queries are never held up for long. Generations wrap
+// after numGens; a block not stored for that long looks young again,
+// which only matters if the index stayed under budget all that time.
 
 func (ix *Index) maybeEvict() {
 	budget := ix.opts.MemoryBudget
@@ -51,53 +58,217 @@ func (ix *Index) maybeEvict() {
 	}
 }
 
-// evictPass evicts the oldest generations holding about the share of
-// blocks that must go for the index to shrink from cur to target bytes.
+// evictPass frees about the share of holder-blocks that must go for the
+// index to shrink from cur to target bytes, fairly: the engines' shares
+// are a max-min fair allocation of what may stay (fairLevel), so only the
+// engines holding more than their share lose entries, each down to the
+// share, its least-recently-stored first. One engine flooding the index
+// thus evicts its own entries, not a small engine's. It returns the
+// holder-blocks dropped.
 func (ix *Index) evictPass(cur, target int64) uint64 {
 	models := *ix.models.Load()
-	gen := ix.stored.Load() / ix.genSpan & genMask
-	var byAge [numGens]int64
-	var blocks int64
+	type holder struct {
+		ns *namespace
+		id uint32
+		n  int64
+	}
+	var holders []holder
+	var sizes []int64
+	var total int64
 	for _, ns := range models {
-		for si := range ns.shards {
-			sh := &ns.shards[si]
-			sh.mu.Lock()
-			for g, c := range sh.hist {
-				byAge[(gen-uint64(g))&genMask] += int64(c)
-				blocks += int64(c)
+		for _, e := range ns.engines.Load().byID {
+			if e == nil {
+				continue
 			}
-			sh.mu.Unlock()
+			if n := e.holderBlocks.Load(); n > 0 {
+				holders = append(holders, holder{ns, e.id, n})
+				sizes = append(sizes, n)
+				total += n
+			}
 		}
 	}
-	if blocks == 0 {
+	if total == 0 {
 		return 0
 	}
-	need := int64(float64(blocks) * float64(cur-target) / float64(cur))
-	minAge := numGens - 1
-	var acc int64
-	for ; minAge > 0; minAge-- {
-		if acc += byAge[minAge]; acc >= need {
-			break
+	need := max(1, int64(float64(total)*float64(cur-target)/float64(cur)))
+	level := fairLevel(sizes, total-need)
+	plans := map[*namespace]*evictPlan{}
+	for _, h := range holders {
+		if h.n <= level {
+			continue
 		}
+		p := plans[h.ns]
+		if p == nil {
+			p = newEvictPlan(len(h.ns.engines.Load().byID))
+			plans[h.ns] = p
+		}
+		p.add(h.id, h.n-level)
 	}
+	gen := ix.stored.Load() / ix.genSpan & genMask
 	var evicted uint64
-	for _, ns := range models {
-		evicted += ns.evictOlder(gen, minAge)
+	for ns, p := range plans {
+		ns.sampleAges(p, gen)
+		p.cut()
+		evicted += ns.evictOver(p, gen)
 	}
 	ix.evictions.Add(evicted)
 	return evicted
 }
 
-// evictOlder drops every block whose last store is at least minAge
-// generations before gen, and returns the holder-blocks dropped.
-func (ns *namespace) evictOlder(gen uint64, minAge int) uint64 {
-	perEngine := make([]int64, len(ns.engines.Load().byID))
-	count := func(e int) {
-		if e >= len(perEngine) {
-			perEngine = append(perEngine, make([]int64, e+1-len(perEngine))...)
+// fairLevel returns the max-min fair share of capacity among holders of
+// the given sizes: the largest level such that the sizes capped at it
+// add up to at most capacity (every size when they fit). Holders above
+// the level are the ones to evict from, each down to it.
+func fairLevel(sizes []int64, capacity int64) int64 {
+	s := slices.Sorted(slices.Values(sizes))
+	left := max(capacity, 0)
+	for i, x := range s {
+		n := int64(len(s) - i)
+		if x*n > left {
+			return left / n
 		}
-		perEngine[e]++
+		left -= x
 	}
+	return s[len(s)-1]
+}
+
+// evictSampleStride: the age profile of the engines to evict from is
+// estimated from one shard in evictSampleStride. Keys are mixed over the
+// shards, so each holds about the same share of every engine's blocks;
+// an engine whose keys dodge the sample is still evicted down to its
+// quota, only in table order rather than oldest first.
+const evictSampleStride = 8
+
+// evictPlan is one namespace's share of an eviction pass: the engines
+// over their fair share, how many holder-blocks each must lose, and from
+// which generations.
+type evictPlan struct {
+	slot []int32 // engine id -> index in vs, -1 when not evicted from
+	vs   []victim
+	// minAge is the youngest age any victim may lose an entry at, so
+	// the sweep skips younger blocks without looking at their holders.
+	minAge int
+}
+
+// victim is an engine to evict from. Its holdings at least all
+// generations old go; of those at least some generations old, spare more
+// (its quota, less what the older generations are estimated to hold).
+type victim struct {
+	id    uint32
+	quota int64
+	byAge [numGens]int64 // sampled holdings by age (generations before now)
+	all   int
+	some  int
+	spare int64
+}
+
+func newEvictPlan(engines int) *evictPlan {
+	p := &evictPlan{slot: make([]int32, engines)}
+	for i := range p.slot {
+		p.slot[i] = -1
+	}
+	return p
+}
+
+func (p *evictPlan) add(id uint32, quota int64) {
+	if int(id) < len(p.slot) {
+		p.slot[id] = int32(len(p.vs))
+		p.vs = append(p.vs, victim{id: id, quota: quota})
+	}
+}
+
+// victim returns engine e's entry in the plan, or nil.
+func (p *evictPlan) victim(e uint32) *victim {
+	if int(e) >= len(p.slot) || p.slot[e] < 0 {
+		return nil
+	}
+	return &p.vs[p.slot[e]]
+}
+
+// cut turns each victim's sampled age profile into the generations it
+// loses: the oldest ones that together hold its quota.
+func (p *evictPlan) cut() {
+	p.minAge = numGens
+	for i := range p.vs {
+		v := &p.vs[i]
+		// Without a profile (too few sampled entries to cover the
+		// quota), any age goes, up to the quota.
+		v.all, v.some, v.spare = numGens, 0, v.quota
+		var acc int64
+		for age := numGens - 1; age >= 0; age-- {
+			n := v.byAge[age] * evictSampleStride
+			if acc+n >= v.quota {
+				v.all, v.some, v.spare = age+1, age, v.quota-acc
+				break
+			}
+			acc += n
+		}
+		p.minAge = min(p.minAge, v.some)
+	}
+}
+
+// drop reports whether v loses its n holdings in a block age generations
+// old, and counts them against its spare.
+func (v *victim) drop(age, n int) bool {
+	if age >= v.all {
+		return true
+	}
+	if age >= v.some && v.spare > 0 {
+		v.spare -= int64(n)
+		return true
+	}
+	return false
+}
+
+// sampleAges counts, in one shard in evictSampleStride, the victims'
+// holdings by age.
+func (ns *namespace) sampleAges(p *evictPlan, gen uint64) {
+	for si := 0; si < numShards; si += evictSampleStride {
+		sh := &ns.shards[si]
+		sh.mu.Lock()
+		d := sh.data.Load()
+		for _, s := range d.slots {
+			v := s.val
+			if !isLive(v) {
+				continue
+			}
+			age := (gen - valGen(v)) & genMask
+			if valKind(v) == kindInline {
+				for f := 0; f < 48; f += 16 {
+					if id := uint32(v >> f & 0xffff); id != 0 {
+						if vc := p.victim(id - 1); vc != nil {
+							vc.byAge[age]++
+						}
+					}
+				}
+				continue
+			}
+			hs := &sh.scanHS
+			hs.decode(d.arena, v)
+			for j := 0; j < len(hs.s); j += 2 {
+				for x := hs.s[j+1]; x != 0; x &= x - 1 {
+					if vc := p.victim(uint32(hs.s[j])<<6 | uint32(trailingZeros(x))); vc != nil {
+						vc.byAge[age]++
+					}
+				}
+			}
+			for _, x := range hs.d {
+				if vc := p.victim(hEngine(x)); vc != nil {
+					vc.byAge[age]++
+				}
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// evictOver sweeps every shard once, dropping the victims' holdings that
+// their plan gives up (other engines' holdings stay, and a block goes
+// when its last holder does), then shrinks the emptied tables. It returns
+// the holder-blocks dropped.
+func (ns *namespace) evictOver(p *evictPlan, gen uint64) uint64 {
+	perEngine := make([]int64, len(p.vs))
+	var ids []uint32
 	var evicted uint64
 	for si := range ns.shards {
 		sh := &ns.shards[si]
@@ -105,31 +276,78 @@ func (ns *namespace) evictOlder(gen uint64, minAge int) uint64 {
 		d := sh.data.Load()
 		// Deleting slot i shifts a later key into it: look at i again.
 		// A key that wraps from the table's start to its end is looked
-		// at twice, which is harmless.
+		// at twice, which is harmless: what went is gone.
 		for i := 0; i < len(d.slots); {
 			sh.beginWrite()
 			for end := i + sweepChunk; i < end && i < len(d.slots); {
 				d = sh.data.Load()
 				v := d.slots[i].val
-				if !isLive(v) || int((gen-valGen(v))&genMask) < minAge {
+				age := int((gen - valGen(v)) & genMask)
+				if !isLive(v) || age < p.minAge {
 					i++
 					continue
 				}
-				hs := sh.decodeW(d, v)
-				hs.engines(func(uint32) { sh.assocs-- })
-				for j := 0; j < len(hs.s); j += 2 {
-					for x := hs.s[j+1]; x != 0; x &= x - 1 {
-						count(int(hs.s[j])<<6 | trailingZeros(x))
+				if valKind(v) == kindInline {
+					nv := v
+					for f := 0; f < 48; f += 16 {
+						id := uint32(v >> f & 0xffff)
+						if vc := p.victim(id - 1); id != 0 && vc != nil && vc.drop(age, 1) {
+							nv &^= 0xffff << f
+							perEngine[p.slot[id-1]]++
+							sh.holdings--
+							sh.assocs--
+							evicted++
+						}
 					}
+					switch {
+					case nv == v:
+						i++
+					case nv&payloadMask == 0:
+						sh.deleteAt(d, i, v) // a shifted key may now sit in slot i
+					default:
+						atomic.StoreUint64(&d.slots[i].val, nv)
+						i++
+					}
+					continue
 				}
-				for _, x := range hs.d {
-					count(int(hEngine(x)))
+				hs := sh.decodeW(d, v)
+				ids = ids[:0]
+				hs.engines(func(e uint32) {
+					if p.victim(e) != nil {
+						ids = append(ids, e)
+					}
+				})
+				dropped := 0
+				for _, e := range ids {
+					vc := p.victim(e)
+					n := 0
+					for _, x := range hs.d {
+						if hEngine(x) == e {
+							n++
+						}
+					}
+					if hs.hasBit(e) {
+						n++
+					}
+					if !vc.drop(age, n) {
+						continue
+					}
+					hs.removeEngine(e)
+					perEngine[p.slot[e]] += int64(n)
+					sh.holdings -= n
+					sh.assocs--
+					dropped += n
 				}
-				n := hs.count()
-				hs.reset()
-				sh.store(i, v, hs, 0)
-				sh.holdings -= n
-				evicted += uint64(n)
+				if dropped == 0 {
+					i++
+					continue
+				}
+				evicted += uint64(dropped)
+				empty := hs.empty()
+				sh.store(i, v, hs, valGen(v))
+				if !empty {
+					i++
+				}
 			}
 			sh.endWrite()
 		}
@@ -142,8 +360,9 @@ func (ns *namespace) evictOlder(gen uint64, minAge int) uint64 {
 		sh.mu.Unlock()
 	}
 	et := ns.engines.Load()
-	for id, n := range perEngine {
-		if n != 0 && id < len(et.byID) && et.byID[id] != nil {
+	for k, n := range perEngine {
+		id := p.vs[k].id
+		if n != 0 && int(id) < len(et.byID) && et.byID[id] != nil {
 			et.byID[id].holderBlocks.Add(-n)
 			et.byID[id].evicted.Add(uint64(n))
 		}

@@ -17,8 +17,9 @@ type Options struct {
 	// Hasher is the fleet's hashing configuration (algorithm, seed, block
 	// size); queries by tokens and ingest verification use it.
 	Hasher *blockhash.Hasher
-	// MemoryBudget caps the index size in bytes; beyond it the
-	// least-recently-stored entries are evicted. 0 means unlimited.
+	// MemoryBudget caps the index size in bytes; beyond it entries are
+	// evicted, the least recently stored of the engines holding more
+	// than a fair share first (see evict.go). 0 means unlimited.
 	MemoryBudget int64
 	// VerifyFirst is the number of BlockStored events verified in full per
 	// engine before verification switches to sampling; VerifyEvery then

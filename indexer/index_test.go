@@ -415,14 +415,19 @@ func TestHostileEventsIgnored(t *testing.T) {
 	}
 }
 
+// Over budget, the engines holding more than their fair share lose their
+// least-recently-stored entries; an engine within its share keeps all of
+// its entries, however old.
 func TestMemoryBudgetEvictsLeastRecentlyStored(t *testing.T) {
 	const budget = 2 << 20
 	ix := mustNew(t, Options{MemoryBudget: budget})
 	a, b := eng("a", 0), eng("b", 0)
-	// Old blocks first, then a stream of new ones well past the budget.
+	// a's few blocks first, then b's stream of new ones well past the
+	// budget.
 	old := testutil.Seq(1, 5000)
 	ix.Apply(a, 1, []kvevents.Event{stored(old...)})
-	var next uint64 = 1 << 32
+	const first = 1 << 32
+	var next uint64 = first
 	for i := 0; ix.Stats().Evictions == 0 && i < 10000; i++ {
 		ix.Apply(b, uint64(i), []kvevents.Event{stored(testutil.Seq(int(next), 500)...)})
 		next += 500
@@ -434,10 +439,12 @@ func TestMemoryBudgetEvictsLeastRecentlyStored(t *testing.T) {
 	if st.Bytes > budget {
 		t.Errorf("%d bytes over the budget of %d", st.Bytes, budget)
 	}
-	// The oldest blocks went first; the newest are all there.
-	res := query(t, ix, &Query{Model: "m", BlockHashes: old[:1]})
-	if got := matched(res); !slices.Equal(got, []string{"a:0", "b:0"}) {
-		t.Errorf("old blocks survived: %v", got)
+	// b's oldest blocks went first; its newest and all of a's are there.
+	if got := matched(query(t, ix, &Query{Model: "m", BlockHashes: testutil.Seq(first, 1)})); !slices.Equal(got, []string{"a:0", "b:0"}) {
+		t.Errorf("b's oldest block survived: %v", got)
+	}
+	if got := matched(query(t, ix, &Query{Model: "m", BlockHashes: old})); !slices.Equal(got, []string{"a:5000", "b:0"}) {
+		t.Errorf("a's blocks, within its share: %v", got)
 	}
 	newest := testutil.Seq(int(next-500), 500)
 	if got := matched(query(t, ix, &Query{Model: "m", BlockHashes: newest})); !slices.Equal(got, []string{"b:500", "a:0"}) {
@@ -451,9 +458,9 @@ func TestMemoryBudgetEvictsLeastRecentlyStored(t *testing.T) {
 	if sum != st.HolderBlocks {
 		t.Errorf("engines hold %d, index %d", sum, st.HolderBlocks)
 	}
-	// Both engines lost entries to the budget: their matches are lower
-	// bounds until their entries are exact again (a reset, or
-	// AllBlocksCleared), and the flag survives a snapshot.
+	// b lost entries to the budget: its matches are lower bounds until
+	// its entries are exact again (a reset, or AllBlocksCleared), and the
+	// flag survives a snapshot. a lost none.
 	evicted := func(ix *Index) map[string]uint64 {
 		m := map[string]uint64{}
 		for _, e := range ix.Engines() {
@@ -461,8 +468,8 @@ func TestMemoryBudgetEvictsLeastRecentlyStored(t *testing.T) {
 		}
 		return m
 	}
-	if ev := evicted(ix); ev["a"] == 0 || ev["b"] == 0 {
-		t.Errorf("evicted per engine %v, want both counted", ev)
+	if ev := evicted(ix); ev["a"] != 0 || ev["b"] == 0 {
+		t.Errorf("evicted per engine %v, want b's counted, none of a's", ev)
 	}
 	var snap bytes.Buffer
 	if err := ix.Snapshot(&snap); err != nil {
@@ -472,12 +479,12 @@ func TestMemoryBudgetEvictsLeastRecentlyStored(t *testing.T) {
 	if err := restored.Restore(&snap); err != nil {
 		t.Fatal(err)
 	}
-	if ev := evicted(restored); ev["a"] != 1 || ev["b"] != 1 {
-		t.Errorf("restored evicted per engine %v, want both flagged (1)", ev)
+	if ev := evicted(restored); ev["a"] != 0 || ev["b"] != 1 {
+		t.Errorf("restored evicted per engine %v, want b flagged (1)", ev)
 	}
-	ix.Reset(a, kvevents.ResetRestart)
-	if ev := evicted(ix); ev["a"] != 0 || ev["b"] == 0 {
-		t.Errorf("after a's reset, evicted per engine %v, want a exact again", ev)
+	ix.Reset(b, kvevents.ResetRestart)
+	if ev := evicted(ix); ev["a"] != 0 || ev["b"] != 0 {
+		t.Errorf("after b's reset, evicted per engine %v, want b exact again", ev)
 	}
 	// Keeps working at the budget.
 	for i := range 100 {
@@ -486,6 +493,9 @@ func TestMemoryBudgetEvictsLeastRecentlyStored(t *testing.T) {
 	}
 	if st := ix.Stats(); st.Bytes > budget {
 		t.Errorf("%d bytes over the budget of %d", st.Bytes, budget)
+	}
+	if info := engineInfo(t, ix, a); info.Evicted != 0 || info.HolderBlocks != 5000 {
+		t.Errorf("a: %+v, want its 5000 blocks, none evicted", info)
 	}
 	checkInvariants(t, ix)
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
@@ -591,4 +592,165 @@ func diffResults(got, want Result) string {
 		}
 	}
 	return out
+}
+
+// TestPropertyFairShare floods the index far past its memory budget from
+// some engines while small engines (each well within a fair share of the
+// budget) store and remove blocks at random, some of them blocks the
+// flooders also hold, some in other groups and media: the small engines
+// must keep exactly what they hold (by the reference) and never be
+// flagged evicted, the flooders alone pay for the budget.
+func TestPropertyFairShare(t *testing.T) {
+	const budget = 4 << 20
+	// Holder-blocks a small engine may hold: its share of the budget at
+	// a pessimistic 64 bytes each (the index's fixed structures and the
+	// reverse lists' slack take a good part of a small budget).
+	smallCap := func(share float64) int { return int(share * budget / 64) }
+	cases := []struct {
+		name     string
+		flooders int
+		smalls   int
+		share    float64 // of the budget, per small engine
+		shared   bool    // flooders also store the small engines' keys
+		media    bool    // small engines also hold blocks in CPU, group 1
+	}{
+		{"one flooder, one small engine at 5%", 1, 1, 0.05, false, false},
+		{"one flooder sharing small engines' blocks", 1, 4, 0.03, true, false},
+		{"two flooders, small engines in other media", 2, 3, 0.04, false, true},
+		{"three flooders sharing, many small engines", 3, 8, 0.01, true, true},
+	}
+	for ci, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(ci), 7))
+			ix := mustNew(t, Options{MemoryBudget: budget})
+			ref := newRefModel()
+			var floods, smalls []kvevents.EngineID
+			for i := range tc.flooders {
+				floods = append(floods, eng(fmt.Sprintf("flood-%d", i), 0))
+			}
+			pools := map[kvevents.EngineID][]uint64{}
+			for i := range tc.smalls {
+				id := eng(fmt.Sprintf("small-%d", i), i%2)
+				smalls = append(smalls, id)
+				for k := range 2 * smallCap(tc.share) {
+					pools[id] = append(pools[id], uint64(i+1)<<40|uint64(k))
+				}
+			}
+			smallOp := func(id kvevents.EngineID) {
+				pool := pools[id]
+				keys := make([]uint64, 1+rng.IntN(32))
+				for j := range keys {
+					keys[j] = pool[rng.IntN(len(pool))]
+				}
+				medium, group := "", 0
+				if tc.media && rng.IntN(3) == 0 {
+					medium, group = "CPU", 1
+				}
+				ev := storedIn(medium, group, keys...)
+				if rng.IntN(2) == 0 || ref.holdings(id)+len(keys) > smallCap(tc.share) {
+					ev = removedIn(medium, group, keys...)
+				}
+				ix.Apply(id, 0, []kvevents.Event{ev})
+				ref.apply(id, []kvevents.Event{ev})
+			}
+			check := func(step int) {
+				t.Helper()
+				checkInvariants(t, ix)
+				for _, id := range smalls {
+					info := engineInfo(t, ix, id)
+					if want := int64(ref.holdings(id)); info.HolderBlocks != want || info.Evicted != 0 {
+						t.Fatalf("step %d: small engine %v holds %d (reference %d), evicted %d", step, id, info.HolderBlocks, want, info.Evicted)
+					}
+					var keys []uint64
+					for k := range ref.engines[id] {
+						keys = append(keys, k)
+					}
+					got, err := ix.Lookup(&Query{Model: "m", BlockHashes: keys})
+					if err != nil {
+						t.Fatal(err)
+					}
+					want := ref.lookup("m", keys)
+					for i := range got {
+						got[i].Holders = slices.DeleteFunc(got[i].Holders, func(h Holder) bool { return h.Engine != id })
+						want[i].Holders = slices.DeleteFunc(want[i].Holders, func(h Holder) bool { return h.Engine != id })
+					}
+					if !reflect.DeepEqual(got, want) {
+						t.Fatalf("step %d: small engine %v's blocks differ from the reference", step, id)
+					}
+				}
+			}
+			// The small engines' entries are the oldest: least recently
+			// stored, they would go first by age alone.
+			for _, id := range smalls {
+				ev := stored(pools[id][:smallCap(tc.share)/2]...)
+				ix.Apply(id, 0, []kvevents.Event{ev})
+				ref.apply(id, []kvevents.Event{ev})
+			}
+			// The flooders store ten budgets' worth of new blocks (at 24
+			// bytes a holder-block), three under the race detector.
+			budgets := 10
+			if raceEnabled || testing.Short() {
+				budgets = 3
+			}
+			next := uint64(1) << 56
+			var flooded int
+			for step := 0; flooded < budgets*budget/24; step++ {
+				if len(smalls) > 0 && rng.IntN(4) == 0 {
+					smallOp(smalls[rng.IntN(len(smalls))])
+				} else {
+					keys := testutil.Seq(int(next), 256)
+					next += 256
+					if tc.shared && len(smalls) > 0 {
+						pool := pools[smalls[rng.IntN(len(smalls))]]
+						for j := range 16 {
+							keys[j] = pool[rng.IntN(len(pool))]
+						}
+					}
+					ix.Apply(floods[rng.IntN(len(floods))], 0, []kvevents.Event{stored(keys...)})
+					flooded += len(keys)
+				}
+				if step%3000 == 0 {
+					check(step)
+				}
+			}
+			check(-1)
+			st := ix.Stats()
+			if st.Evictions == 0 || st.Bytes > budget {
+				t.Fatalf("stats %+v over a budget of %d", st, budget)
+			}
+			for _, id := range floods {
+				if info := engineInfo(t, ix, id); info.Evicted == 0 || info.HolderBlocks == 0 {
+					t.Errorf("flooder %v: %+v, want evicted (partial) but holding entries", id, info)
+				}
+			}
+		})
+	}
+}
+
+// TestFairLevel checks the max-min fair share against its definition:
+// the sizes capped at the level fit the capacity, and one more would not.
+func TestFairLevel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	capped := func(sizes []int64, l int64) (sum int64) {
+		for _, s := range sizes {
+			sum += min(s, l)
+		}
+		return sum
+	}
+	for range 2000 {
+		sizes := make([]int64, 1+rng.IntN(8))
+		var total int64
+		for i := range sizes {
+			sizes[i] = 1 + rng.Int64N(1000)
+			total += sizes[i]
+		}
+		capacity := rng.Int64N(total + 100)
+		l := fairLevel(sizes, capacity)
+		if capped(sizes, l) > capacity && l > 0 || capacity < total && capped(sizes, l+1) <= capacity {
+			t.Fatalf("fairLevel(%v, %d) = %d", sizes, capacity, l)
+		}
+		if capacity >= total && l != slices.Max(sizes) {
+			t.Fatalf("fairLevel(%v, %d) = %d, want the largest size (all fit)", sizes, capacity, l)
+		}
+	}
 }

@@ -305,7 +305,8 @@ func TestBudgetShedsMismatchedEnginesFirst(t *testing.T) {
 
 // Over budget, an engine whose stream is not healthy is shed before a
 // healthy engine loses an entry; without a healthy engine to protect,
-// every engine is evicted by age as usual.
+// the engines are evicted by fair share as usual: the flooding one loses
+// its oldest entries, the small one none.
 func TestBudgetShedsUnhealthyEnginesFirst(t *testing.T) {
 	const budget = 1 << 20
 	h := mustHasher(t, blockhash.SHA256CBOR, "0", 16)
@@ -332,14 +333,18 @@ func TestBudgetShedsUnhealthyEnginesFirst(t *testing.T) {
 	}
 	checkInvariants(t, ix)
 
-	// Both unhealthy: the oldest entries go, the first engine's.
+	// Both unhealthy: the flooding engine, over its fair share, loses
+	// entries; the small one keeps its own, though they are the oldest.
 	ix = mustNew(t, Options{Hasher: h, MemoryBudget: budget})
 	ix.Health(good, kvevents.HealthDegraded)
 	ix.Health(shaky, kvevents.HealthUnconfirmed)
 	ix.Apply(good, 1, []kvevents.Event{evg})
 	flood(ix, shaky)
-	if info := engineInfo(t, ix, good); info.Evicted == 0 {
-		t.Errorf("without a healthy engine, the oldest entries (good's): %+v, want evicted by age", info)
+	if info := engineInfo(t, ix, good); info.Evicted != 0 || info.HolderBlocks != 64 {
+		t.Errorf("without a healthy engine, the small engine: %+v, want its 64 blocks, none evicted", info)
+	}
+	if info := engineInfo(t, ix, shaky); info.Evicted == 0 {
+		t.Errorf("without a healthy engine, the flooding engine: %+v, want evicted", info)
 	}
 	if info := engineInfo(t, ix, shaky); info.HolderBlocks == 0 {
 		t.Errorf("without a healthy engine, the flooding engine was cleared whole: %+v", info)
