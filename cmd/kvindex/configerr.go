@@ -72,6 +72,7 @@ var serveFlagNames = map[configerr.Field]string{
 	"Picker.ExtProcAddr":   "--extproc-addr",
 	"ScrapeInterval":       "--scrape-interval",
 	"Index":                "--index",
+	"Index.MemoryBudget":   "--memory-budget",
 	// The server's and its security's settings.
 	server.FieldMaxTokens:         "--max-query-tokens",
 	server.FieldMaxTokensInFlight: "--max-tokens-in-flight",

@@ -1,6 +1,7 @@
 package memlimit
 
 import (
+	"fmt"
 	"log/slog"
 	"math"
 	"os"
@@ -40,22 +41,35 @@ func ProcessBound(budget int64) int64 {
 	return budget + slack + FixedOverhead
 }
 
-// Shares of --memory-budget; FromBudget explains them.
+// Shares of --memory-budget; Split and FromBudget explain them.
 const (
 	// NonGoReserve is the part of the process bound that is not Go's: the
 	// binary's mapped pages and shared libraries (34 MiB measured at
-	// rest) and the C heap (libzmq's threads and, beyond QueueShareDiv's
-	// queues, malloc's arenas). The Go memory limit is the bound less it.
+	// rest) and libzmq's threads and malloc's arenas; the event queues,
+	// also outside the Go heap, have their own share of the budget
+	// (Shares.Queues). The Go memory limit is the bound less both.
 	NonGoReserve = 40 << 20
-	// QueueShareDiv: the event queues get budget/QueueShareDiv.
+	// QueueShareDiv: the event queues get at most budget/QueueShareDiv.
 	QueueShareDiv = 4
+	// EngineShareDiv: the engines' state gets budget/EngineShareDiv in
+	// bind mode, where it decides MaxEngines.
+	EngineShareDiv = 8
+	// minIndexDiv: the index keeps at least budget/minIndexDiv; the
+	// streams' floors (EngineBytes and a minRcvHWM queue each) must fit
+	// in the rest (Split).
+	minIndexDiv = 2
 	// queueMsgBytes is what one queued batch is taken to cost (vLLM's
-	// batches are 1 to 3 KiB).
+	// batches are 1 to 3 KiB; TestFloodRSS's peak grows by about that
+	// per batch of queue depth).
 	queueMsgBytes = 2 << 10
-	// minRcvHWM is the shallowest SUB queue: with shallower ones
-	// TestFloodRSS saw the publishers drop batches (libzmq's flow control
-	// hands over too often), with this one it did not.
-	minRcvHWM = 500
+	// minRcvHWM is the shallowest SUB queue, taken when the queue share
+	// cannot hold more. Shallow queues lose batches under a flood, which
+	// replay then fetches (an engine without replay degrades): TestFloodRSS
+	// saw four publishers lose nothing at 500 batches and about a quarter
+	// of their batches at 128 (libzmq's flow control hands over too
+	// often), so a budget of 16 MiB or more gives four streams 500. Memory
+	// stays within the budget either way.
+	minRcvHWM = 16
 	// MaxRcvHWM is the deepest SUB queue, in messages, and the one
 	// zmqtransport uses without a budget (zmqtransport.DefaultRcvHWM). The
 	// engine side already queues up to 100,000 messages per subscriber
@@ -68,22 +82,77 @@ const (
 )
 
 // EngineBytes is what one engine rank is taken to cost beyond its entries
-// (its sequencer, replay socket, counters and metrics series): a budget
-// follows budget/EngineBytes engines at most in bind mode (MaxEngines).
+// and its event queue (its sequencer, replay socket, counters and metrics
+// series; the fault suite's 1,000-engine churn measured about 75 KiB an
+// engine, queues included).
 const EngineBytes = 64 << 10
 
 // MaxEngines is the most engine ranks a bind-mode listener admits under a
-// memory budget (bytes): budget/EngineBytes, at least minEngines and at
-// most def (the transport's default, which applies without a budget).
+// memory budget (bytes): as many as the engines' share holds
+// (budget/EngineShareDiv/EngineBytes, one per 512 KiB of budget), at least
+// one and at most def (the transport's default, which applies without a
+// budget).
 func MaxEngines(budget int64, def int) int {
 	if budget <= 0 {
 		return def
 	}
-	return int(min(max(budget/EngineBytes, minEngines), int64(def)))
+	return int(min(max(budget/EngineShareDiv/EngineBytes, 1), int64(def)))
 }
 
-// minEngines is the fewest engine ranks MaxEngines allows.
-const minEngines = 16
+// Shares is how Split partitions a memory budget: Index + Queues +
+// Engines is at most the budget.
+type Shares struct {
+	// Index is the index's own structures, by its count of its bytes
+	// (indexer.Options.MemoryBudget).
+	Index int64
+	// Queues is the ZMQ receive queues of every stream together: RcvHWM
+	// batches of queueMsgBytes each, in libzmq's malloc'd memory.
+	Queues int64
+	RcvHWM int // zmqtransport.SubscriberConfig.RcvHWM
+	// Engines is the engines' state beyond their entries: EngineBytes a
+	// stream.
+	Engines int64
+}
+
+// Split partitions a memory budget (bytes; 0 or less: none, and the zero
+// Shares, which change nothing) among the parts of the process that grow
+// with it, for a number of event streams (connect-mode engine ranks plus,
+// in bind mode, up to MaxEngines peers):
+//
+//   - Engines: EngineBytes per stream;
+//   - Queues: each stream's SUB queue holds RcvHWM batches at
+//     queueMsgBytes each, libzmq's memory outside the Go heap. RcvHWM is
+//     budget/QueueShareDiv spread over the streams, within [minRcvHWM,
+//     MaxRcvHWM], and shallower when the index would keep less than
+//     budget/minIndexDiv; a shallow queue trades replays for memory
+//     (minRcvHWM);
+//   - Index: the rest, at least budget/minIndexDiv.
+//
+// So the index evicts to stay within its share, and the budget covers the
+// engines' state and their queues too. An error says that the streams'
+// floors (EngineBytes and minRcvHWM batches each) pass what the index
+// leaves them: the budget is too small for that many streams, and the
+// error names the budget that would do (the Shares are then the floors,
+// and the index keeps its minimum).
+func Split(budget int64, streams int) (Shares, error) {
+	if budget <= 0 {
+		return Shares{}, nil
+	}
+	n := int64(max(streams, 1))
+	hwm := min(max(budget/QueueShareDiv/n/queueMsgBytes, minRcvHWM), MaxRcvHWM)
+	// What the queues may take beside the engines and the index's least.
+	room := budget - budget/minIndexDiv - n*EngineBytes
+	hwm = min(hwm, room/n/queueMsgBytes)
+	if hwm < minRcvHWM {
+		per := int64(EngineBytes + minRcvHWM*queueMsgBytes)
+		s := Shares{Index: budget / minIndexDiv, Queues: n * minRcvHWM * queueMsgBytes, RcvHWM: minRcvHWM, Engines: n * EngineBytes}
+		return s, fmt.Errorf("a memory budget of %s holds the state and event queues of at most %d engine ranks (%s each, beside an index of half the budget); %d need %s or more",
+			bytesize.Format(budget), (budget-budget/minIndexDiv)/per, bytesize.Format(per), n, bytesize.Format(n*per*minIndexDiv))
+	}
+	s := Shares{Queues: n * hwm * queueMsgBytes, RcvHWM: int(hwm), Engines: n * EngineBytes}
+	s.Index = budget - s.Queues - s.Engines
+	return s, nil
+}
 
 // Limits are the process-wide bounds derived from --memory-budget.
 type Limits struct {
@@ -92,22 +161,18 @@ type Limits struct {
 }
 
 // FromBudget derives the process's memory bounds from --memory-budget
-// (budget bytes, 0 meaning unlimited) and the number of event streams
-// (connect-mode engine ranks plus, in bind mode, up to --max-engines
-// peers). The budget caps the index itself (indexer.Options.MemoryBudget);
-// the rest of the process is bounded around it:
+// (budget bytes, 0 meaning unlimited) and the number of event streams, as
+// Split does. Split's shares partition the budget; the rest of the
+// process is bounded around it:
 //
-//   - Go heap: debug.SetMemoryLimit(ProcessBound(budget) - NonGoReserve),
-//     the bound less what is not Go's, so the garbage collector works
-//     harder as the heap nears it instead of letting it grow to twice the
-//     live heap (GOGC). A GOMEMLIMIT set by the user wins. The limit is
-//     soft: live data above it is kept.
-//   - ZMQ receive queues, which libzmq allocates outside the Go heap: each
-//     SUB socket queues up to RcvHWM messages per peer. The queues get a
-//     share of budget/QueueShareDiv at queueMsgBytes per batch, spread over
-//     the streams; RcvHWM stays within [minRcvHWM, MaxRcvHWM]. A shallow
-//     queue loses nothing: the engine's PUB socket holds the backlog
-//     (zmqtransport.DefaultPubHWM).
+//   - Go heap: debug.SetMemoryLimit(ProcessBound(budget) - NonGoReserve -
+//     Shares.Queues), the bound less what is not Go's, so the garbage
+//     collector works harder as the heap nears it instead of letting it
+//     grow to twice the live heap (GOGC). A GOMEMLIMIT set by the user
+//     wins. The limit is soft: live data above it is kept.
+//   - ZMQ receive queues: RcvHWM (Split). A shallow queue loses nothing
+//     but replays: the engine's PUB socket holds the backlog
+//     (zmqtransport.DefaultPubHWM) up to its own high-water mark.
 //   - fixed: the binary, the runtime, libzmq's threads and malloc's arenas
 //     (zmqtransport caps and trims them): FixedOverhead whatever the
 //     budget; README.md ("Memory") has the figures TestFloodRSS measured.
@@ -117,20 +182,21 @@ func FromBudget(budget int64, streams int) Limits {
 	if budget <= 0 {
 		return Limits{}
 	}
-	hwm := budget / QueueShareDiv / int64(max(streams, 1)) / queueMsgBytes
+	s, _ := Split(budget, streams)
 	return Limits{
-		GoLimit: goLimit(ProcessBound(budget)),
-		RcvHWM:  int(min(max(hwm, minRcvHWM), MaxRcvHWM)),
+		GoLimit: goLimit(ProcessBound(budget), s.Queues),
+		RcvHWM:  s.RcvHWM,
 	}
 }
 
 // goLimit is the Go memory limit within a process bound: the bound less
-// NonGoReserve, none (math.MaxInt64) for a bound that saturated.
-func goLimit(bound int64) int64 {
+// NonGoReserve and the queues, none (math.MaxInt64) for a bound that
+// saturated.
+func goLimit(bound, queues int64) int64 {
 	if bound == math.MaxInt64 {
 		return bound
 	}
-	return max(bound-NonGoReserve, 0)
+	return max(bound-NonGoReserve-queues, 0)
 }
 
 // Apply sets the Go memory limit, unless the user set GOMEMLIMIT.

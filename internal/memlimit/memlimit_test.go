@@ -5,10 +5,12 @@ import (
 	"math"
 	"os"
 	"runtime/debug"
+	"strings"
 	"testing"
 )
 
 func TestFromBudget(t *testing.T) {
+	bound := func(b int64) int64 { return b + b/10 + FixedOverhead - NonGoReserve }
 	tests := []struct {
 		name    string
 		budget  int64
@@ -16,16 +18,57 @@ func TestFromBudget(t *testing.T) {
 		want    Limits
 	}{
 		{"unlimited", 0, 4, Limits{}},
-		{"16MiB, 4 streams", 16 << 20, 4, Limits{GoLimit: 16<<20 + (16<<20)/10 + 24<<20, RcvHWM: 512}},
-		{"16MiB, bind mode's 8000", 16 << 20, 8000, Limits{GoLimit: 16<<20 + (16<<20)/10 + 24<<20, RcvHWM: minRcvHWM}},
-		{"1GiB, 4 streams", 1 << 30, 4, Limits{GoLimit: 1<<30 + (1<<30)/10 + 24<<20, RcvHWM: MaxRcvHWM}},
-		{"no streams", 16 << 20, 0, Limits{GoLimit: 16<<20 + (16<<20)/10 + 24<<20, RcvHWM: MaxRcvHWM}},
+		{"16MiB, 4 streams", 16 << 20, 4, Limits{GoLimit: bound(16<<20) - 4<<20, RcvHWM: 512}},
+		{"16MiB, bind mode's 32", 16 << 20, 32, Limits{GoLimit: bound(16<<20) - 32*64*2<<10, RcvHWM: 64}},
+		{"1GiB, 4 streams", 1 << 30, 4, Limits{GoLimit: bound(1<<30) - 4*MaxRcvHWM*2<<10, RcvHWM: MaxRcvHWM}},
+		{"no streams", 16 << 20, 0, Limits{GoLimit: bound(16<<20) - MaxRcvHWM*2<<10, RcvHWM: MaxRcvHWM}},
+		{"too many streams: the floors", 1 << 20, 100, Limits{GoLimit: bound(1<<20) - 100*minRcvHWM*2<<10, RcvHWM: minRcvHWM}},
 		{"huge", math.MaxInt64, 1, Limits{GoLimit: math.MaxInt64, RcvHWM: MaxRcvHWM}},
 	}
 	for _, tt := range tests {
 		if got := FromBudget(tt.budget, tt.streams); got != tt.want {
 			t.Errorf("%s: %+v, want %+v", tt.name, got, tt.want)
 		}
+	}
+}
+
+// Split's shares add up to the budget at most, whatever the budget and
+// the number of streams it can hold; beyond that it says so, naming a
+// budget that does hold them.
+func TestSplit(t *testing.T) {
+	for _, budget := range []int64{1 << 20, 2 << 20, 16 << 20, 100 << 20, 1 << 30, 64 << 30} {
+		for _, streams := range []int{0, 1, 3, 4, 64, 1000, 8000, MaxEngines(budget, 8000)} {
+			s, err := Split(budget, streams)
+			if err != nil {
+				if streams <= MaxEngines(budget, 8000) {
+					t.Errorf("Split(%d, %d): %v, though bind mode admits that many", budget, streams, err)
+				}
+				continue
+			}
+			if sum := s.Index + s.Queues + s.Engines; sum > budget || s.Index < budget/2 {
+				t.Errorf("Split(%d, %d) = %+v: adds up to %d", budget, streams, s, sum)
+			}
+			n := int64(max(streams, 1))
+			if s.Queues != n*int64(s.RcvHWM)*queueMsgBytes || s.Engines != n*EngineBytes ||
+				s.RcvHWM < minRcvHWM || s.RcvHWM > MaxRcvHWM {
+				t.Errorf("Split(%d, %d) = %+v", budget, streams, s)
+			}
+		}
+	}
+	if s, _ := Split(0, 4); s != (Shares{}) {
+		t.Errorf("no budget: %+v, want no shares", s)
+	}
+	// A budget too small for its streams names one that holds them.
+	_, err := Split(1<<20, 100)
+	if err == nil || !strings.Contains(err.Error(), "at most 5 engine ranks") || !strings.Contains(err.Error(), "100 need 18.75MiB or more") {
+		t.Fatalf("1 MiB for 100 streams: %v", err)
+	}
+	if _, err := Split(19<<20, 100); err != nil {
+		t.Errorf("the budget the error named: %v", err)
+	}
+	// The bind-mode default always fits, connect mode's few engines too.
+	if _, err := Split(1<<20, 3+MaxEngines(1<<20, 8000)); err != nil {
+		t.Errorf("1 MiB, 3 engines and bind mode: %v", err)
 	}
 }
 
@@ -77,14 +120,15 @@ func TestMemoryLimitApplyWithoutGOMEMLIMIT(t *testing.T) {
 	}
 }
 
-// The engines a budget follows in bind mode: one per EngineBytes, within
-// [minEngines, the default]; the default without a budget.
+// The engines a budget follows in bind mode: as many as the engines'
+// share holds (one per 512 KiB), within [1, the default]; the default
+// without a budget.
 func TestMaxEngines(t *testing.T) {
 	for _, tc := range []struct {
 		budget int64
 		want   int
 	}{
-		{0, 8000}, {-1, 8000}, {1 << 20, minEngines}, {64 << 20, 1024}, {1 << 40, 8000},
+		{0, 8000}, {-1, 8000}, {256 << 10, 1}, {1 << 20, 2}, {64 << 20, 128}, {1 << 30, 2048}, {1 << 40, 8000},
 	} {
 		if got := MaxEngines(tc.budget, 8000); got != tc.want {
 			t.Errorf("MaxEngines(%d) = %d, want %d", tc.budget, got, tc.want)

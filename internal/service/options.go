@@ -125,6 +125,8 @@ func (o *Options) Validate() error {
 		return configerr.New("ForgetAfter", "%v %v: must not be negative (0: never)", f("ForgetAfter"), o.ForgetAfter)
 	case o.MaxEngines < 0:
 		return configerr.New("MaxEngines", "%v %d: want at least 1 (0: from the memory budget)", f("MaxEngines"), o.MaxEngines)
+	case o.splitErr() != nil:
+		return configerr.New("Index.MemoryBudget", "%v: %w: raise it, or follow fewer engines (%v, %v)", f("Index.MemoryBudget"), o.splitErr(), f("Engines"), f("MaxEngines"))
 	case o.SnapshotInterval < MinSnapshotInterval:
 		return configerr.New("SnapshotInterval", "%v %v: want at least %v", f("SnapshotInterval"), o.SnapshotInterval, MinSnapshotInterval)
 	case o.Listen != "" && len(o.EngineAllow) == 0 && o.Discover == nil:
@@ -142,6 +144,20 @@ func (o *Options) maxEngines() int {
 		return o.MaxEngines
 	}
 	return memlimit.MaxEngines(o.Index.MemoryBudget, zmqtransport.DefaultMaxEngines)
+}
+
+// shares is how the memory budget is split between the index, the event
+// queues and the engines' state (memlimit.Split).
+func (o *Options) shares() memlimit.Shares {
+	s, _ := memlimit.Split(o.Index.MemoryBudget, o.streams())
+	return s
+}
+
+// splitErr says that the memory budget cannot hold the streams' state and
+// queues beside the index (memlimit.Split).
+func (o *Options) splitErr() error {
+	_, err := memlimit.Split(o.Index.MemoryBudget, o.streams())
+	return err
 }
 
 // streams is the most event streams the settings may open: every

@@ -91,7 +91,11 @@ func build(o *Options, log *slog.Logger, restore bool) (*Service, error) {
 			return nil, err
 		}
 	}
-	ix, err := indexer.New(o.Index)
+	// The index gets its share of the budget; the queues and the
+	// engines' state take the rest (memlimit.Split).
+	iopts := o.Index
+	iopts.MemoryBudget = o.shares().Index
+	ix, err := indexer.New(iopts)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +123,7 @@ func build(o *Options, log *slog.Logger, restore bool) (*Service, error) {
 			Engines: o.Engines, Listen: o.Listen, ListenRanks: o.ListenRanks, TopicPattern: o.TopicPattern,
 			Model: o.Model, ReplayTemplate: o.ReplayTemplate, MaxEngines: o.maxEngines(), EngineAllow: o.EngineAllow, ForgetAfter: forget,
 			EngineAllowDynamic: o.Discover != nil && o.Listen != "",
-			RcvHWM:             memlimit.FromBudget(o.Index.MemoryBudget, o.streams()).RcvHWM, Resume: resume,
+			RcvHWM:             o.shares().RcvHWM, Resume: resume,
 		}
 		if s.zsub, err = zmqtransport.NewSubscriber(scfg, s.hub, log.With("component", "kvevents")); err != nil {
 			return nil, err

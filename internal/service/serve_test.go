@@ -144,6 +144,13 @@ func TestOptionsValidate(t *testing.T) {
 		{"negative forget", func(o *Options) { o.ForgetAfter = -1 }, "ForgetAfter", "0: never"},
 		{"negative engines", func(o *Options) { o.MaxEngines = -1 }, "MaxEngines", "want at least 1"},
 		{"snapshot interval", func(o *Options) { o.SnapshotInterval = time.Millisecond }, "SnapshotInterval", "want at least 100ms"},
+		{"budget too small for the engines", func(o *Options) {
+			o.Index.MemoryBudget = 1 << 20
+			o.Engines = []zmqtransport.EngineConfig{{Name: "a", Model: testModel, Endpoint: "tcp://h:1", Ranks: 8}}
+		}, "Index.MemoryBudget", "holds the state and event queues of at most 5 engine ranks (96KiB each, beside an index of half the budget); 8 need 1.5MiB or more"},
+		{"budget too small for max engines", func(o *Options) {
+			o.Index.MemoryBudget, o.MaxEngines, o.Listen, o.EngineAllow = 16<<20, 8000, "tcp://127.0.0.1:5557", []zmqtransport.AllowRule{mustAllow(t, "*=127.0.0.0/8")}
+		}, "Index.MemoryBudget", "8001 need 1.465GiB or more"},
 		{"NATS without a key", func(o *Options) {
 			o.Engines, o.NATS = nil, &NATSOptions{Conn: NATSConn{URL: "nats://n:4222"}, Stream: natstransport.StreamConfig{Name: "S"}}
 		}, "NATSAuthKey", "NATS mode needs NATSAuthKey FILE"},

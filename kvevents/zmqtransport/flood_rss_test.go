@@ -13,21 +13,23 @@ import (
 
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
 
 // The flood measurement: four publishers in a child process send batches
 // as fast as libzmq takes them to one subscriber in this process, whose
-// Sink is a real index with a 16 MiB budget. It reports this process's
-// peak and final resident memory (VmHWM, VmRSS), which the index budget
-// alone does not bound: libzmq queues up to RcvHWM messages per socket,
-// in malloc'd memory. It reads process-wide figures and runs for seconds,
+// Sink is a real index with its share of a 16 MiB budget
+// (memlimit.Split). It reports this process's peak and final resident
+// memory (VmHWM, VmRSS), which the index's share alone does not bound:
+// libzmq queues up to RcvHWM messages per socket, in malloc'd memory. It reads process-wide figures and runs for seconds,
 // so it only runs when asked:
 //
 //	KVINDEX_FLOOD_RSS=1 go test -run '^TestFloodRSS$' -v ./kvevents/zmqtransport
 //
-// KVINDEX_FLOOD_HWM sets SubscriberConfig.RcvHWM (default: the default)
+// KVINDEX_FLOOD_HWM sets SubscriberConfig.RcvHWM (default: the budget's
+// share, as memlimit.Split gives four streams)
 // and KVINDEX_FLOOD_N the batches per publisher (default 250000).
 const (
 	floodEnv      = "KVINDEX_FLOOD_RSS"
@@ -65,11 +67,17 @@ func TestFloodRSS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ix, err := indexer.New(indexer.Options{Hasher: h, MemoryBudget: 16 << 20})
+	// The index and the queues get their shares of a 16 MiB budget, as
+	// kvindex serve gives them.
+	shares, err := memlimit.Split(16<<20, floodPubs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := SubscriberConfig{RcvHWM: envInt(t, "KVINDEX_FLOOD_HWM", 0)}
+	ix, err := indexer.New(indexer.Options{Hasher: h, MemoryBudget: shares.Index})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := SubscriberConfig{RcvHWM: envInt(t, "KVINDEX_FLOOD_HWM", shares.RcvHWM)}
 	for i, ep := range eps {
 		cfg.Engines = append(cfg.Engines, EngineConfig{Name: fmt.Sprint("pod-", i), Model: "m", Endpoint: ep})
 	}
