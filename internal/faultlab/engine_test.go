@@ -108,6 +108,9 @@ type engineOpts struct {
 	// hasher, if set, is the engine's own (another seed: a
 	// misconfigured engine, whose hashes kvindex cannot verify).
 	hasher *blockhash.Hasher
+	// firstSeq is the sequence number of the engine's first batch
+	// (enginesim.Config.FirstSeq; vLLM's is 0).
+	firstSeq uint64
 }
 
 // newEngine starts an engine whose faults are drawn from a RNG seeded by
@@ -131,7 +134,7 @@ func newEngine(t *testing.T, name string, seed uint64, o engineOpts) *engine {
 	var err error
 	e.Engine, err = enginesim.New(enginesim.Config{
 		Pod: name, Model: model, Hasher: cmp.Or(o.hasher, hasher), CapacityBlocks: cmp.Or(o.capacity, 160),
-		BufferSteps: o.bufferSteps, Publisher: e.fp,
+		BufferSteps: o.bufferSteps, Publisher: e.fp, FirstSeq: o.firstSeq,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -53,6 +53,7 @@ func TestFaults(t *testing.T) {
 		{"slow-watchers-and-http", slowClients},
 		{"budget-eviction-1MiB", budgetEviction},
 		{"mismatched-flood-2MiB", mismatchedFlood},
+		{"seq-wrap", seqWrap},
 	} {
 		tableOrder = append(tableOrder, f.name)
 		heavy := slices.Contains([]string{"flood-16MiB-budget", "churn-1000-engines", "slow-watchers-and-http", "budget-eviction-1MiB", "mismatched-flood-2MiB"}, f.name)

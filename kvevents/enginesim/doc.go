@@ -28,7 +28,8 @@
 //   - Release: a request's blocks are freed as soon as it is processed, in
 //     reverse order (its tail is evicted first), and stay cached.
 //   - Publishing: one EventBatch per Process call (none for a full hit),
-//     handed to the Publisher with its seq, from 0 per process; a replay
+//     handed to the Publisher with its seq, from 0 per process (or
+//     Config.FirstSeq, wrapping past 2^64-1 to 0); a replay
 //     buffer of the last BufferSteps batches (DropNext keeps batches out of
 //     the live stream but not out of the buffer, as a lossy PUB socket
 //     would).

@@ -34,6 +34,10 @@ type Config struct {
 	// BufferSteps is the number of batches kept for replay (default
 	// DefaultBufferSteps).
 	BufferSteps int
+	// FirstSeq is the sequence number of a process's first batch: 0, as
+	// vLLM numbers them, unless a peer is simulated whose numbers reach
+	// 2^64-1 and wrap to 0 (which vLLM cannot do, but a peer can).
+	FirstSeq uint64
 
 	// Now returns the batch timestamp (default: the wall clock).
 	Now func() time.Time
@@ -128,6 +132,7 @@ func New(cfg Config) (*Engine, error) {
 		pool:   make([]block, cfg.CapacityBlocks),
 		cached: make(map[uint64]*block, cfg.CapacityBlocks),
 		ring:   make([]entry, 0, min(cfg.BufferSteps, 1024)),
+		seq:    cfg.FirstSeq,
 	}
 	e.lru.prev, e.lru.next = &e.lru, &e.lru
 	e.resetPool()
@@ -360,7 +365,7 @@ func (e *Engine) publish() error {
 	}
 	payload := bytes.Clone(enc) // owned by the replay buffer from now on
 	seq := e.seq
-	e.seq++
+	e.seq++ // past 2^64-1 to 0, as a peer's counter would
 	e.buffer(seq, payload)
 	if e.dropNext > 0 {
 		e.dropNext--
@@ -460,13 +465,14 @@ func (e *Engine) Clear() error {
 }
 
 // Restart simulates a new engine process on the same endpoints: the cache
-// and the replay buffer are emptied and the sequence starts again at 0.
+// and the replay buffer are emptied and the sequence starts again at
+// FirstSeq (0).
 // Nothing is published (vLLM announces no AllBlocksCleared on start).
 func (e *Engine) Restart() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.resetPool()
-	e.seq, e.dropNext = 0, 0
+	e.seq, e.dropNext = e.cfg.FirstSeq, 0
 	clear(e.ring)
 	e.ring, e.ringHead = e.ring[:0], 0
 }

@@ -3,6 +3,7 @@ package enginesim_test
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 
@@ -109,6 +110,36 @@ func TestPublisherContract(t *testing.T) {
 	}
 	if err := (&kvevents.Decoder{}).Decode(rec.payloads[len(rec.payloads)-1], &b); err != nil || b.Events[0].Kind != kvevents.AllBlocksCleared {
 		t.Fatalf("Clear published %+v, %v", b.Events, err)
+	}
+}
+
+// TestFirstSeq: an engine may start its sequence anywhere, and wraps past
+// 2^64-1 to 0 on the same stream, as a peer's counter would; the replay
+// buffer and a restart follow.
+func TestFirstSeq(t *testing.T) {
+	rec := &recorder{}
+	h := blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "0", BlockSize: 4})
+	e, err := enginesim.New(enginesim.Config{Hasher: h, CapacityBlocks: 64, Publisher: rec, FirstSeq: math.MaxUint64 - 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		if _, err := e.Process(testutil.Seq(100*i, 8), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := []uint64{math.MaxUint64 - 1, math.MaxUint64, 0, 1}; !slices.Equal(rec.seqs, want) {
+		t.Fatalf("published seqs %v, want %v", rec.seqs, want)
+	}
+	if e.Seq() != 2 {
+		t.Fatalf("Seq = %d, want 2", e.Seq())
+	}
+	if seqs, _ := buffered(e, math.MaxUint64); !slices.Equal(seqs, []uint64{math.MaxUint64}) {
+		t.Fatalf("buffered from 2^64-1: %v", seqs)
+	}
+	e.Restart()
+	if e.Seq() != math.MaxUint64-1 {
+		t.Fatalf("after Restart, Seq = %d, want FirstSeq", e.Seq())
 	}
 }
 
