@@ -26,8 +26,7 @@ func configUsage(err error, names map[configerr.Field]string) error {
 	return renderedError{msg: msg, err: ce}
 }
 
-// renderedError is a runtime error whose message names flags; it wraps
-// the error it renders.
+// renderedError is a runtime error naming flags; it wraps what it renders.
 type renderedError struct {
 	msg string
 	err error
