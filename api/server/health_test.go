@@ -47,13 +47,16 @@ func TestHealthStates(t *testing.T) {
 			tokens := testutil.Seq(1, 64)
 			loadThree(t, f, tokens)
 			if tt.evict {
-				// Another engine's blocks push a's, the oldest, out.
+				// a's own blocks outgrow its fair share of the budget,
+				// so its oldest go; then it stores the query's blocks
+				// again: they match, but a's matches are lower bounds.
 				for i := 0; f.index.Engines()[0].Evicted == 0; i++ {
 					if i == 10_000 {
 						t.Fatal("no eviction")
 					}
-					f.hub.Apply(engine("z", 0), uint64(i), []kvevents.Event{stored(t, testutil.Seq(1<<20+i*8000, 8000), 500)})
+					f.hub.Apply(engine("a", 0), uint64(i+1), []kvevents.Event{stored(t, testutil.Seq(1<<20+i*8000, 8000), 500)})
 				}
+				f.hub.Apply(engine("a", 0), 10_001, []kvevents.Event{stored(t, tokens, 4)})
 			}
 			ctx := context.Background()
 
