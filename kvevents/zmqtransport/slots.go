@@ -12,13 +12,16 @@ import (
 //
 //   - A stream must prove itself: within proveWithin of its first
 //     message, it must have delivered a batch its Sink accepted (it had
-//     events, and an index refused none of them: kvevents.ApplyVerdict). One that has not is dropped, with its
-//     entries, as a departed engine is (ListenerStats.UnprovenEngines).
-//     A real engine publishes because its cache changed, and its first
-//     batch is accepted; junk (batches of malformed events, empty
-//     batches, a sequence held for a replay that never comes) is not, and
-//     gives its slot back within seconds. A stream resumed from a
-//     checkpoint proved itself in the process that took it.
+//     events, and an index refused none of them: kvevents.ApplyVerdict).
+//     One that has not is dropped, with its entries, as a departed engine
+//     is (ListenerStats.UnprovenEngines). A real engine publishes because
+//     its cache changed, and its first batch is accepted; junk (batches
+//     of events the index refuses, batches without events, batches the
+//     sequencer never delivers) is not, and gives its slot back within
+//     seconds. A stream resumed from a checkpoint proved itself in the
+//     process that took it. Named engines (below) prove themselves too:
+//     they take no slot, but junk under a named pod's ranks is dropped
+//     all the same.
 //   - Slots: the streams of engines admitted through a glob rule, or of
 //     any engine when there are no rules, are capped by MaxEngines. An
 //     engine named by its pod (an exact rule, which discovery writes for
