@@ -246,11 +246,25 @@ func (ix *Index) lockEngine(ns *namespace, id kvevents.EngineID) *engine {
 
 // Apply applies one engine's batch of events, in order.
 func (ix *Index) Apply(id kvevents.EngineID, seq uint64, events []kvevents.Event) {
+	ix.ApplyVerdict(id, seq, events)
+}
+
+// ApplyVerdict implements kvevents.VerdictSink: it applies the batch as
+// Apply does and reports whether the index accepted it: the batch had
+// events, the engine had room in its namespace, and no event was refused
+// (malformed, or a block dropped for want of a key it could be indexed
+// under; EngineInfo.Malformed and Dropped). A removal of a block the
+// index does not hold is not a refusal: an engine evicts blocks stored
+// before kvindex heard it.
+func (ix *Index) ApplyVerdict(id kvevents.EngineID, seq uint64, events []kvevents.Event) bool {
 	ns := ix.namespace(id.Model, true)
 	e := ix.lockEngine(ns, id)
 	if e == nil {
-		return
+		return false
 	}
+	// Written only under e.mu, which is held: the differences are this
+	// batch's.
+	malformed, dropped := e.malformed.Load(), e.dropped.Load()
 	e.lastSeq.Store(seq)
 	gen := ix.stored.Load() / ix.genSpan & genMask
 	var b batch
@@ -274,8 +288,10 @@ func (ix *Index) Apply(id kvevents.EngineID, seq uint64, events []kvevents.Event
 		ns.bytes.Add(b.bytes)
 	}
 	ix.stored.Add(stored)
+	accepted := len(events) > 0 && e.malformed.Load() == malformed && e.dropped.Load() == dropped
 	e.mu.Unlock()
 	ix.maybeEvict()
+	return accepted
 }
 
 // clearEngine removes every entry of e (mu held): what the index holds of
@@ -415,4 +431,4 @@ func (ix *Index) bytes() int64 {
 	return b
 }
 
-var _ kvevents.Sink = (*Index)(nil)
+var _ kvevents.VerdictSink = (*Index)(nil)

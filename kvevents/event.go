@@ -137,6 +137,29 @@ type HealthSink interface {
 	Health(engine EngineID, h Health)
 }
 
+// VerdictSink is a Sink that says whether it accepted each batch. A
+// transport that gives resources only to engines that prove themselves
+// (zmqtransport's listen socket: a stream must deliver a batch its Sink
+// accepted within seconds of its first message, or it is dropped) calls
+// ApplyVerdict instead of Apply, under the same rules.
+type VerdictSink interface {
+	Sink
+	// ApplyVerdict applies the batch as Apply does and reports whether it
+	// was accepted: it had events and the Sink refused none of them.
+	ApplyVerdict(engine EngineID, seq uint64, events []Event) bool
+}
+
+// ApplyVerdict hands a batch to sink, through ApplyVerdict if it is a
+// VerdictSink; any other Sink is taken to accept every batch that has
+// events.
+func ApplyVerdict(sink Sink, engine EngineID, seq uint64, events []Event) bool {
+	if vs, ok := sink.(VerdictSink); ok {
+		return vs.ApplyVerdict(engine, seq, events)
+	}
+	sink.Apply(engine, seq, events)
+	return len(events) > 0
+}
+
 // PayloadSink is a Sink that also wants each batch's payload exactly as
 // the engine sent it: a relay that forwards batches unchanged to another
 // transport. A transport whose Sink implements it calls ApplyPayload

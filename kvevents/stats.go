@@ -73,4 +73,10 @@ type ListenerStats struct {
 	// ForgottenEngines counts engine ranks forgotten after their
 	// connection had been gone for the subscriber's ForgetAfter.
 	ForgottenEngines uint64
+	// UnprovenEngines counts engine ranks dropped because no batch they
+	// sent in their first seconds was accepted (see zmqtransport's
+	// slots); DisplacedEngines, those whose slot went to a newcomer at
+	// the cap after they had been silent longest. Both lose their
+	// entries, as forgotten ones do.
+	UnprovenEngines, DisplacedEngines uint64
 }

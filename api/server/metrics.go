@@ -147,7 +147,7 @@ var (
 	descLsnMessages    = newDesc("kvindex_listener_messages_total", "Messages received on the listen socket.", listenerLabels)
 	descLsnRejected    = newDesc("kvindex_listener_rejected_total", "Listen-socket messages not attributable to an engine, by reason (source: no engine allow rule lets the source address speak for the topic's pod).", append(listenerLabels, "reason"))
 	descLsnRefused     = newDesc("kvindex_listener_refused_engines_total", "Engine ranks refused a stream because the listener had as many streams as it may hold.", listenerLabels)
-	descLsnForgot      = newDesc("kvindex_listener_forgotten_engines_total", "Engine ranks forgotten after their connection had been gone for the configured time (their entries dropped).", listenerLabels)
+	descLsnForgot      = newDesc("kvindex_listener_forgotten_engines_total", "Engine ranks forgotten, their entries dropped, by reason (departed: their connection gone for --forget-after; unproven: nothing they sent in their first seconds was accepted; displaced: silent longest when a newcomer needed their slot).", append(listenerLabels, "reason"))
 	descLsnConnRef     = newDesc("kvindex_listener_refused_connections_total", "Connections to the listen socket refused, by reason (handshake: no engine allow rule names the source address).", append(listenerLabels, "reason"))
 	descEngineBlocks   = newDesc("kvindex_engine_blocks", "Blocks the engine holds in the index (all media and groups).", engineLabels)
 	descHashCheck      = newDesc("kvindex_engine_hash_check", "Hash verification state of the engine: 1 for the current state (verified, mismatch, unknown).", append(engineLabels, "state"))
@@ -271,7 +271,9 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 				counter(descLsnRejected, st.RefusedSources, st.Endpoint, "source")
 				counter(descLsnConnRef, st.RefusedHandshakes, st.Endpoint, "handshake")
 				counter(descLsnRefused, st.RefusedEngines, st.Endpoint)
-				counter(descLsnForgot, st.ForgottenEngines, st.Endpoint)
+				counter(descLsnForgot, st.ForgottenEngines, st.Endpoint, "departed")
+				counter(descLsnForgot, st.UnprovenEngines, st.Endpoint, "unproven")
+				counter(descLsnForgot, st.DisplacedEngines, st.Endpoint, "displaced")
 			}
 		}
 	}

@@ -114,7 +114,19 @@ func New(sink kvevents.Sink, l Limits) *Hub {
 // queues one copy of it for the watchers. The caller may reuse events once
 // Apply returns.
 func (h *Hub) Apply(engine kvevents.EngineID, seq uint64, events []kvevents.Event) {
-	h.sink.Apply(engine, seq, events)
+	h.ApplyVerdict(engine, seq, events)
+}
+
+// ApplyVerdict implements kvevents.VerdictSink: Apply, reporting the
+// index's verdict on the batch (kvevents.ApplyVerdict).
+func (h *Hub) ApplyVerdict(engine kvevents.EngineID, seq uint64, events []kvevents.Event) bool {
+	accepted := kvevents.ApplyVerdict(h.sink, engine, seq, events)
+	h.queueBatch(engine, seq, events)
+	return accepted
+}
+
+// queueBatch queues one copy of an applied batch for the watchers.
+func (h *Hub) queueBatch(engine kvevents.EngineID, seq uint64, events []kvevents.Event) {
 	h.markSeen()
 	if h.active.Load() == 0 || len(events) == 0 {
 		return
@@ -702,4 +714,4 @@ func eventMessage(engine kvevents.EngineID, seq uint64, ev *kvevents.Event, ntok
 	return m
 }
 
-var _ kvevents.Sink = (*Hub)(nil)
+var _ kvevents.VerdictSink = (*Hub)(nil)

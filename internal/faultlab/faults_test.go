@@ -54,9 +54,11 @@ func TestFaults(t *testing.T) {
 		{"budget-eviction-1MiB", budgetEviction},
 		{"mismatched-flood-2MiB", mismatchedFlood},
 		{"seq-wrap", seqWrap},
+		{"topic-flood-8000", topicFlood},
+		{"random-hash-flood-1000", randomHashFlood},
 	} {
 		tableOrder = append(tableOrder, f.name)
-		heavy := slices.Contains([]string{"flood-16MiB-budget", "churn-1000-engines", "slow-watchers-and-http", "budget-eviction-1MiB", "mismatched-flood-2MiB"}, f.name)
+		heavy := slices.Contains([]string{"flood-16MiB-budget", "churn-1000-engines", "slow-watchers-and-http", "budget-eviction-1MiB", "mismatched-flood-2MiB", "topic-flood-8000", "random-hash-flood-1000"}, f.name)
 		t.Run(f.name, func(t *testing.T) {
 			if !heavy {
 				t.Parallel()

@@ -161,3 +161,22 @@ func (a *allowList) source(pod string, addr netip.Addr) (ok bool, why string) {
 	}
 	return false, "the pod's engine allow rules do not include this address"
 }
+
+// named reports whether a message allowed for pod from addr names its
+// engine rather than matching a glob: an exact rule for the pod (which
+// discovery writes for each pod it admits) includes addr, or the pod is
+// named by addr itself. Such engines are never refused for lack of slots
+// (SubscriberConfig.MaxEngines): their number is bounded by the rules and
+// the sources, not by the topics peers invent.
+func (a *allowList) named(pod string, addr netip.Addr) bool {
+	addr = addr.Unmap().WithZone("")
+	if ip, err := netip.ParseAddr(pod); err == nil && ip.Unmap().WithZone("") == addr {
+		return true
+	}
+	for _, p := range a.exact[pod] {
+		if p.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}

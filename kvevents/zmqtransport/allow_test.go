@@ -104,10 +104,11 @@ func TestAllowList(t *testing.T) {
 		pod, addr string
 		ok        bool
 		why       string
+		named     bool // an exact rule or the address itself names the pod: no slot needed
 	}{
-		{pod: "pod-a", addr: "10.0.0.1", ok: true},
-		{pod: "pod-a", addr: "10.0.1.9", ok: true},
-		{pod: "pod-a", addr: "::ffff:10.0.0.1", ok: true}, // mapped, as a dual-stack socket reports it
+		{pod: "pod-a", addr: "10.0.0.1", ok: true, named: true},
+		{pod: "pod-a", addr: "10.0.1.9", ok: true, named: true},
+		{pod: "pod-a", addr: "::ffff:10.0.0.1", ok: true, named: true}, // mapped, as a dual-stack socket reports it
 		{pod: "pod-a", addr: "10.0.0.2", why: "do not include this address"},
 		{pod: "pod-a", addr: "10.2.3.4", ok: true}, // the catch-all rule
 		{pod: "vllm-3", addr: "10.1.9.9", ok: true},
@@ -115,12 +116,16 @@ func TestAllowList(t *testing.T) {
 		{pod: "other", addr: "10.2.0.1", ok: true},
 		{pod: "other", addr: "10.9.0.1", why: "do not include"},
 		// A pod named by an address must come from it, whatever the rules.
-		{pod: "10.2.0.7", addr: "10.2.0.7", ok: true},
+		{pod: "10.2.0.7", addr: "10.2.0.7", ok: true, named: true},
 		{pod: "10.2.0.7", addr: "10.2.0.8", why: "named by an IP address"},
 	} {
-		ok, why := a.source(tt.pod, netip.MustParseAddr(tt.addr))
+		addr := netip.MustParseAddr(tt.addr)
+		ok, why := a.source(tt.pod, addr)
 		if ok != tt.ok || !strings.Contains(why, tt.why) {
 			t.Errorf("source(%q, %s) = %v %q; want %v %q", tt.pod, tt.addr, ok, why, tt.ok, tt.why)
+		}
+		if ok && a.named(tt.pod, addr) != tt.named {
+			t.Errorf("named(%q, %s) = %v, want %v", tt.pod, tt.addr, !tt.named, tt.named)
 		}
 	}
 	noCatchAll, err := compileAllowList([]AllowRule{allowRule("pod-a=10.0.0.1")})

@@ -74,6 +74,7 @@ type listenerCounters struct {
 	messages, malformed, unknownTopics, decodeErr atomic.Uint64
 	badRanks, conflicts, refused                  atomic.Uint64
 	refusedSource, refusedHandshake, forgotten    atomic.Uint64
+	unproven, displaced                           atomic.Uint64
 }
 
 func (c *listenerCounters) snapshot() kvevents.ListenerStats {
@@ -90,6 +91,8 @@ func (c *listenerCounters) snapshot() kvevents.ListenerStats {
 		RefusedSources:    c.refusedSource.Load(),
 		RefusedHandshakes: c.refusedHandshake.Load(),
 		ForgottenEngines:  c.forgotten.Load(),
+		UnprovenEngines:   c.unproven.Load(),
+		DisplacedEngines:  c.displaced.Load(),
 	}
 	if ep := c.endpoint.Load(); ep != nil {
 		ls.Endpoint = *ep

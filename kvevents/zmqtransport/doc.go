@@ -43,6 +43,13 @@
 // (EngineAllowDynamic, SetEngineAllow) are checked per message only:
 // libzmq never retries a peer refused at the handshake.
 //
+// Streams discovered from topics are bounded (slots.go): each must deliver
+// a batch its Sink accepts (kvevents.VerdictSink) within seconds of its
+// first message or is dropped; MaxEngines caps the engines admitted by a
+// glob rule, never those an exact rule or their own address names; at the
+// cap a newcomer takes the slot of the glob-admitted engine silent
+// longest.
+//
 // # Reconnecting
 //
 // libzmq reconnects a SUB socket by itself, backing off from ReconnectIvl

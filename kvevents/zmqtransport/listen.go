@@ -32,8 +32,17 @@ type listener struct {
 	batch  kvevents.Batch
 	rx     *receiver
 	routes map[string]*route
-	nopen  int // streams open (at most SubscriberConfig.MaxEngines)
 	closed bool
+
+	// Slots (slots.go): nopen counts the streams that hold one (at most
+	// SubscriberConfig.MaxEngines, bar resumed ones); namedPods, the
+	// named pods' streams beyond them. unproven are the streams yet to
+	// prove themselves, oldest first; oldest and newest end the list of
+	// capped streams, least recently heard first.
+	nopen          int
+	namedPods      map[string]*namedPod
+	unproven       []*stream
+	oldest, newest *stream
 
 	// allow is SubscriberConfig.EngineAllow (nil: every source may speak
 	// for every pod); zap answers libzmq's ZAP requests with it. follow
@@ -62,11 +71,14 @@ type listener struct {
 
 // route is what a topic resolved to: an engine and its ranks' streams.
 type route struct {
+	topic      string
 	pod, model string
 	// srcOK and srcBad are the last source addresses allowed and refused
 	// for this pod (allow rules), so the rules are not evaluated per
-	// message; the rules never change, so neither answer goes stale.
+	// message (SetEngineAllow clears them); srcNamed says whether srcOK
+	// names the pod (allowList.named).
 	srcOK, srcBad string
+	srcNamed      bool
 	ok            bool // false: the topic matched no pattern
 	conflict      bool // a configured engine owns this identity
 	ranks         []*stream
@@ -79,15 +91,16 @@ func (s *Subscriber) startListener() error {
 		return err
 	}
 	ln := &listener{
-		s:       s,
-		loop:    l,
-		dec:     kvevents.Decoder{Flavor: s.cfg.Flavor, Limits: s.cfg.Limits},
-		rx:      newReceiver(),
-		routes:  map[string]*route{},
-		pending: map[kvevents.EngineID]*stream{},
-		conns:   map[int]uint64{},
-		allow:   s.allow,
-		follow:  strings.Contains(s.cfg.ReplayTemplate, "{addr}"),
+		s:         s,
+		loop:      l,
+		dec:       kvevents.Decoder{Flavor: s.cfg.Flavor, Limits: s.cfg.Limits},
+		rx:        newReceiver(),
+		routes:    map[string]*route{},
+		namedPods: map[string]*namedPod{},
+		pending:   map[kvevents.EngineID]*stream{},
+		conns:     map[int]uint64{},
+		allow:     s.allow,
+		follow:    strings.Contains(s.cfg.ReplayTemplate, "{addr}"),
 	}
 	if ln.allow != nil || ln.follow {
 		ln.rx.wantPeer()
@@ -215,8 +228,8 @@ func (ln *listener) removePod(pod string) int {
 		for _, st := range rt.ranks {
 			if st != nil {
 				st.remove()
+				ln.release(st)
 				n++
-				ln.nopen--
 			}
 		}
 		delete(ln.routes, topic)
@@ -224,9 +237,9 @@ func (ln *listener) removePod(pod string) int {
 	for id, st := range ln.pending {
 		if id.Pod == pod {
 			st.remove()
+			ln.release(st)
 			delete(ln.pending, id)
 			n++
-			ln.nopen--
 		}
 	}
 	return n
@@ -245,6 +258,8 @@ func (ln *listener) resumePending() {
 			continue
 		}
 		if st := ln.newEngineStream(id, ""); st != nil {
+			// In a slot until its engine shows who it is (stream).
+			ln.hold(st, true)
 			st.ctr.pending.Store(true)
 			st.goneAt = ln.s.mono()
 			ln.pending[id] = st
@@ -291,8 +306,12 @@ func (ln *listener) handle(topic []byte, seq uint64, payload []byte, now int64) 
 		return
 	}
 	peer := ln.rx.peerAddr()
-	if ln.allow != nil && !ln.sourceAllowed(rt, peer) {
-		return
+	named := false
+	if ln.allow != nil {
+		var ok bool
+		if ok, named = ln.sourceAllowed(rt, peer); !ok {
+			return
+		}
 	}
 	if err := ln.dec.Decode(payload, &ln.batch); err != nil {
 		c := ln.ctr.decodeErr.Add(1)
@@ -313,9 +332,12 @@ func (ln *listener) handle(topic []byte, seq uint64, payload []byte, now int64) 
 		}
 		return
 	}
-	st := ln.stream(rt, rank, topic, peer)
+	st := ln.stream(rt, rank, topic, peer, named, now)
 	if st == nil {
 		return
+	}
+	if st.capped {
+		ln.touch(st, now)
 	}
 	if ln.follow {
 		st.follow(peer)
@@ -379,7 +401,7 @@ func (ln *listener) forgetDeparted(now int64) {
 	n := 0
 	forget := func(st *stream) {
 		st.remove()
-		ln.nopen--
+		ln.release(st)
 		n++
 		if len(names) < maxNamedForgotten {
 			names = append(names, st.id.String())
@@ -417,7 +439,7 @@ func (ln *listener) forgetDeparted(now int64) {
 
 // resolve parses a new topic and remembers the answer.
 func (ln *listener) resolve(topic string) *route {
-	rt := &route{}
+	rt := &route{topic: topic}
 	pod, model, err := ln.s.topic.parse(topic)
 	if err == nil {
 		if model == "" {
@@ -432,8 +454,10 @@ func (ln *listener) resolve(topic string) *route {
 }
 
 // stream returns the stream of one rank of a route, creating it on first
-// sight; nil if its identity belongs to a configured engine.
-func (ln *listener) stream(rt *route, rank int, topic, peer []byte) *stream {
+// sight if a slot allows (slots.go); nil if it does not, or if its
+// identity belongs to a configured engine. named: the message's source
+// names its pod (allowList.named).
+func (ln *listener) stream(rt *route, rank int, topic, peer []byte, named bool, now int64) *stream {
 	if rank < len(rt.ranks) && rt.ranks[rank] != nil {
 		return rt.ranks[rank]
 	}
@@ -446,8 +470,15 @@ func (ln *listener) stream(rt *route, rank int, topic, peer []byte) *stream {
 	if st != nil {
 		delete(ln.pending, id)
 		st.ctr.pending.Store(false)
+		// A resumed stream proved itself in the process that took the
+		// checkpoint; it leaves its slot if its source names it.
+		if ln.namedFits(rt, named) {
+			ln.release(st)
+			ln.hold(st, false)
+		}
 	} else {
-		if ln.nopen >= ln.s.cfg.MaxEngines {
+		capped, ok := ln.admit(rt, named, now)
+		if !ok {
 			ln.refuse(rt, rank, topic)
 			return nil
 		}
@@ -457,18 +488,21 @@ func (ln *listener) stream(rt *route, rank int, topic, peer []byte) *stream {
 			rt.conflict = true
 			return nil
 		}
+		ln.hold(st, capped)
+		ln.expectProof(st, now)
 	}
 	for len(rt.ranks) <= rank {
 		rt.ranks = append(rt.ranks, nil)
 	}
 	rt.ranks[rank] = st
+	st.rt = rt
 	st.logAttrs(slog.LevelInfo, "zmqtransport: engine discovered", slog.String("replay", st.replayEP))
 	return st
 }
 
 // newEngineStream creates, claims and registers the stream of a bind-mode
-// engine rank, counted against MaxEngines; nil if its identity belongs to
-// another stream. addr is the source of its first batch ("" for a resumed
+// engine rank (the caller holds it: slots.go); nil if its identity
+// belongs to another stream. addr is the source of its first batch ("" for a resumed
 // stream, whose engine has sent nothing yet).
 func (ln *listener) newEngineStream(id kvevents.EngineID, addr string) *stream {
 	rank := id.DPRank
@@ -505,7 +539,6 @@ func (ln *listener) newEngineStream(id kvevents.EngineID, addr string) *stream {
 		}
 	}
 	ln.s.register(st)
-	ln.nopen++
 	return st
 }
 
@@ -524,7 +557,7 @@ func (ln *listener) refuse(rt *route, rank int, topic []byte) {
 	rt.refused[rank] = true
 	c := ln.ctr.refused.Add(1)
 	if logEvery(c) {
-		ln.s.log.Warn("zmqtransport: engine refused: the listener has its maximum of streams (raise --max-engines if the fleet is this large); its messages are dropped",
+		ln.s.log.Warn("zmqtransport: engine refused: the listener has its maximum of streams, and none is free to take (raise --max-engines if the fleet is this large, or name the engines in --engine-allow); its messages are dropped",
 			"topic", string(topic), "dp_rank", rank, "max_engines", ln.s.cfg.MaxEngines, "count", c)
 	}
 }

@@ -115,27 +115,27 @@ func (ln *listener) bound0() string {
 }
 
 // sourceAllowed reports whether a message for rt's pod may come from peer
-// (its Peer-Address); a refused one is counted and logged, rate-limited.
-func (ln *listener) sourceAllowed(rt *route, peer []byte) bool {
+// (its Peer-Address), and if so whether peer names the pod
+// (allowList.named); a refused one is counted and logged, rate-limited.
+func (ln *listener) sourceAllowed(rt *route, peer []byte) (ok, named bool) {
 	switch string(peer) {
 	case "":
 	case rt.srcOK:
-		return true
+		return true, rt.srcNamed
 	case rt.srcBad:
 		ln.refuseSource(rt, string(peer), "")
-		return false
+		return false, false
 	}
 	why := "the message carries no source address"
 	if a, err := netip.ParseAddr(string(peer)); err == nil {
-		var ok bool
 		if ok, why = ln.allow.source(rt.pod, a); ok {
-			rt.srcOK = string(peer)
-			return true
+			rt.srcOK, rt.srcNamed = string(peer), ln.allow.named(rt.pod, a)
+			return true, rt.srcNamed
 		}
 		rt.srcBad = string(peer)
 	}
 	ln.refuseSource(rt, string(peer), why)
-	return false
+	return false, false
 }
 
 func (ln *listener) refuseSource(rt *route, addr, why string) {

@@ -72,6 +72,17 @@ type stream struct {
 	// addr is the source address of the stream's last batch, which a
 	// replay template with {addr} dials (see follow); "" until known.
 	addr string
+	// Bind mode, the stream's place among the listener's slots (slots.go):
+	// its route; whether it holds a slot (capped) or is a named pod's;
+	// when it must have proven itself (mono; 0: proven, or not asked);
+	// when it was last heard (mono) and its neighbours in the list of
+	// capped streams by that time.
+	rt           *route
+	capped       bool
+	proveBy      int64
+	lastMsg      int64
+	older, newer *stream
+	linked       bool
 }
 
 func (s *Subscriber) newStream(l *ioLoop, id kvevents.EngineID, endpoint, replayEP string, ln *listener) *stream {
@@ -487,10 +498,17 @@ func (st *stream) Deliver(seq uint64, payload []byte) {
 	}
 	st.ctr.lastSeq.Store(seq)
 	st.ctr.lastEvent.Store(st.s.cfg.Now().UnixNano())
+	var accepted bool
 	if st.s.psink != nil {
+		// A relay has no verdict: as kvevents.ApplyVerdict takes a Sink
+		// without one.
 		st.s.psink.ApplyPayload(st.id, seq, payload, b.Events)
+		accepted = len(b.Events) > 0
 	} else {
-		st.s.sink.Apply(st.id, seq, b.Events)
+		accepted = kvevents.ApplyVerdict(st.s.sink, st.id, seq, b.Events)
+	}
+	if accepted {
+		st.proveBy = 0 // proven (slots.go)
 	}
 	if cleared > 0 {
 		st.ctr.resets.Add(uint64(cleared))

@@ -114,8 +114,13 @@ type SubscriberConfig struct {
 	// discovers from topics: each costs a sequencer, a replay socket and
 	// metrics series, and topics are whatever peers send. Further engines
 	// are refused (kvevents.ListenerStats.RefusedEngines) and their
-	// messages dropped until a stream is removed. Default
-	// DefaultMaxEngines.
+	// messages dropped until a slot frees: a stream is removed, gives its
+	// slot back for want of an accepted batch in its first seconds, or,
+	// silent for seconds, gives it to a newcomer. The cap applies to the
+	// engines admitted through a glob EngineAllow rule (or to all,
+	// without rules): one whose pod an exact rule names (as discovery's
+	// rules do), or named by the IP address it speaks from, is never
+	// refused for lack of slots. Default DefaultMaxEngines.
 	MaxEngines int
 	// ForgetAfter: in bind mode, an engine rank whose connection has
 	// been gone this long (or a resumed one whose engine never showed up)
@@ -291,7 +296,11 @@ type Subscriber struct {
 	allow *allowList // EngineAllow compiled; nil without rules
 	zctx  *zmq.Context
 	epoch time.Time // origin of the monotonic clock for replay deadlines
-	names atomic.Uint64
+
+	// proveWithin and displaceAfter are the listener's slot timings
+	// (slots.go): the constants, but for tests.
+	proveWithin, displaceAfter time.Duration
+	names                      atomic.Uint64
 
 	mu       sync.Mutex // lifecycle, engines, loops; never held by a loop goroutine
 	started  bool
@@ -376,17 +385,20 @@ func NewSubscriber(cfg SubscriberConfig, sink kvevents.Sink, log *slog.Logger) (
 	}
 	cfg.Resume = nil // resume is the one copy
 	return &Subscriber{
-		resume:  resume,
-		cfg:     cfg,
-		sink:    sink,
-		psink:   payloadSink(sink),
-		log:     log,
-		topic:   tp,
-		allow:   allow,
-		epoch:   time.Now(),
-		engines: map[string]*engine{},
-		owners:  map[kvevents.EngineID]*stream{},
-		streams: map[*streamCounters]struct{}{},
+		resume: resume,
+		cfg:    cfg,
+		sink:   sink,
+		psink:  payloadSink(sink),
+		log:    log,
+		topic:  tp,
+		allow:  allow,
+		epoch:  time.Now(),
+
+		proveWithin:   proveWithin,
+		displaceAfter: displaceAfter,
+		engines:       map[string]*engine{},
+		owners:        map[kvevents.EngineID]*stream{},
+		streams:       map[*streamCounters]struct{}{},
 	}, nil
 }
 
@@ -430,12 +442,17 @@ func (s *Subscriber) Start() error {
 	}
 	s.trimStop, s.trimDone = make(chan struct{}), make(chan struct{})
 	// Departed engines are looked for at a quarter of ForgetAfter (at
-	// most every trimEvery), so one is forgotten within 1.25 ForgetAfter.
+	// most every trimEvery), so one is forgotten within 1.25 ForgetAfter;
+	// unproven streams at a quarter of proveWithin, so one is dropped
+	// within 1.25 proveWithin of its first message.
 	sweep := trimEvery
 	if s.cfg.ForgetAfter > 0 {
 		sweep = min(sweep, max(s.cfg.ForgetAfter/4, 10*time.Millisecond))
 	}
-	go trimmer(s.trimStop, s.trimDone, sweep, s.sweepDeparted)
+	if s.cfg.Listen != "" {
+		sweep = min(sweep, max(s.proveWithin/4, 10*time.Millisecond))
+	}
+	go trimmer(s.trimStop, s.trimDone, sweep, s.sweepListener)
 	// libzmq's default of 1023 sockets is too few for a large fleet: each
 	// stream uses up to four (SUB, DEALER, monitor pair).
 	_ = zctx.SetMaxSockets(1 << 16)
@@ -911,14 +928,21 @@ func (s *Subscriber) Checkpoint(fn func([]kvevents.Position) error) error {
 	return fn(pos)
 }
 
-// sweepDeparted asks the listener, if any, to forget its departed engines
-// (SubscriberConfig.ForgetAfter). Called from the trimmer goroutine.
-func (s *Subscriber) sweepDeparted() {
+// sweepListener asks the listener, if any, to drop its unproven streams
+// (slots.go) and to forget its departed engines (SubscriberConfig.
+// ForgetAfter). Called from the trimmer goroutine.
+func (s *Subscriber) sweepListener() {
 	ln := s.listenerView.Load()
-	if ln == nil || s.cfg.ForgetAfter < 0 {
+	if ln == nil {
 		return
 	}
-	ln.loop.post(func() { ln.forgetDeparted(s.mono()) })
+	ln.loop.post(func() {
+		now := s.mono()
+		ln.dropUnproven(now)
+		if s.cfg.ForgetAfter >= 0 {
+			ln.forgetDeparted(now)
+		}
+	})
 }
 
 // payloadSink returns sink as a PayloadSink when it is one, so that the
