@@ -96,7 +96,7 @@ func (r *natsReplica) parts() []lifecycle.Part {
 				return err
 			}
 			r.nc, r.js = nc, js
-			r.log.Info("NATS mode: connecting", "nats", r.o.Conn.URL, "stream", r.o.Stream.Name, "snapshot_bucket", r.o.Snapshot.Bucket)
+			r.log.Info("NATS mode: connecting", "nats", r.o.Conn.Redacted(), "stream", r.o.Stream.Name, "snapshot_bucket", r.o.Snapshot.Bucket)
 			return nil
 		},
 		Stop: func(context.Context) error {
