@@ -50,7 +50,7 @@ func mayPublish(role string, s streamSettings) []string {
 	for _, st := range []string{s.Stream, "OBJ_" + s.Bucket, "KV_" + pointers, "KV_" + leases} {
 		out = append(out, api+"STREAM.INFO."+st, api+"STREAM.CREATE."+st, api+"STREAM.MSG.GET."+st,
 			api+"DIRECT.GET."+st+".>", api+"CONSUMER.CREATE."+st+".>", api+"CONSUMER.MSG.NEXT."+st+".>",
-			api+"CONSUMER.DELETE."+st+".>", "$JS.FC."+st+".>")
+			api+"CONSUMER.DELETE."+st+".>", "$JS.FC."+st+".>", "$JS.FC.*.*."+st+".>")
 	}
 	return out
 }

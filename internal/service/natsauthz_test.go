@@ -154,7 +154,6 @@ func TestNATSAuthorizationRelayAndReplicas(t *testing.T) {
 type watched struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
-	errs   chan error
 	denied *testutil.SyncBuffer
 }
 
@@ -248,7 +247,11 @@ func TestNATSAuthorizationRoles(t *testing.T) {
 	}
 
 	// The replica keeps snapshots: more than it keeps (older ones are
-	// deleted and their chunks purged), read back, and the lease.
+	// deleted and their chunks purged), read back whole, and the lease.
+	// A snapshot of 8 MiB is read under JetStream's flow control, whose
+	// replies a replica must be allowed to send (without them the read
+	// stalls after 2 MiB).
+	const size = 8 << 20
 	cfg := snapstore.Config{Bucket: snapstore.DefaultBucket, Model: testModel, Keep: 1}
 	store, err := snapstore.Open(ctx, replica.js, cfg, nil)
 	if err != nil {
@@ -256,12 +259,17 @@ func TestNATSAuthorizationRoles(t *testing.T) {
 	}
 	for seq := uint64(1); seq <= 3; seq++ {
 		h := &statefile.Header{Written: time.Now().UTC(), Hashing: hashingOf(testHasher.Config()), Stream: stream.Name, StreamSeq: seq}
-		if _, err := store.Put(ctx, h, func(w io.Writer) error { _, err := w.Write([]byte("index")); return err }); err != nil {
+		if _, err := store.Put(ctx, h, func(w io.Writer) error { _, err := w.Write(make([]byte, size)); return err }); err != nil {
 			t.Fatalf("the replica user cannot write snapshot %d: %v", seq, err)
 		}
 	}
-	if h, err := store.Load(ctx, func(*statefile.Header, io.Reader) error { return nil }); err != nil || h.StreamSeq != 3 {
-		t.Fatalf("the replica user reads snapshot %v, %v; want the third", h, err)
+	var read int64
+	h, err := store.Load(ctx, func(_ *statefile.Header, body io.Reader) error {
+		read, err = io.Copy(io.Discard, body)
+		return err
+	})
+	if err != nil || h.StreamSeq != 3 || read != size {
+		t.Fatalf("the replica user reads snapshot %v (%d bytes), %v; want the third (%d bytes)", h, read, err, size)
 	}
 	lease := store.Lease("replica-1")
 	if ok, err := lease.TryAcquire(ctx); !ok || err != nil {
