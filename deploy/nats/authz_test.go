@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/internal/snapstore"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 )
@@ -58,10 +59,11 @@ func mayPublish(role string, s streamSettings) []string {
 // maySubscribe is the most a role may be allowed to subscribe to: replies
 // to its own requests, and for the replica the relays' heartbeats.
 func maySubscribe(role string) []string {
+	inbox := service.InboxPrefix(role) + ".>"
 	if role == roleRelay {
-		return []string{"_INBOX.>"}
+		return []string{inbox}
 	}
-	return []string{"_INBOX.>", natstransport.HeartbeatPrefix + ".>"}
+	return []string{inbox, natstransport.HeartbeatPrefix + ".>"}
 }
 
 // within reports whether every subject that p matches, e matches too.
@@ -241,6 +243,10 @@ func TestAuthorizationChecksFail(t *testing.T) {
 		{"replica publishes events", allow("replica", "kvevents.>"), `"kvevents.>"`},
 		{"replica deletes the stream", allow("replica", "$JS.API.STREAM.DELETE.KVEVENTS"), "STREAM.DELETE"},
 		{"replica has the whole API", allow("replica", "$JS.API.>"), `"$JS.API.>"`},
+		{"relay reads the replicas' replies", func(v *values, _ *streamSettings) {
+			u := user(v, "relay")
+			u.Permissions.Subscribe.Allow = []string{"_INBOX.>"}
+		}, `"_INBOX.>"`},
 		{"relay reads the stream", func(v *values, _ *streamSettings) {
 			u := user(v, "relay")
 			u.Permissions.Subscribe.Allow = append(u.Permissions.Subscribe.Allow, "kvevents.>")

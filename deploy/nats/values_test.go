@@ -162,10 +162,10 @@ type client struct {
 	Password *corev1.SecretKeySelector
 }
 
-// The roles, in values.yaml's order.
+// The roles, as kvindex names them.
 const (
-	roleRelay   = "relay"
-	roleReplica = "replica"
+	roleRelay   = service.RoleRelay
+	roleReplica = service.RoleReplica
 )
 
 func loadValues(t *testing.T, data []byte) values {

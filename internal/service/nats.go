@@ -49,6 +49,19 @@ const (
 	FieldNATSCreds    configerr.Field = "NATSCreds"
 )
 
+// The roles a process connects to NATS in. Each takes its replies (API
+// answers, acknowledgements, a snapshot's chunks) on subjects of its own,
+// InboxPrefix(role) + ".>", so that the server's permissions can keep one
+// role's replies out of the other's subscriptions (deploy/README.md,
+// "NATS mode: subjects and permissions").
+const (
+	RoleRelay   = "relay"
+	RoleReplica = "replica"
+)
+
+// InboxPrefix is the first tokens of a role's reply subjects.
+func InboxPrefix(role string) string { return nats.InboxPrefix + role }
+
 // The environment variables NATSConn takes a user name and password from
 // (the names the nats CLI reads).
 const (
@@ -146,12 +159,13 @@ func (c NATSConn) Auth() (*natstransport.Auth, error) {
 // insecureWarning is logged by a relay or replica running without a key.
 const insecureWarning = "NATS without an authentication key (insecure mode): whoever may write to the NATS server can write, or wipe, any engine's entries in every replica"
 
-// connect dials NATS. A server that is not up yet is retried in the
-// background (the caller's readiness reflects it), and so is every later
-// disconnection; both are logged.
-func (c NATSConn) connect(name string, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+// connect dials NATS in role (RoleRelay, RoleReplica). A server that is
+// not up yet is retried in the background (the caller's readiness
+// reflects it), and so is every later disconnection; both are logged.
+func (c NATSConn) connect(role, name string, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
 	opts := []nats.Option{
 		nats.Name(name),
+		nats.CustomInboxPrefix(InboxPrefix(role)),
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),

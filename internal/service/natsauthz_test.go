@@ -157,12 +157,14 @@ type watched struct {
 	denied *testutil.SyncBuffer
 }
 
-func dialAs(t *testing.T, url, user, password string) *watched {
+// dialAs connects as user, taking replies where kvindex's role does.
+func dialAs(t *testing.T, url, role, user, password string) *watched {
 	t.Helper()
 	w := &watched{denied: &testutil.SyncBuffer{}}
-	nc, err := nats.Connect(url, nats.UserInfo(user, password), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-		fmt.Fprintln(w.denied, err)
-	}))
+	nc, err := nats.Connect(url, nats.UserInfo(user, password), nats.CustomInboxPrefix(InboxPrefix(role)),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			fmt.Fprintln(w.denied, err)
+		}))
 	if err != nil {
 		t.Fatalf("%s: %v", user, err)
 	}
@@ -212,7 +214,7 @@ func TestNATSAuthorizationRoles(t *testing.T) {
 		}
 	}
 
-	relay, replica := dialAs(t, url, relayUser, pw[relayUser]), dialAs(t, url, replicaUser, pw[replicaUser])
+	relay, replica := dialAs(t, url, RoleRelay, relayUser, pw[relayUser]), dialAs(t, url, RoleReplica, replicaUser, pw[replicaUser])
 	stream := natstransport.StreamConfig{Name: natstransport.DefaultStream}
 	if _, err := natstransport.EnsureStream(ctx, relay.js, stream, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatalf("the relay user cannot create the stream: %v", err)
@@ -307,13 +309,23 @@ func TestNATSAuthorizationRoles(t *testing.T) {
 	} {
 		c.who.refusedPublish(t, c.subject)
 	}
-	// Neither reads the other's traffic but through its own inbox.
-	if _, err := relay.nc.SubscribeSync(natstransport.SubjectPrefix + ".>"); err != nil {
-		t.Fatal(err)
+	// Neither reads the other's traffic: not the stream, not the other
+	// role's replies.
+	for _, c := range []struct {
+		who     *watched
+		subject string
+	}{
+		{relay, natstransport.SubjectPrefix + ".>"},
+		{relay, InboxPrefix(RoleReplica) + ".>"},
+		{relay, "_INBOX.>"},
+		{replica, InboxPrefix(RoleRelay) + ".>"},
+	} {
+		if _, err := c.who.nc.SubscribeSync(c.subject); err != nil {
+			t.Fatal(err)
+		}
+		want := fmt.Sprintf("Permissions Violation for Subscription to %q", c.subject)
+		await(t, "refusal of a subscription to "+c.subject, func() bool { return strings.Contains(c.who.denied.String(), want) })
 	}
-	await(t, "refusal of the relay's subscription", func() bool {
-		return strings.Contains(relay.denied.String(), `Permissions Violation for Subscription to "`+natstransport.SubjectPrefix+`.>"`)
-	})
 }
 
 // Where relay and serve take their NATS user from, and the combinations

@@ -91,7 +91,7 @@ func (r *natsReplica) parts() []lifecycle.Part {
 			if r.auth == nil {
 				r.log.Warn(insecureWarning)
 			}
-			nc, js, err := r.o.Conn.connect("kvindex serve "+r.host, r.log.With("component", "nats"))
+			nc, js, err := r.o.Conn.connect(RoleReplica, "kvindex serve "+r.host, r.log.With("component", "nats"))
 			if err != nil {
 				return err
 			}
