@@ -60,6 +60,7 @@ var serveFlagNames = map[configerr.Field]string{
 	"NATS":                 "--nats",
 	"NATSAuthKey":          "--nats-auth-key",
 	"NATSInsecure":         "--nats-insecure",
+	"NATSCreds":            "--nats-creds",
 	"NATS.Snapshot.Bucket": "--snapshot-bucket",
 	"Discover":             "--discover-selector",
 	"Discover.Namespace":   "--discover-namespace",

@@ -130,7 +130,7 @@ its engines disconnected.`,
 // checkRelay prints what relay would run.
 func checkRelay(w io.Writer, o *service.RelayOptions) error {
 	fmt.Fprintf(w, "settings ok: NATS %s, stream %s (max age %v, max bytes %s, %d replica(s)), buffer %s, HTTP %s\n",
-		o.Conn.URL, o.Stream.Name, o.Stream.MaxAge, bytesize.Format(o.Stream.MaxBytes), o.Stream.Replicas,
+		o.Conn.Redacted(), o.Stream.Name, o.Stream.MaxAge, bytesize.Format(o.Stream.MaxBytes), o.Stream.Replicas,
 		bytesize.Format(o.Relay.MaxBuffer), o.HTTPAddr)
 	if d := o.Discover; d != nil {
 		fmt.Fprintf(w, "  discovery: pods %q in namespace %q, grace %v\n", d.Selector, cmp.Or(d.Namespace, "(kvindex's own)"), d.Grace)

@@ -186,7 +186,7 @@ func checkServe(w io.Writer, o *service.Options, log *slog.Logger) error {
 	}
 	if n := o.NATS; n != nil {
 		fmt.Fprintf(w, "  NATS %s, stream %s (max age %v, max bytes %s, %d replica(s)), snapshots in %s every %v, %d kept\n",
-			n.Conn.URL, n.Stream.Name, n.Stream.MaxAge, bytesize.Format(n.Stream.MaxBytes), n.Stream.Replicas,
+			n.Conn.Redacted(), n.Stream.Name, n.Stream.MaxAge, bytesize.Format(n.Stream.MaxBytes), n.Stream.Replicas,
 			n.Snapshot.Bucket, n.Interval, n.Snapshot.Keep)
 	}
 	if o.StateDir != "" {

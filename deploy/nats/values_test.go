@@ -1,7 +1,12 @@
 package nats
 
 import (
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -11,7 +16,12 @@ import (
 	"testing"
 
 	"github.com/kvindex/kvindex/internal/bytesize"
+	"github.com/kvindex/kvindex/internal/service"
+	"github.com/kvindex/kvindex/internal/snapstore"
+	"github.com/kvindex/kvindex/kvevents/natstransport"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 )
@@ -48,14 +58,19 @@ type values struct {
 			Enabled bool `json:"enabled"`
 			Port    int  `json:"port"`
 		} `json:"monitor"`
+		Merge struct {
+			Authorization *struct {
+				Users []User `json:"users"`
+			} `json:"authorization"`
+		} `json:"merge"`
 	} `json:"config"`
 	Container struct {
 		Image struct {
 			Repository string `json:"repository"`
 			Tag        string `json:"tag"`
 		} `json:"image"`
-		Env   map[string]string `json:"env"`
-		Merge containerMerge    `json:"merge"`
+		Env   map[string]envValue `json:"env"`
+		Merge containerMerge      `json:"merge"`
 	} `json:"container"`
 	Reloader struct {
 		Enabled bool           `json:"enabled"`
@@ -89,6 +104,29 @@ type values struct {
 	} `json:"natsBox"`
 }
 
+// envValue is one of the chart's container.env entries: a value, or
+// (a map) the rest of a Kubernetes EnvVar, such as valueFrom.
+type envValue struct {
+	Value     string
+	ValueFrom *corev1.EnvVarSource
+}
+
+func (e *envValue) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '"' {
+		return json.Unmarshal(b, &e.Value)
+	}
+	var m struct {
+		ValueFrom *corev1.EnvVarSource `json:"valueFrom"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return err
+	}
+	e.ValueFrom = m.ValueFrom
+	return nil
+}
+
 // containerMerge is the chart's per-container "merge" block: fields
 // merged into the generated container.
 type containerMerge struct {
@@ -97,15 +135,38 @@ type containerMerge struct {
 }
 
 // streamSettings are the kvindex replicas' settings that the NATS servers
-// must make room for (../kubernetes/replicas/configmap.yaml), and the
-// NATS URLs the manifests give kvindex and the relays.
+// must make room for (../kubernetes/replicas/configmap.yaml), the NATS
+// URLs and users the manifests give kvindex and the relays, and the
+// NetworkPolicy in front of the servers.
 type streamSettings struct {
 	MaxBytes     int64
 	Replicas     int
 	SnapshotKeep int
 	MemoryBudget int64 // a snapshot is smaller than the index it is of
 	URLs         []string
+	// Stream and Bucket are the names the replicas use (--nats-stream,
+	// --snapshot-bucket).
+	Stream, Bucket string
+	// Roles are the kvindex containers that connect, by role.
+	Roles map[string]client
+	// Policy is networkpolicy.yaml; nil when missing.
+	Policy *networkingv1.NetworkPolicy
 }
+
+// client is a kvindex container that connects to NATS: its pod's labels,
+// and the user and password its environment gives it
+// (service.EnvNATSUser, service.EnvNATSPassword).
+type client struct {
+	Labels   map[string]string
+	User     string
+	Password *corev1.SecretKeySelector
+}
+
+// The roles, as kvindex names them.
+const (
+	roleRelay   = service.RoleRelay
+	roleReplica = service.RoleReplica
+)
 
 func loadValues(t *testing.T, data []byte) values {
 	t.Helper()
@@ -129,10 +190,12 @@ func loadStream(t *testing.T) streamSettings {
 		t.Fatal(err)
 	}
 	var cfg struct {
-		MaxBytes     string `json:"nats-max-bytes"`
-		Replicas     int    `json:"nats-replicas"`
-		SnapshotKeep int    `json:"snapshot-keep"`
-		MemoryBudget string `json:"memory-budget"`
+		MaxBytes       string `json:"nats-max-bytes"`
+		Replicas       int    `json:"nats-replicas"`
+		SnapshotKeep   int    `json:"snapshot-keep"`
+		MemoryBudget   string `json:"memory-budget"`
+		Stream         string `json:"nats-stream"`
+		SnapshotBucket string `json:"snapshot-bucket"`
 	}
 	if err := yaml.Unmarshal([]byte(cm.Data["config.yaml"]), &cfg); err != nil {
 		t.Fatal(err)
@@ -145,6 +208,21 @@ func loadStream(t *testing.T) streamSettings {
 		t.Fatalf("memory-budget: %v", err)
 	}
 	s.Replicas, s.SnapshotKeep = cfg.Replicas, cfg.SnapshotKeep
+	s.Stream = cmp.Or(cfg.Stream, natstransport.DefaultStream)
+	s.Bucket = cmp.Or(cfg.SnapshotBucket, snapstore.DefaultBucket)
+	s.Roles = map[string]client{
+		roleReplica: loadClient(t, "../kubernetes/replicas/deployment.yaml", "kvindex", "../kubernetes/replicas/deployment.yaml"),
+		// The relay runs in the engines' pods (the vLLM example's).
+		roleRelay: loadClient(t, "../kubernetes/components/relay-sidecar/relay.yaml", "kvindex-relay", "../kubernetes/vllm/deployment.yaml"),
+	}
+	if data, err := os.ReadFile("networkpolicy.yaml"); err == nil {
+		s.Policy = &networkingv1.NetworkPolicy{}
+		if err := yaml.UnmarshalStrict(data, s.Policy); err != nil {
+			t.Fatalf("networkpolicy.yaml: %v", err)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
 	for _, f := range []string{"../kubernetes/replicas/deployment.yaml", "../kubernetes/components/relay-sidecar/relay.yaml"} {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -161,6 +239,40 @@ func loadStream(t *testing.T) streamSettings {
 		}
 	}
 	return s
+}
+
+// loadClient reads the container named name of the Deployment in file,
+// and its pod's labels from the Deployment in podFile.
+func loadClient(t *testing.T, file, name, podFile string) client {
+	t.Helper()
+	read := func(f string) *appsv1.Deployment {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d appsv1.Deployment
+		if err := yaml.UnmarshalStrict(data, &d); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		return &d
+	}
+	c := client{Labels: read(podFile).Spec.Template.Labels}
+	d := read(file)
+	i := slices.IndexFunc(d.Spec.Template.Spec.Containers, func(c corev1.Container) bool { return c.Name == name })
+	if i < 0 {
+		t.Fatalf("%s: no container %s", file, name)
+	}
+	for _, e := range d.Spec.Template.Spec.Containers[i].Env {
+		switch e.Name {
+		case service.EnvNATSUser:
+			c.User = e.Value
+		case service.EnvNATSPassword:
+			if e.ValueFrom != nil {
+				c.Password = e.ValueFrom.SecretKeyRef
+			}
+		}
+	}
+	return c
 }
 
 // natsArgs lists the values of every "--nats=" string in a decoded YAML
@@ -250,8 +362,8 @@ func problems(v values, s streamSettings) []string {
 	res := v.Container.Merge.Resources
 	if res == nil || res.Limits.Memory().IsZero() || res.Requests.Memory().IsZero() {
 		add("container.merge.resources: give memory requests and limits")
-	} else if gml, err := parseGoMemLimit(v.Container.Env["GOMEMLIMIT"]); err != nil || gml <= 0 || gml >= res.Limits.Memory().Value() {
-		add("container.env.GOMEMLIMIT %q: give one below the memory limit %s", v.Container.Env["GOMEMLIMIT"], res.Limits.Memory())
+	} else if gml, err := parseGoMemLimit(v.Container.Env["GOMEMLIMIT"].Value); err != nil || gml <= 0 || gml >= res.Limits.Memory().Value() {
+		add("container.env.GOMEMLIMIT %q: give one below the memory limit %s", v.Container.Env["GOMEMLIMIT"].Value, res.Limits.Memory())
 	}
 	if !v.Config.Monitor.Enabled {
 		add("config.monitor is off: no /healthz, /varz, /jsz for the exporter and operators")
@@ -288,7 +400,8 @@ func problems(v values, s streamSettings) []string {
 	if v.NatsBox.Enabled {
 		add("natsBox is on: its pod runs as root, which Pod Security restricted refuses")
 	}
-	return out
+	out = append(out, authorizationProblems(v, s)...)
+	return append(out, policyProblems(s)...)
 }
 
 func TestValues(t *testing.T) {
@@ -328,8 +441,8 @@ func TestValuesChecksFail(t *testing.T) {
 		{"more stream replicas than servers", func(_ *values, s *streamSettings) { s.Replicas = 5 }, "nats-replicas"},
 		{"latest image", func(v *values, _ *streamSettings) { v.Container.Image.Tag = "latest" }, "pin"},
 		{"no resources", func(v *values, _ *streamSettings) { v.Container.Merge.Resources = nil }, "resources"},
-		{"GOMEMLIMIT above the limit", func(v *values, _ *streamSettings) { v.Container.Env["GOMEMLIMIT"] = "9GiB" }, "GOMEMLIMIT"},
-		{"GOMEMLIMIT in Kubernetes units", func(v *values, _ *streamSettings) { v.Container.Env["GOMEMLIMIT"] = "7Gi" }, "GOMEMLIMIT"},
+		{"GOMEMLIMIT above the limit", func(v *values, _ *streamSettings) { v.Container.Env["GOMEMLIMIT"] = envValue{Value: "9GiB"} }, "GOMEMLIMIT"},
+		{"GOMEMLIMIT in Kubernetes units", func(v *values, _ *streamSettings) { v.Container.Env["GOMEMLIMIT"] = envValue{Value: "7Gi"} }, "GOMEMLIMIT"},
 		{"no monitor", func(v *values, _ *streamSettings) { v.Config.Monitor.Enabled = false }, "monitor"},
 		{"no disruption budget", func(v *values, _ *streamSettings) { v.PodDisruptionBudget.Enabled = false }, "podDisruptionBudget"},
 		{"no spread", func(v *values, _ *streamSettings) { v.PodTemplate.TopologySpreadConstraints = nil }, "topologySpreadConstraints"},

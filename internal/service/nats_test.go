@@ -59,13 +59,21 @@ func natsConn(t *testing.T, url string) NATSConn {
 // startRelay runs a relay of engines to url, stopped when the test ends.
 func startRelay(t *testing.T, url string, engines []zmqtransport.EngineConfig, d *DiscoverOptions) *Relay {
 	t.Helper()
+	r, _ := startRelayConn(t, natsConn(t, url), engines, d)
+	return r
+}
+
+// startRelayConn is startRelay through conn; it returns the relay's logs
+// too.
+func startRelayConn(t *testing.T, conn NATSConn, engines []zmqtransport.EngineConfig, d *DiscoverOptions) (*Relay, *testutil.SyncBuffer) {
+	t.Helper()
 	o := &RelayOptions{
-		Engines: engines, Discover: d, Model: testModel, Conn: natsConn(t, url), HTTPAddr: "127.0.0.1:0",
+		Engines: engines, Discover: d, Model: testModel, Conn: conn, HTTPAddr: "127.0.0.1:0",
 		Stream: natstransport.StreamConfig{Name: natstransport.DefaultStream},
 		Relay: natstransport.RelayConfig{Stream: natstransport.DefaultStream, Model: testModel,
 			MaxBuffer: natstransport.DefaultRelayBuffer, Heartbeat: 100 * time.Millisecond},
 	}
-	log, _ := testLogger(t)
+	log, logs := testLogger(t)
 	r, err := NewRelay(o, log)
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +89,7 @@ func startRelay(t *testing.T, url string, engines []zmqtransport.EngineConfig, d
 			t.Errorf("relay stop: %v", err)
 		}
 	})
-	return r
+	return r, logs
 }
 
 // startReplica runs a replica of url's stream; no periodic snapshots,
@@ -89,9 +97,15 @@ func startRelay(t *testing.T, url string, engines []zmqtransport.EngineConfig, d
 // holder writes.
 func startReplica(t *testing.T, url string) *started {
 	t.Helper()
+	return startReplicaConn(t, natsConn(t, url))
+}
+
+// startReplicaConn is startReplica through conn.
+func startReplicaConn(t *testing.T, conn NATSConn) *started {
+	t.Helper()
 	o := baseOptions()
 	o.NATS = &NATSOptions{
-		Conn:     natsConn(t, url),
+		Conn:     conn,
 		Stream:   natstransport.StreamConfig{Name: natstransport.DefaultStream},
 		Snapshot: snapstore.Config{Bucket: snapstore.DefaultBucket, Model: testModel, Keep: snapstore.DefaultKeep},
 		Interval: time.Hour,

@@ -77,7 +77,7 @@ func NewRelay(o *RelayOptions, log *slog.Logger) (*Relay, error) {
 		Start: func(context.Context) error {
 			host, _ := os.Hostname()
 			var err error
-			r.nc, r.js, err = o.Conn.connect("kvindex-relay "+host, log.With("component", "nats"))
+			r.nc, r.js, err = o.Conn.connect(RoleRelay, "kvindex-relay "+host, log.With("component", "nats"))
 			return err
 		},
 		// Last: the relay has flushed what it holds.

@@ -91,12 +91,12 @@ func (r *natsReplica) parts() []lifecycle.Part {
 			if r.auth == nil {
 				r.log.Warn(insecureWarning)
 			}
-			nc, js, err := r.o.Conn.connect("kvindex serve "+r.host, r.log.With("component", "nats"))
+			nc, js, err := r.o.Conn.connect(RoleReplica, "kvindex serve "+r.host, r.log.With("component", "nats"))
 			if err != nil {
 				return err
 			}
 			r.nc, r.js = nc, js
-			r.log.Info("NATS mode: connecting", "nats", r.o.Conn.URL, "stream", r.o.Stream.Name, "snapshot_bucket", r.o.Snapshot.Bucket)
+			r.log.Info("NATS mode: connecting", "nats", r.o.Conn.Redacted(), "stream", r.o.Stream.Name, "snapshot_bucket", r.o.Snapshot.Bucket)
 			return nil
 		},
 		Stop: func(context.Context) error {

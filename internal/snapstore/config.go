@@ -22,6 +22,12 @@ const (
 	leaseSuffix = "-lease" // the leases: bucket TTL = LeaseTTL
 )
 
+// KVBuckets are the names of the KV buckets that go with the Object Store
+// bucket: the pointers' and the leases'.
+func KVBuckets(bucket string) (pointers, leases string) {
+	return bucket + metaSuffix, bucket + leaseSuffix
+}
+
 // minLeaseTTL keeps a mistyped TTL from making the lease expire between
 // two renewals of a healthy holder.
 const minLeaseTTL = time.Second
