@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/watchhub"
 	"github.com/kvindex/kvindex/internal/configerr"
+	"github.com/kvindex/kvindex/internal/memlimit"
 )
 
 // Limits bound what clients can make the server hold: connections, time,
@@ -52,7 +53,7 @@ type Limits struct {
 	// read at once, across requests: a body whose reading would exceed it
 	// is refused with HTTP 429, so that many large or endless bodies
 	// cannot each be buffered up to the per-request limit at the same
-	// time. 0: TokensInFlightFactor bodies of the largest size.
+	// time. 0: BodyBytesInFlight without a budget.
 	MaxBodyBytesInFlight int64
 
 	// MetricsEngines caps the engine ranks /metrics gives series of their
@@ -76,10 +77,36 @@ type Limits struct {
 // queries of the largest size at once.
 const TokensInFlightFactor = 4
 
+// BodyBytesInFlight is the MaxBodyBytesInFlight of a server whose queries
+// carry at most maxTokens tokens, in a process with memory budget budget
+// (bytes, 0 for none): TokensInFlightFactor bodies of the largest size,
+// or under a budget its share of request bodies (memlimit.BodyBytes),
+// which still admits one body of the largest size.
+func BodyBytesInFlight(maxTokens int, budget int64) int64 {
+	largest := maxBodyBytes(maxTokens)
+	return memlimit.BodyBytes(budget, largest, TokensInFlightFactor*largest)
+}
+
+// The read deadlines of DefaultLimits, also kvindex picker's
+// (DefaultHTTPServer). A connection that hits one is closed and counted
+// (kvindex_http_read_timeouts_total).
+const (
+	// DefaultHTTPReadHeaderTimeout: a request's headers are a few hundred
+	// bytes that a client sends at once, so 5 s leaves a slow network
+	// ample room, and a client trickling its headers holds a connection
+	// slot no longer than that.
+	DefaultHTTPReadHeaderTimeout = 5 * time.Second
+	// DefaultHTTPReadTimeout bounds a whole request, body included: the
+	// largest body (DefaultMaxTokens tokens as JSON, 22 MiB) arrives in
+	// it at 1 MB/s, and a client trickling its body holds its slot, and
+	// the bytes it buffered (MaxBodyBytesInFlight), no longer than that.
+	DefaultHTTPReadTimeout = 30 * time.Second
+)
+
 // DefaultLimits are the Limits a zero field takes.
 var DefaultLimits = Limits{
-	HTTPReadHeaderTimeout: 10 * time.Second,
-	HTTPReadTimeout:       30 * time.Second,
+	HTTPReadHeaderTimeout: DefaultHTTPReadHeaderTimeout,
+	HTTPReadTimeout:       DefaultHTTPReadTimeout,
 	HTTPWriteTimeout:      60 * time.Second,
 	HTTPIdleTimeout:       2 * time.Minute,
 	HTTPMaxConns:          1024,
@@ -124,7 +151,7 @@ func (l Limits) withDefaults(maxTokens int) Limits {
 		l.MaxTokensInFlight = TokensInFlightFactor * int64(min(maxTokens, MaxMaxTokens))
 	}
 	if l.MaxBodyBytesInFlight <= 0 {
-		l.MaxBodyBytesInFlight = TokensInFlightFactor * maxBodyBytes(maxTokens)
+		l.MaxBodyBytesInFlight = BodyBytesInFlight(maxTokens, 0)
 	}
 	l.Limits = l.Limits.WithDefaults()
 	return l

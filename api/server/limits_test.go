@@ -362,3 +362,47 @@ func TestGRPCLimits(t *testing.T) {
 		}
 	}
 }
+
+// A connection whose client does not send its request within the read
+// deadlines is closed and counted; a keep-alive connection closed for
+// idleness, or one answered, is not.
+func TestHTTPReadTimeoutsCounted(t *testing.T) {
+	tests := []struct {
+		name    string
+		send    string // then the client sends nothing more
+		counted bool
+	}{
+		{"nothing sent", "", true},
+		{"headers trickled", "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ", true},
+		{"body short of its length", "POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":", true},
+		{"idle after an answer", "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, func(c *Config) {
+				c.Limits.HTTPReadHeaderTimeout, c.Limits.HTTPReadTimeout, c.Limits.HTTPIdleTimeout = 100*time.Millisecond, 200*time.Millisecond, 100*time.Millisecond
+			})
+			lis := serveLimited(t, f)
+			c, err := dialFrom("127.0.0.1", lis.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := c.Write([]byte(tt.send)); err != nil {
+				t.Fatal(err)
+			}
+			// The server closes the connection: read until it does.
+			c.SetReadDeadline(time.Now().Add(30 * time.Second))
+			if _, err := io.Copy(io.Discard, c); err != nil {
+				t.Fatalf("the server did not close the connection: %v", err)
+			}
+			want := "kvindex_http_read_timeouts_total 0\n"
+			if tt.counted {
+				want = "kvindex_http_read_timeouts_total 1\n"
+			}
+			if text := scrape(t, f.url); !strings.Contains(text, want) {
+				t.Errorf("want %q:\n%s", want, grepLines(text, "kvindex_http_read"))
+			}
+		})
+	}
+}

@@ -1,9 +1,11 @@
 package server
 
 import (
+	"errors"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,24 +15,23 @@ import (
 // of Config.Limits; serve it on LimitListener's listener so that the
 // connection limit holds too.
 func (s *Server) NewHTTPServer(opts HTTPOptions) *http.Server {
-	l := s.cfg.Limits
-	return &http.Server{
-		Handler:           s.Handler(opts),
-		ReadHeaderTimeout: l.HTTPReadHeaderTimeout,
-		ReadTimeout:       l.HTTPReadTimeout,
-		WriteTimeout:      l.HTTPWriteTimeout,
-		IdleTimeout:       l.HTTPIdleTimeout,
-		MaxHeaderBytes:    64 << 10,
-	}
+	return httpServer(s.Handler(opts), s.cfg.Limits)
 }
 
 // NewAdminServer returns an http.Server for AdminHandler. Its write
 // timeout is Limits.HTTPWriteTimeout, which also caps
 // /debug/pprof/profile's seconds. Serve it on AdminListener's listener.
 func (s *Server) NewAdminServer() *http.Server {
-	l := s.cfg.Limits
+	return httpServer(s.AdminHandler(), s.cfg.Limits)
+}
+
+// DefaultHTTPServer returns an http.Server for h with DefaultLimits'
+// timeouts, for a server without a Server of its own (kvindex picker's).
+func DefaultHTTPServer(h http.Handler) *http.Server { return httpServer(h, DefaultLimits) }
+
+func httpServer(h http.Handler, l Limits) *http.Server {
 	return &http.Server{
-		Handler:           s.AdminHandler(),
+		Handler:           h,
 		ReadHeaderTimeout: l.HTTPReadHeaderTimeout,
 		ReadTimeout:       l.HTTPReadTimeout,
 		WriteTimeout:      l.HTTPWriteTimeout,
@@ -79,6 +80,9 @@ type connStats struct {
 	refused atomic.Uint64 // beyond the per-address share
 	logged  atomic.Int64  // waits' log line
 	rlogged atomic.Int64  // refusals' log line
+
+	timeouts atomic.Uint64 // connections past a read deadline
+	tlogged  atomic.Int64  // their log line
 }
 
 type limitListener struct {
@@ -133,7 +137,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		l.perAddr[addr] = n + 1
 		l.mu.Unlock()
 		l.s.conns.open.Add(1)
-		return &limitConn{Conn: c, release: func() {
+		lc := &limitConn{Conn: c, timedOut: func() { l.s.readTimedOut(addr) }, release: func() {
 			l.mu.Lock()
 			if l.perAddr[addr]--; l.perAddr[addr] == 0 {
 				delete(l.perAddr, addr)
@@ -141,7 +145,23 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			l.mu.Unlock()
 			l.s.conns.open.Add(-1)
 			<-l.sem
-		}}, nil
+		}}
+		lc.midRequest.Store(true) // its first request's headers are due
+		return lc, nil
+	}
+}
+
+// readTimedOut counts, and logs at most once per connWaitLogEvery, a
+// connection closed because its client did not send a request within the
+// read deadlines (Limits.HTTPReadHeaderTimeout, HTTPReadTimeout).
+func (s *Server) readTimedOut(addr netip.Addr) {
+	st := &s.conns
+	st.timeouts.Add(1)
+	now := s.now().UnixNano()
+	if last := st.tlogged.Load(); now-last >= int64(connWaitLogEvery) && st.tlogged.CompareAndSwap(last, now) {
+		s.log.Warn("HTTP connection closed: its client did not send its request within the read deadlines",
+			"addr", addr, "read_header_timeout", s.cfg.Limits.HTTPReadHeaderTimeout.String(),
+			"read_timeout", s.cfg.Limits.HTTPReadTimeout.String(), "timeouts_total", st.timeouts.Load())
 	}
 }
 
@@ -162,8 +182,42 @@ func (l *limitListener) Close() error {
 
 type limitConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	once     sync.Once
+	release  func()
+	timedOut func() // counts a read deadline hit mid-request
+
+	// midRequest: the connection is new, or has read bytes of a request
+	// and written no answer since, so that a read deadline hit is the
+	// client's slowness, not a keep-alive connection's idleness.
+	midRequest atomic.Bool
+	// aborted: the server set a deadline in the past to end a read
+	// itself (net/http does, once a handler is done).
+	aborted atomic.Bool
+	counted atomic.Bool
+}
+
+func (c *limitConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.midRequest.Store(true)
+	}
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) && c.midRequest.Load() && !c.aborted.Load() && c.counted.CompareAndSwap(false, true) {
+		c.timedOut()
+	}
+	return n, err
+}
+
+func (c *limitConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if n > 0 {
+		c.midRequest.Store(false)
+	}
+	return n, err
+}
+
+func (c *limitConn) SetReadDeadline(t time.Time) error {
+	c.aborted.Store(!t.IsZero() && t.Before(time.Now()))
+	return c.Conn.SetReadDeadline(t)
 }
 
 func (c *limitConn) Close() error {

@@ -178,6 +178,7 @@ var (
 	descEnginesOmitted = newDesc("kvindex_metrics_engines_omitted", "Engine ranks without per-engine series: beyond the cap on them, the healthy ones are left out first.", nil)
 	descHTTPWaits      = newDesc("kvindex_http_connection_waits_total", "HTTP connections that waited for a slot under the connection limit.", nil)
 	descHTTPRefused    = newDesc("kvindex_http_connections_refused_total", "HTTP connections closed at once: their client address held its share of the connection limit.", nil)
+	descHTTPTimeouts   = newDesc("kvindex_http_read_timeouts_total", "HTTP connections closed because their client did not send its request's headers within --http-read-header-timeout, or the whole request within --http-read-timeout.", nil)
 	descReady          = newDesc("kvindex_ready", "1 once the server is ready.", nil)
 	descTokHits        = newDesc("kvindex_tokenizer_cache_hits_total", "Tokenizations answered from the tokenizer's cache, by backend.", []string{"source"})
 	descTokRequests    = newDesc("kvindex_tokenizer_backend_requests_total", "Requests sent to the engine's /tokenize, by backend.", []string{"source"})
@@ -316,6 +317,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descHTTPConns, float64(s.conns.open.Load()))
 	counter(descHTTPWaits, s.conns.waits.Load())
 	counter(descHTTPRefused, s.conns.refused.Load())
+	counter(descHTTPTimeouts, s.conns.timeouts.Load())
 	gauge(descReady, b2f(s.Ready()))
 	for _, t := range s.cfg.Tokenizers {
 		if hs, ok := t.Tokenizer.(httpTokenizerStats); ok {

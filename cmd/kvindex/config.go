@@ -67,7 +67,8 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.maxEngines, "max-engines", d.MaxEngines, "bind mode: most engine ranks admitted by a glob --engine-allow rule (or by none) to follow; engines named by an exact rule, by discovery or by their own IP address are never refused; further topics are refused and counted (kvindex_listener_refused_engines_total); 0: as many as 1/"+strconv.Itoa(memlimit.EngineShareDiv)+" of --memory-budget holds at "+bytesize.Format(memlimit.EngineBytes)+" each, one per "+bytesize.Format(memlimit.EngineShareDiv*memlimit.EngineBytes)+" (at most "+strconv.Itoa(zmqtransport.DefaultMaxEngines)+", the number without a budget)")
 	fs.DurationVar(&f.forgetAfter, "forget-after", d.ForgetAfter, "bind mode: forget an engine whose connection has been gone this long (its entries dropped, counted in kvindex_listener_forgotten_engines_total); it returns as new if it publishes again; 0: never")
 	f.hash.register(fs)
-	fs.Var(&f.memoryBudget, "memory-budget", "cap on the memory of the index, the event queues and the engines' state, e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited. The queues get up to 1/"+strconv.Itoa(memlimit.QueueShareDiv)+" of it, each engine rank "+bytesize.Format(memlimit.EngineBytes)+", the index the rest (at least half). It also bounds the process, to the budget + 10% + "+bytesize.Format(memlimit.FixedOverhead)+": the Go memory limit within that (unless GOMEMLIMIT is set)")
+	memoryBudgetFlag(fs, &f.memoryBudget, "cap on the memory of the index, the event queues and the engines' state",
+		"The queues get up to 1/"+strconv.Itoa(memlimit.QueueShareDiv)+" of it, each engine rank "+bytesize.Format(memlimit.EngineBytes)+", the index the rest (at least half). ")
 	fs.StringVar(&f.tokenizeURL, "tokenize-url", "", "engine server root whose /tokenize tokenizes text and chat prompts, e.g. http://vllm:8000")
 	fs.StringVar(&f.tokenizer, "tokenizer", "", "local tokenizer.json (or .json.gz) for text prompts (completion form only)")
 	fs.IntVar(&f.maxQueryTokens, "max-query-tokens", d.MaxQueryTokens, "largest prompt a query may carry, in tokens")
@@ -87,6 +88,13 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.snapshotKeep, "snapshot-keep", snapstore.DefaultKeep, "NATS mode: snapshots kept in the bucket; older ones are deleted (a newest one that cannot be read falls back to the one before)")
 	f.discover.register(fs, true, true)
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables, --config file, tokenizer file), print them and exit without listening or connecting")
+}
+
+// memoryBudgetFlag declares --memory-budget, serve's and picker's: what
+// it caps, how it is shared out (a sentence, or none), then the process
+// bound and the request bodies' share.
+func memoryBudgetFlag(fs *pflag.FlagSet, v *bytesize.Value, what, shares string) {
+	fs.Var(v, "memory-budget", what+", e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited. "+shares+"It also bounds the process, to the budget + 10% + "+bytesize.Format(memlimit.FixedOverhead)+": the Go memory limit within that (unless GOMEMLIMIT is set); request bodies buffered at once 1/"+strconv.Itoa(memlimit.BodyShareDiv)+" of it (at least one of the largest)")
 }
 
 // parseEngines parses the --engine values (zmqtransport.ParseEngines).

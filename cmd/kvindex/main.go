@@ -94,17 +94,8 @@ Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{msg: err.Error()} })
-	root.AddCommand(newHashCmd())
-	root.AddCommand(newServeCmd())
-	root.AddCommand(newQueryCmd())
-	root.AddCommand(newLookupCmd())
-	root.AddCommand(newPodsCmd())
-	root.AddCommand(newTailCmd())
-	root.AddCommand(newPickerCmd())
-	root.AddCommand(newRelayCmd())
-	root.AddCommand(newDemoCmd())
-	root.AddCommand(newSimCmd())
-	root.AddCommand(newVersionCmd())
+	root.AddCommand(newHashCmd(), newServeCmd(), newQueryCmd(), newLookupCmd(), newPodsCmd(), newTailCmd(),
+		newPickerCmd(), newRelayCmd(), newDemoCmd(), newSimCmd(), newVersionCmd())
 	return root
 }
 

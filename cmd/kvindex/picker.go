@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/internal/bytesize"
 	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/picker/gateway"
 )
@@ -25,6 +26,7 @@ type pickerFlags struct {
 	httpAddr string
 	sec      clientSecurityFlags
 	discover discoverFlags
+	budget   bytesize.Value
 }
 
 func (f *pickerFlags) register(fs *pflag.FlagSet) {
@@ -33,6 +35,7 @@ func (f *pickerFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.httpAddr, "http-addr", ":9003", "address of the HTTP server: POST /v1/pick and /metrics; empty: none")
 	f.sec.register(fs)
 	f.discover.register(fs, false, true)
+	memoryBudgetFlag(fs, &f.budget, "memory the picker may use", "")
 }
 
 func newPickerCmd() *cobra.Command {
@@ -125,5 +128,5 @@ func (f *pickerFlags) options() (*service.PickerServiceOptions, error) {
 		return nil, err
 	}
 	return &service.PickerServiceOptions{Picker: *f.pick.options(cfg), Index: target, Dial: dial, DialTimeout: 10 * time.Second,
-		HTTPAddr: f.httpAddr, Discover: disc}, nil
+		HTTPAddr: f.httpAddr, Discover: disc, MemoryBudget: int64(f.budget)}, nil
 }

@@ -154,6 +154,23 @@ func Split(budget int64, streams int) (Shares, error) {
 	return s, nil
 }
 
+// BodyShareDiv: the request bodies a process buffers at once get
+// budget/BodyShareDiv (BodyBytes), a share that fits in the bound's slack
+// beyond the budget (budget/10) with room for the rest that grows there.
+const BodyShareDiv = 16
+
+// BodyBytes is the most request-body bytes a process with memory budget
+// budget may buffer at once, across requests, when one body may be up to
+// largest bytes: budget/BodyShareDiv, but at least largest (one body of
+// the largest size is always admitted) and at most def, the bound without
+// a budget (which applies when budget is 0 or less).
+func BodyBytes(budget, largest, def int64) int64 {
+	if budget <= 0 {
+		return def
+	}
+	return min(max(budget/BodyShareDiv, largest), def)
+}
+
 // Limits are the process-wide bounds derived from --memory-budget.
 type Limits struct {
 	GoLimit int64 // for debug.SetMemoryLimit; 0: leave the runtime's

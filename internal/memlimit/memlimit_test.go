@@ -90,6 +90,26 @@ func TestProcessBound(t *testing.T) {
 	}
 }
 
+func TestBodyBytes(t *testing.T) {
+	tests := []struct {
+		name                 string
+		budget, largest, def int64
+		want                 int64
+	}{
+		{"no budget: the default", 0, 8 << 20, 32 << 20, 32 << 20},
+		{"negative budget: the default", -1, 8 << 20, 32 << 20, 32 << 20},
+		{"64MiB: one largest body, above the share", 64 << 20, 8 << 20, 32 << 20, 8 << 20},
+		{"64MiB, small bodies: the share", 64 << 20, 1 << 20, 4 << 20, 4 << 20},
+		{"1GiB: the share", 1 << 30, 8 << 20, 128 << 20, 64 << 20},
+		{"huge: the default", math.MaxInt64, 8 << 20, 32 << 20, 32 << 20},
+	}
+	for _, tt := range tests {
+		if got := BodyBytes(tt.budget, tt.largest, tt.def); got != tt.want {
+			t.Errorf("%s: BodyBytes(%d, %d, %d) = %d, want %d", tt.name, tt.budget, tt.largest, tt.def, got, tt.want)
+		}
+	}
+}
+
 // TestMemoryLimitApply sets the Go memory limit from the budget, unless
 // GOMEMLIMIT says otherwise.
 func TestMemoryLimitApply(t *testing.T) {

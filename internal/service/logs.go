@@ -14,7 +14,7 @@ func logLimits(log *slog.Logger, l server.Limits) {
 	log.Info("limits",
 		"http_timeouts", l.HTTPReadHeaderTimeout.String()+"/"+l.HTTPReadTimeout.String()+"/"+l.HTTPWriteTimeout.String()+"/"+l.HTTPIdleTimeout.String(),
 		"http_max_conns", l.HTTPMaxConns, "grpc_max_streams", l.GRPCMaxStreams, "grpc_max_conn_idle", l.GRPCMaxConnIdle.String(),
-		"max_tokens_in_flight", l.MaxTokensInFlight, "max_watchers", l.MaxWatchers,
+		"max_tokens_in_flight", l.MaxTokensInFlight, "body_bytes_in_flight", bytesize.Format(l.MaxBodyBytesInFlight), "max_watchers", l.MaxWatchers,
 		"watch_queue", bytesize.Format(l.WatchQueueBytes), "watch_queue_events", l.WatchQueueEvents)
 }
 

@@ -160,6 +160,16 @@ func (o *Options) splitErr() error {
 	return err
 }
 
+// limits are Limits with, unless set, the request bodies in flight the
+// memory budget allows (server.BodyBytesInFlight).
+func (o *Options) limits() server.Limits {
+	l := o.Limits
+	if l.MaxBodyBytesInFlight <= 0 {
+		l.MaxBodyBytesInFlight = server.BodyBytesInFlight(o.MaxQueryTokens, o.Index.MemoryBudget)
+	}
+	return l
+}
+
 // streams is the most event streams the settings may open: every
 // connect-mode engine rank and, in bind mode, up to MaxEngines.
 func (o *Options) streams() int {

@@ -18,6 +18,7 @@ import (
 	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/kubediscovery"
 	"github.com/kvindex/kvindex/internal/lifecycle"
+	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/picker"
 	"github.com/kvindex/kvindex/picker/enginemetrics"
 	"github.com/kvindex/kvindex/picker/gateway"
@@ -59,9 +60,11 @@ type pickerCore struct {
 }
 
 // newPickerCore builds the picker over src.
-func newPickerCore(o *PickerOptions, src gateway.Source, reg prometheus.Registerer, log *slog.Logger) (*pickerCore, error) {
+// budget is the process's memory budget (bytes, 0 for none), which
+// bounds the request bodies buffered at once (gateway.Config.MemoryBudget).
+func newPickerCore(o *PickerOptions, src gateway.Source, reg prometheus.Registerer, log *slog.Logger, budget int64) (*pickerCore, error) {
 	cfg := o.Gateway
-	cfg.Registry, cfg.Logger = reg, log
+	cfg.Registry, cfg.Logger, cfg.MemoryBudget = reg, log, budget
 	scrape, sc, err := withEngineMetrics(o.ScrapeInterval, &cfg, reg, log)
 	if err != nil {
 		return nil, err
@@ -107,9 +110,9 @@ type embeddedPicker = pickerCore
 
 // newEmbeddedPicker builds the picker over srv and listens on its
 // ext_proc address.
-func newEmbeddedPicker(o *PickerOptions, srv *server.Server, log *slog.Logger) (*embeddedPicker, error) {
+func newEmbeddedPicker(o *PickerOptions, srv *server.Server, log *slog.Logger, budget int64) (*embeddedPicker, error) {
 	log = log.With("component", "picker")
-	p, err := newPickerCore(o, gateway.Local{Server: srv}, srv.Registry(), log)
+	p, err := newPickerCore(o, gateway.Local{Server: srv}, srv.Registry(), log, budget)
 	if err == nil {
 		err = p.listen(o.ExtProcAddr)
 	}
@@ -215,6 +218,10 @@ type PickerServiceOptions struct {
 	DialTimeout time.Duration
 	// HTTPAddr serves POST /v1/pick and /metrics; "" for none.
 	HTTPAddr string
+	// MemoryBudget bounds the process as kvindex serve's does
+	// (memlimit.ProcessBound; bytes, 0 for none): it sets the Go memory
+	// limit and bounds the request bodies buffered at once.
+	MemoryBudget int64
 	Discover *DiscoverOptions // nil: the candidates are listed
 }
 
@@ -240,6 +247,10 @@ func NewPicker(o *PickerServiceOptions, log *slog.Logger) (*PickerService, error
 	var hs *http.Server
 	g := &p.group
 	g.StopTimeout, g.Logger = ShutdownGrace, log
+	g.Add(lifecycle.Part{Name: "memory limits", Start: func(context.Context) error {
+		memlimit.FromBudget(o.MemoryBudget, 0).Apply(log)
+		return nil
+	}})
 	g.Add(lifecycle.Part{
 		Name: "index client",
 		Start: func(ctx context.Context) error {
@@ -255,7 +266,7 @@ func NewPicker(o *PickerServiceOptions, log *slog.Logger) (*PickerService, error
 	})
 	g.Add(lifecycle.Part{Name: "picker", Start: func(context.Context) error {
 		var err error
-		p.core, err = newPickerCore(&o.Picker, gateway.Remote{Client: c}, reg, log)
+		p.core, err = newPickerCore(&o.Picker, gateway.Remote{Client: c}, reg, log, o.MemoryBudget)
 		return err
 	}})
 	if o.Discover != nil {
@@ -284,7 +295,7 @@ func NewPicker(o *PickerServiceOptions, log *slog.Logger) (*PickerService, error
 				mux := http.NewServeMux()
 				mux.Handle("/v1/pick", p.core.svc.Handler())
 				mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-				hs = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+				hs = server.DefaultHTTPServer(mux)
 				return nil
 			},
 			Run:  func(context.Context) error { return serveHTTP(hs, p.hlis) },

@@ -137,7 +137,7 @@ func build(o *Options, log *slog.Logger, restore bool) (*Service, error) {
 	scfg := server.Config{
 		Index: ix, BlockSize: o.Index.Hasher.BlockSize(), Tokenizers: toks, Hub: s.hub, Streams: s.src,
 		DefaultModel: o.Model, MaxTokens: o.MaxQueryTokens, ExpectStreams: expectedStreams(o.Engines), ReadyGrace: grace,
-		Logger: log.With("component", "api"), Limits: o.Limits, Security: o.Security,
+		Logger: log.With("component", "api"), Limits: o.limits(), Security: o.Security,
 		Fleet: o.Picker.fleetSource(),
 	}
 	if replica != nil {
@@ -213,7 +213,7 @@ func (s *Service) assemble() {
 	}
 	if o.Picker != nil {
 		g.Add(lifecycle.Part{Name: "picker listener", Start: func(context.Context) error {
-			p, err := newEmbeddedPicker(o.Picker, s.api, s.log)
+			p, err := newEmbeddedPicker(o.Picker, s.api, s.log, o.Index.MemoryBudget)
 			s.picker = p
 			return err
 		}, Stop: func(context.Context) error { s.picker.lis.Close(); return nil }})
@@ -262,7 +262,7 @@ func (s *Service) addServers() {
 			hs = s.api.NewHTTPServer(server.HTTPOptions{})
 			hs.Handler = s.picker.handler(hs.Handler, s.api)
 			s.log.Info("serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "admin", s.AdminAddr())
-			logLimits(s.log, o.Limits)
+			logLimits(s.log, o.limits())
 			logSecurity(s.log, o.Security, s.GRPCAddr(), s.HTTPAddr(), s.AdminAddr())
 			return nil
 		},

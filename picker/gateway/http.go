@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 
@@ -66,6 +67,13 @@ func (s *Service) servePick(w http.ResponseWriter, r *http.Request) {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			s.m.bad.WithLabelValues("too_large").Inc()
 			writeError(w, http.StatusRequestEntityTooLarge, "request body over "+strconv.Itoa(s.cfg.MaxBody)+" bytes")
+			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// The client is too slow for the server's read deadline; its
+			// connection is closed, so nobody reads this answer.
+			s.m.bad.WithLabelValues("read_timeout").Inc()
+			writeError(w, http.StatusRequestTimeout, "reading the body: "+err.Error())
 			return
 		}
 		writeError(w, http.StatusBadRequest, "reading the body: "+err.Error())

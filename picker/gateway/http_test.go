@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -230,4 +232,30 @@ func TestBodiesInFlightBound(t *testing.T) {
 	if e := send(t, xc, "/v1/completions", nil, nil, body, 512); e.status != 0 || e.dest == "" {
 		t.Fatalf("ext_proc once the bound is free: status %d (%s), want routed", e.status, e.body)
 	}
+}
+
+// A /v1/pick body not sent within the HTTP server's read deadline is
+// counted (read_timeout) and its buffered bytes go back.
+func TestPickBodyReadTimeout(t *testing.T) {
+	f := newFleet(t, "pod-a")
+	svc, reg := newService(t, f, gateway.Local{Server: f.srv}, nil)
+	hs := httptest.NewUnstartedServer(svc.Handler())
+	hs.Config.ReadTimeout = 100 * time.Millisecond
+	hs.Start()
+	t.Cleanup(hs.Close)
+	c, err := net.Dial("tcp", hs.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("POST /v1/pick HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"prompt\":")); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		t.Fatalf("the server did not close the connection: %v", err)
+	}
+	testutil.Await(t, waitFor, "the timeout counted", func() bool {
+		return mustVec(t, reg, "kvindex_picker_bad_requests_total", "read_timeout") == 1
+	})
 }

@@ -24,7 +24,7 @@ func newMetrics(reg prometheus.Registerer, bodyBytes func() int64) (*metrics, er
 		}, []string{"reason"}),
 		bad: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvindex_picker_bad_requests_total",
-			Help: "Requests refused before routing, by reason: body (not an inference request the picker reads), too_large, busy (the bodies buffered at once would pass their bound), protocol (an ext_proc stream out of order).",
+			Help: "Requests refused before routing, by reason: body (not an inference request the picker reads), too_large, busy (the bodies buffered at once would pass their bound), read_timeout (an HTTP body not sent within the read deadline), protocol (an ext_proc stream out of order).",
 		}, []string{"reason"}),
 		warmups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvindex_picker_index_warmups_total",

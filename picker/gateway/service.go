@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/internal/inflight"
+	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/picker"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
@@ -81,8 +82,12 @@ type Config struct {
 	// ext_proc streams and /v1/pick requests: a request whose body would
 	// pass it is answered 429, so that many large or endless bodies
 	// cannot each be buffered up to MaxBody at the same time
-	// (BodiesInFlightFactor x MaxBody if 0).
+	// (BodiesInFlightFactor x MaxBody if 0, or with a MemoryBudget its
+	// share, memlimit.BodyBytes).
 	MaxBodyInFlight int64
+	// MemoryBudget is the process's memory budget (bytes, 0 for none),
+	// which sizes the default MaxBodyInFlight.
+	MemoryBudget int64
 	// PickHold is how long a /v1/pick counts as in flight
 	// (DefaultPickHold if 0).
 	PickHold time.Duration
@@ -182,7 +187,7 @@ func New(cfg Config, src Source) (*Service, error) {
 		cfg.MaxBody = DefaultMaxBody
 	}
 	if cfg.MaxBodyInFlight <= 0 {
-		cfg.MaxBodyInFlight = BodiesInFlightFactor * int64(cfg.MaxBody)
+		cfg.MaxBodyInFlight = memlimit.BodyBytes(cfg.MemoryBudget, int64(cfg.MaxBody), BodiesInFlightFactor*int64(cfg.MaxBody))
 	}
 	if cfg.PickHold == 0 {
 		cfg.PickHold = DefaultPickHold
