@@ -53,7 +53,9 @@ type Limits struct {
 	// read at once, across requests: a body whose reading would exceed it
 	// is refused with HTTP 429, so that many large or endless bodies
 	// cannot each be buffered up to the per-request limit at the same
-	// time. 0: BodyBytesInFlight without a budget.
+	// time. Beyond it, small bodies have a reserve of their own
+	// (inflight.BodyReserve), so that large ones cannot turn small queries
+	// away. 0: BodyBytesInFlight without a budget.
 	MaxBodyBytesInFlight int64
 
 	// MetricsEngines caps the engine ranks /metrics gives series of their

@@ -210,7 +210,7 @@ func New(cfg Config) (*Server, error) {
 		health:  health.NewServer(),
 		readyCh: make(chan struct{}),
 		tokens:  tokenGate{Gate: inflight.Gate{Max: cfg.Limits.MaxTokensInFlight}},
-		bodies:  inflight.Gate{Max: cfg.Limits.MaxBodyBytesInFlight},
+		bodies:  inflight.Gate{Max: cfg.Limits.MaxBodyBytesInFlight, Reserve: inflight.BodyReserve(cfg.Limits.MaxBodyBytesInFlight)},
 	}
 	m, err := newMetrics(s, cfg.Registry)
 	if err != nil {

@@ -10,31 +10,83 @@ import (
 // admits nothing; set Max before use. It is safe for concurrent use.
 type Gate struct {
 	// Max is the most the requests may hold together.
-	Max      int64
+	Max int64
+	// Reserve, if positive, is held back for small requests beyond Max:
+	// once Max is reached, a request that holds at most Reserve/SmallShare
+	// in all, with what it takes, takes from the reserve (Take). Large or
+	// endless request bodies filling Max then cannot turn away the small
+	// queries that come beside them (BodyReserve sizes the body gates').
+	Reserve  int64
 	inFlight atomic.Int64
+	reserved atomic.Int64 // taken from Reserve
 	refused  atomic.Uint64
 }
 
-// TryAcquire takes n if it fits and reports whether it did; a refusal is
-// counted (Refused).
-func (g *Gate) TryAcquire(n int64) bool {
+// SmallShare: a request is small, for the reserve, while it holds at most
+// Reserve/SmallShare, so that SmallShare small requests fit in it at once.
+const SmallShare = 16
+
+// BodyReserve is the Reserve of a request-body gate with bound max: a
+// quarter of it, at most 1 MiB (16 bodies of up to 64 KiB, which a query
+// of thousands of token ids fits in), held beyond the bodies' bound
+// (memlimit.BodyBytes) at little cost.
+func BodyReserve(max int64) int64 { return min(max/4, 1<<20) }
+
+// take adds n to v if the sum stays within max.
+func take(v *atomic.Int64, n, max int64) bool {
 	for {
-		cur := g.inFlight.Load()
-		if n > g.Max-cur { // not cur+n > Max: that could overflow
-			g.refused.Add(1)
+		cur := v.Load()
+		if n > max-cur { // not cur+n > max: that could overflow
 			return false
 		}
-		if g.inFlight.CompareAndSwap(cur, cur+n) {
+		if v.CompareAndSwap(cur, cur+n) {
 			return true
 		}
 	}
 }
 
+// TryAcquire takes n if it fits within Max and reports whether it did; a
+// refusal is counted (Refused). It does not use the reserve.
+func (g *Gate) TryAcquire(n int64) bool {
+	if take(&g.inFlight, n, g.Max) {
+		return true
+	}
+	g.refused.Add(1)
+	return false
+}
+
 // Release gives back n taken by TryAcquire.
 func (g *Gate) Release(n int64) { g.inFlight.Add(-n) }
 
-// InFlight is what the requests hold now.
-func (g *Gate) InFlight() int64 { return g.inFlight.Load() }
+// Hold is what one request holds of a Gate (Take, Give). Its zero value
+// holds nothing.
+type Hold struct{ main, reserve int64 }
+
+// Take takes n more for the request holding h: within Max if it fits,
+// else from the reserve while h stays small (Reserve/SmallShare in all).
+// It reports whether it took n; a refusal is counted (Refused).
+func (g *Gate) Take(h *Hold, n int64) bool {
+	if take(&g.inFlight, n, g.Max) {
+		h.main += n
+		return true
+	}
+	if h.main+h.reserve+n <= g.Reserve/SmallShare && take(&g.reserved, n, g.Reserve) {
+		h.reserve += n
+		return true
+	}
+	g.refused.Add(1)
+	return false
+}
+
+// Give gives back everything h holds.
+func (g *Gate) Give(h *Hold) {
+	g.inFlight.Add(-h.main)
+	g.reserved.Add(-h.reserve)
+	*h = Hold{}
+}
+
+// InFlight is what the requests hold now, the reserve included.
+func (g *Gate) InFlight() int64 { return g.inFlight.Load() + g.reserved.Load() }
 
 // Refused counts the refusals so far.
 func (g *Gate) Refused() uint64 { return g.refused.Load() }
@@ -42,29 +94,23 @@ func (g *Gate) Refused() uint64 { return g.refused.Load() }
 // ErrBusy is Reader's error when the gate refuses the bytes just read.
 var ErrBusy = errors.New("inflight: the bound on bytes in flight is reached")
 
-// Reader reads R, taking each chunk's bytes from G as it comes, so that
-// the bytes buffered from all readers together stay within G.Max: a read
-// that would pass it fails with ErrBusy. Release gives the bytes back once
-// the request is done with them.
+// Reader reads R, taking each chunk's bytes from G as it comes (Take), so
+// that the bytes buffered from all readers together stay within G.Max and
+// its reserve: a read that would pass them fails with ErrBusy. Release
+// gives the bytes back once the request is done with them.
 type Reader struct {
 	R    io.Reader
 	G    *Gate
-	held int64
+	hold Hold
 }
 
 func (r *Reader) Read(p []byte) (int, error) {
 	n, err := r.R.Read(p)
-	if n > 0 {
-		if !r.G.TryAcquire(int64(n)) {
-			return 0, ErrBusy
-		}
-		r.held += int64(n)
+	if n > 0 && !r.G.Take(&r.hold, int64(n)) {
+		return 0, ErrBusy
 	}
 	return n, err
 }
 
 // Release gives back every byte the reader took.
-func (r *Reader) Release() {
-	r.G.Release(r.held)
-	r.held = 0
-}
+func (r *Reader) Release() { r.G.Give(&r.hold) }

@@ -83,3 +83,51 @@ func TestReader(t *testing.T) {
 		t.Fatalf("in flight %d after Release", g.InFlight())
 	}
 }
+
+// Once Max is held, a small request takes from the reserve while it stays
+// small; a large one is refused.
+func TestGateReserve(t *testing.T) {
+	g := &Gate{Max: 100, Reserve: 10 * SmallShare} // small: at most 10
+	var large, a, b Hold
+	for _, step := range []struct {
+		name string
+		h    *Hold
+		n    int64
+		ok   bool
+		want int64 // in flight after
+	}{
+		{"large fills Max", &large, 100, true, 100},
+		{"large past Max, too big for the reserve", &large, 1, false, 100},
+		{"small from the reserve", &a, 6, true, 106},
+		{"small grows within its share", &a, 4, true, 110},
+		{"small grows past its share", &a, 1, false, 110},
+		{"another small", &b, 10, true, 120},
+	} {
+		if got := g.Take(step.h, step.n); got != step.ok {
+			t.Fatalf("%s: Take(%d) = %v, want %v", step.name, step.n, got, step.ok)
+		}
+		if g.InFlight() != step.want {
+			t.Fatalf("%s: in flight %d, want %d", step.name, g.InFlight(), step.want)
+		}
+	}
+	for _, h := range []*Hold{&large, &a, &b} {
+		g.Give(h)
+	}
+	if g.InFlight() != 0 || g.Refused() != 2 {
+		t.Errorf("after Give: in flight %d, refused %d; want 0, 2", g.InFlight(), g.Refused())
+	}
+	// Without a reserve nothing passes Max.
+	g = &Gate{Max: 5}
+	var h Hold
+	if g.Take(&h, 6) {
+		t.Error("Take past Max without a reserve succeeded")
+	}
+}
+
+func TestBodyReserve(t *testing.T) {
+	for _, tt := range []struct{ max, want int64 }{{4096, 1024}, {8 << 20, 1 << 20}, {1 << 30, 1 << 20}, {0, 0}} {
+		if got := BodyReserve(tt.max); got != tt.want {
+			t.Errorf("BodyReserve(%d) = %d, want %d", tt.max, got, tt.want)
+		}
+	}
+}

@@ -15,6 +15,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvindex/kvindex/internal/inflight"
 )
 
 // ExtProc is the Envoy ext_proc server of the Endpoint Picker Protocol.
@@ -49,13 +51,14 @@ func (x *ExtProc) Register(gs *grpc.Server) {
 func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	s := x.s
 	var (
-		hdr    map[string]string
-		subset []string
-		body   []byte
-		held   int64   // body bytes taken from s.bodies
-		fl     *flight // once routed
+		hdr       map[string]string
+		subset    []string
+		body      []byte
+		held      inflight.Hold // body bytes taken from s.bodies
+		heldBytes int64         // what held holds
+		fl        *flight       // once routed
 	)
-	defer func() { s.bodies.Release(held) }()
+	defer s.bodies.Give(&held)
 	defer func() {
 		if fl != nil {
 			fl.done()
@@ -90,12 +93,12 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 			}
 			body = append(body, v.RequestBody.GetBody()...)
 			// The buffer's capacity is what it holds in memory.
-			if grown := int64(cap(body)) - held; grown > 0 {
-				if !s.bodies.TryAcquire(grown) {
+			if grown := int64(cap(body)) - heldBytes; grown > 0 {
+				if !s.bodies.Take(&held, grown) {
 					s.m.bad.WithLabelValues("busy").Inc()
 					return stream.Send(immediate(typev3.StatusCode_TooManyRequests, s.busyMessage()))
 				}
-				held += grown
+				heldBytes += grown
 			}
 			if v.RequestBody.GetEndOfStream() {
 				resp, fl = x.route(stream, hdr, subset, body)

@@ -83,7 +83,8 @@ type Config struct {
 	// pass it is answered 429, so that many large or endless bodies
 	// cannot each be buffered up to MaxBody at the same time
 	// (BodiesInFlightFactor x MaxBody if 0, or with a MemoryBudget its
-	// share, memlimit.BodyBytes).
+	// share, memlimit.BodyBytes). Small bodies have a reserve beyond it
+	// (inflight.BodyReserve), so that large ones cannot turn them away.
 	MaxBodyInFlight int64
 	// MemoryBudget is the process's memory budget (bytes, 0 for none),
 	// which sizes the default MaxBodyInFlight.
@@ -202,7 +203,7 @@ func New(cfg Config, src Source) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, src: src, scorer: sc, log: cfg.Logger, bodies: inflight.Gate{Max: cfg.MaxBodyInFlight}}
+	s := &Service{cfg: cfg, src: src, scorer: sc, log: cfg.Logger, bodies: inflight.Gate{Max: cfg.MaxBodyInFlight, Reserve: inflight.BodyReserve(cfg.MaxBodyInFlight)}}
 	set, err := newEndpointSet(cfg.Endpoints, nil)
 	if err != nil {
 		return nil, err
