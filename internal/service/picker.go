@@ -222,7 +222,7 @@ type PickerServiceOptions struct {
 	// (memlimit.ProcessBound; bytes, 0 for none): it sets the Go memory
 	// limit and bounds the request bodies buffered at once.
 	MemoryBudget int64
-	Discover *DiscoverOptions // nil: the candidates are listed
+	Discover     *DiscoverOptions // nil: the candidates are listed
 }
 
 // PickerService is the endpoint picker on its own.
