@@ -267,7 +267,7 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) error
 		writeError(w, http.StatusRequestEntityTooLarge, msg)
 		return status.Error(codes.InvalidArgument, msg)
 	}
-	body := &inflight.Reader{R: http.MaxBytesReader(w, r.Body, limit), G: &s.bodies}
+	body := &inflight.Reader{R: http.MaxBytesReader(w, r.Body, limit), G: &s.bodies, Size: r.ContentLength}
 	defer body.Release()
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()

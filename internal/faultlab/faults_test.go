@@ -56,9 +56,13 @@ func TestFaults(t *testing.T) {
 		{"seq-wrap", seqWrap},
 		{"topic-flood-8000", topicFlood},
 		{"random-hash-flood-1000", randomHashFlood},
+		{"http-body-flood", httpBodyFlood},
+		{"http-slow-conns", httpSlowConns},
+		{"picker-body-flood", pickerBodyFlood},
 	} {
 		tableOrder = append(tableOrder, f.name)
-		heavy := slices.Contains([]string{"flood-16MiB-budget", "churn-1000-engines", "slow-watchers-and-http", "budget-eviction-1MiB", "mismatched-flood-2MiB", "topic-flood-8000", "random-hash-flood-1000"}, f.name)
+		heavy := slices.Contains([]string{"flood-16MiB-budget", "churn-1000-engines", "slow-watchers-and-http", "budget-eviction-1MiB", "mismatched-flood-2MiB", "topic-flood-8000", "random-hash-flood-1000",
+			"http-body-flood", "http-slow-conns", "picker-body-flood"}, f.name)
 		t.Run(f.name, func(t *testing.T) {
 			if !heavy {
 				t.Parallel()

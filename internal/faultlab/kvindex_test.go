@@ -88,14 +88,32 @@ var servingLine = regexp.MustCompile(`msg=serving grpc=(\S+) http=(\S+)`)
 // killed when the test ends; its log is shown if the test failed.
 func startKvindex(t *testing.T, args ...string) *kvindexProc {
 	t.Helper()
-	if kvindexBin == "" {
-		t.Skip("-short: the fault suite needs the kvindex binary")
-	}
 	full := append([]string{"serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--model", model, "--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", strconv.Itoa(blockSize),
 		"--ready-grace", "1s"}, args...)
-	k := &kvindexProc{extra: args, logs: &testutil.SyncBuffer{}, done: make(chan struct{})}
-	k.cmd = exec.Command(kvindexBin, full...)
+	k, m := startProc(t, full, servingLine)
+	k.extra, k.grpcAddr, k.httpAddr = args, m[1], m[2]
+	ctx, cancel := context.WithTimeout(context.Background(), awaitBound)
+	defer cancel()
+	c, err := client.Dial(ctx, k.grpcAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.c = c
+	t.Cleanup(func() { c.Close() })
+	return k
+}
+
+// startProc runs the kvindex binary with args until its log matches
+// ready, and returns the process and the match. The process is killed
+// when the test ends; its log is shown if the test failed.
+func startProc(t *testing.T, args []string, ready *regexp.Regexp) (*kvindexProc, []string) {
+	t.Helper()
+	if kvindexBin == "" {
+		t.Skip("-short: the fault suite needs the kvindex binary")
+	}
+	k := &kvindexProc{logs: &testutil.SyncBuffer{}, done: make(chan struct{})}
+	k.cmd = exec.Command(kvindexBin, args...)
 	k.cmd.Stdout, k.cmd.Stderr = k.logs, k.logs
 	if err := k.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -111,14 +129,13 @@ func startKvindex(t *testing.T, args ...string) *kvindexProc {
 			if len(logs) > 8000 {
 				logs = "...\n" + logs[len(logs)-8000:]
 			}
-			t.Logf("kvindex %s:\n%s", strings.Join(full, " "), logs)
+			t.Logf("kvindex %s:\n%s", strings.Join(args, " "), logs)
 		}
 	})
 	deadline := time.Now().Add(awaitBound)
 	for {
-		if m := servingLine.FindStringSubmatch(k.logs.String()); m != nil {
-			k.grpcAddr, k.httpAddr = m[1], m[2]
-			break
+		if m := ready.FindStringSubmatch(k.logs.String()); m != nil {
+			return k, m
 		}
 		select {
 		case <-k.done:
@@ -129,15 +146,6 @@ func startKvindex(t *testing.T, args ...string) *kvindexProc {
 			t.Fatalf("kvindex did not start serving:\n%s", k.logs.String())
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), awaitBound)
-	defer cancel()
-	c, err := client.Dial(ctx, k.grpcAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	k.c = c
-	t.Cleanup(func() { c.Close() })
-	return k
 }
 
 // readPeakRSS reads the process's peak resident set size (VmHWM).

@@ -87,8 +87,8 @@ func TestReader(t *testing.T) {
 // Once Max is held, a small request takes from the reserve while it stays
 // small; a large one is refused.
 func TestGateReserve(t *testing.T) {
-	g := &Gate{Max: 100, Reserve: 10 * SmallShare} // small: at most 10
-	var large, a, b Hold
+	g := &Gate{Max: 100, Reserve: 10 * SmallShare} // small: announced at most 10
+	large, a, b, unknown := Hold{Size: 1000}, Hold{Size: 10}, Hold{Size: 10}, Hold{}
 	for _, step := range []struct {
 		name string
 		h    *Hold
@@ -97,10 +97,11 @@ func TestGateReserve(t *testing.T) {
 		want int64 // in flight after
 	}{
 		{"large fills Max", &large, 100, true, 100},
-		{"large past Max, too big for the reserve", &large, 1, false, 100},
+		{"large past Max, announced too big for the reserve", &large, 1, false, 100},
+		{"unknown size: not from the reserve", &unknown, 1, false, 100},
 		{"small from the reserve", &a, 6, true, 106},
-		{"small grows within its share", &a, 4, true, 110},
-		{"small grows past its share", &a, 1, false, 110},
+		{"small grows within its size", &a, 4, true, 110},
+		{"small grows past its size", &a, 1, false, 110},
 		{"another small", &b, 10, true, 120},
 	} {
 		if got := g.Take(step.h, step.n); got != step.ok {
@@ -110,15 +111,15 @@ func TestGateReserve(t *testing.T) {
 			t.Fatalf("%s: in flight %d, want %d", step.name, g.InFlight(), step.want)
 		}
 	}
-	for _, h := range []*Hold{&large, &a, &b} {
+	for _, h := range []*Hold{&large, &a, &b, &unknown} {
 		g.Give(h)
 	}
-	if g.InFlight() != 0 || g.Refused() != 2 {
-		t.Errorf("after Give: in flight %d, refused %d; want 0, 2", g.InFlight(), g.Refused())
+	if g.InFlight() != 0 || g.Refused() != 3 {
+		t.Errorf("after Give: in flight %d, refused %d; want 0, 3", g.InFlight(), g.Refused())
 	}
 	// Without a reserve nothing passes Max.
 	g = &Gate{Max: 5}
-	var h Hold
+	h := Hold{Size: 6}
 	if g.Take(&h, 6) {
 		t.Error("Take past Max without a reserve succeeded")
 	}

@@ -91,7 +91,11 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 				s.m.bad.WithLabelValues("too_large").Inc()
 				return stream.Send(immediate(typev3.StatusCode_PayloadTooLarge, "request body over "+strconv.Itoa(s.cfg.MaxBody)+" bytes"))
 			}
+			first := len(body) == 0
 			body = append(body, v.RequestBody.GetBody()...)
+			if first && v.RequestBody.GetEndOfStream() {
+				held.Size = int64(cap(body)) // the whole body in one frame: its size is known
+			}
 			// The buffer's capacity is what it holds in memory.
 			if grown := int64(cap(body)) - heldBytes; grown > 0 {
 				if !s.bodies.Take(&held, grown) {
@@ -105,6 +109,12 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 				if resp == nil {
 					return nil // answered with an immediate response
 				}
+				// Routed: the body goes back to Envoy below and is not
+				// kept, so its bytes are free for other requests while
+				// the response streams through.
+				body = nil
+				s.bodies.Give(&held)
+				heldBytes = 0
 			}
 		case *extprocv3.ProcessingRequest_RequestTrailers:
 			resp = []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}}

@@ -55,7 +55,7 @@ func (s *Service) servePick(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusRequestEntityTooLarge, "request body over "+strconv.Itoa(s.cfg.MaxBody)+" bytes")
 		return
 	}
-	in := &inflight.Reader{R: http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBody)), G: &s.bodies}
+	in := &inflight.Reader{R: http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBody)), G: &s.bodies, Size: r.ContentLength}
 	defer in.Release()
 	body, err := io.ReadAll(in)
 	if err != nil {

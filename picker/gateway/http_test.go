@@ -227,6 +227,20 @@ func TestBodiesInFlightBound(t *testing.T) {
 	if n := mustVec(t, reg, "kvindex_picker_bad_requests_total", "busy"); n != 2 {
 		t.Errorf("busy refusals counted %v, want 2", n)
 	}
+	// A body announced small passes on the reserve (a quarter of the
+	// bound, for bodies of up to 1/16 of it: 96 bytes here), over HTTP
+	// and over ext_proc in one frame.
+	tiny := `{"model":"qwen","prompt":[1,2,3]}`
+	if resp, err = http.Post(hs.URL+"/v1/pick", "application/json", strings.NewReader(tiny)); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/v1/pick of a small body while the bound is held: %d, want 200", resp.StatusCode)
+	}
+	if e := send(t, xc, "/v1/completions", nil, nil, tiny, len(tiny)); e.status != 0 || e.dest == "" {
+		t.Fatalf("ext_proc of a small body while the bound is held: status %d (%s), want routed", e.status, e.body)
+	}
 	cancel() // the held stream ends: its bytes go back
 	testutil.Await(t, waitFor, "the held bytes released", func() bool { return gaugeOf() == 0 })
 	if e := send(t, xc, "/v1/completions", nil, nil, body, 512); e.status != 0 || e.dest == "" {
