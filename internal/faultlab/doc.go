@@ -21,8 +21,11 @@
 // without a replay endpoint, duplicated and reordered delivery, slow and
 // fast engine restarts, kvindex killed with SIGKILL and restarted (with
 // and without --state-dir), 1,000 engines joining and leaving in bind
-// mode, a flood under --memory-budget, and watchers and HTTP clients that
-// never read or send slowly.
+// mode, a flood under --memory-budget, watchers and HTTP clients that
+// never read or send slowly, and floods of huge or endless request bodies
+// and of trickling connections against serve's HTTP API and kvindex
+// picker (its HTTP and ext_proc fronts), where legitimate queries and
+// picks must keep answering within the process bound.
 //
 // The suite runs in go test (and so in make test). make faults runs it
 // with -faults.table, which prints one table: per fault, the answers
