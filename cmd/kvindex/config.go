@@ -94,7 +94,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 // it caps, how it is shared out (a sentence, or none), then the process
 // bound and the request bodies' share.
 func memoryBudgetFlag(fs *pflag.FlagSet, v *bytesize.Value, what, shares string) {
-	fs.Var(v, "memory-budget", what+", e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited. "+shares+"It also bounds the process, to the budget + 10% + "+bytesize.Format(memlimit.FixedOverhead)+": the Go memory limit within that (unless GOMEMLIMIT is set); request bodies buffered at once 1/"+strconv.Itoa(memlimit.BodyShareDiv)+" of it (at least one of the largest)")
+	fs.Var(v, "memory-budget", what+", e.g. 512MiB, 2GiB, 1.5GB or bytes; 0 means unlimited. "+shares+"It also bounds the process, to the budget + 10% + "+bytesize.Format(memlimit.FixedOverhead)+": the Go memory limit within that (unless GOMEMLIMIT is set); the request bodies buffered at once get 1/"+strconv.Itoa(memlimit.BodyShareDiv)+" of the budget (at least one of the largest)")
 }
 
 // parseEngines parses the --engine values (zmqtransport.ParseEngines).
