@@ -162,9 +162,43 @@ type Decision struct {
 	// means). The scorer does not set it: its caller, which asked the
 	// index, does. 0 when the index is not fed from a stream, or when
 	// the request was routed without the index.
-	IndexSeq uint64  `json:"index_seq"`
-	Scores   []Score `json:"scores"`
+	IndexSeq uint64 `json:"index_seq"`
+	// Fallback says why the candidates were scored without the index's
+	// answer (by load and session only); "" when the index answered or
+	// was not asked (a request without a prompt). Set by the caller that
+	// asked the index, as IndexSeq is.
+	Fallback Fallback `json:"fallback,omitempty"`
+	Scores   []Score  `json:"scores"`
 }
+
+// Fallback is why a pick was made without the index's answer. The set
+// below is every reason there is: the gateway's answers, its metric's
+// reason label and its log all use these values.
+type Fallback string
+
+// The fallback reasons.
+const (
+	// FallbackTimeout: the index did not answer within the query's
+	// deadline.
+	FallbackTimeout Fallback = "timeout"
+	// FallbackIndexUnreachable: there is no working connection to the
+	// index (not yet up, lost, or refusing connections).
+	FallbackIndexUnreachable Fallback = "index_unreachable"
+	// FallbackUnknownModel: the index follows no model of the request's
+	// name.
+	FallbackUnknownModel Fallback = "unknown_model"
+	// FallbackTokenizer: the index could not tokenize the prompt (it has
+	// no tokenizer for it, or its tokenizer failed or refused it).
+	FallbackTokenizer Fallback = "tokenizer"
+	// FallbackOverloaded: the index shed the query (the prompts it
+	// holds at once are at their bound).
+	FallbackOverloaded Fallback = "overloaded"
+	// FallbackError: any other failure of the query.
+	FallbackError Fallback = "error"
+)
+
+// Fallbacks lists every fallback reason.
+var Fallbacks = []Fallback{FallbackTimeout, FallbackIndexUnreachable, FallbackUnknownModel, FallbackTokenizer, FallbackOverloaded, FallbackError}
 
 // Score is one candidate's scores. Each scorer's term is in [0, 1],
 // higher is better, except Load, which goes below 0 past LoadScale

@@ -50,6 +50,25 @@ type Client struct {
 // otherwise; opts are applied after the defaults. A kvindex that cannot be
 // reached gives an error reading "cannot reach kvindex at ADDR: ...".
 func Dial(ctx context.Context, addr string, opts ...grpc.DialOption) (*Client, error) {
+	c, err := New(addr, opts...)
+	if err != nil {
+		return nil, err
+	}
+	// The health service answers before the server is ready, so this
+	// checks reachability, not readiness.
+	_, err = healthpb.NewHealthClient(c.conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil && status.Code(err) != codes.Unimplemented {
+		c.conn.Close()
+		return nil, fmt.Errorf("cannot reach kvindex at %s: %s", addr, dialMessage(err))
+	}
+	return c, nil
+}
+
+// New is Dial without the check: the client is built whether or not
+// kvindex answers (it connects on the first call, or Conn().Connect), for
+// a caller that must start before kvindex does, such as the picker
+// beside its gateway. It fails only on a bad address or options.
+func New(addr string, opts ...grpc.DialOption) (*Client, error) {
 	base := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(clientMaxMsgSize), grpc.MaxCallSendMsgSize(clientMaxMsgSize),
@@ -63,13 +82,6 @@ func Dial(ctx context.Context, addr string, opts ...grpc.DialOption) (*Client, e
 	conn, err := grpc.NewClient(addr, append(base, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach kvindex at %s: %w", addr, err)
-	}
-	// The health service answers before the server is ready, so this
-	// checks reachability, not readiness.
-	_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
-	if err != nil && status.Code(err) != codes.Unimplemented {
-		conn.Close()
-		return nil, fmt.Errorf("cannot reach kvindex at %s: %s", addr, dialMessage(err))
 	}
 	return &Client{
 		conn:    conn,

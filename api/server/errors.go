@@ -66,18 +66,20 @@ func tokenizeProblem(t NamedTokenizer, err error) string {
 }
 
 // tokenizeError is the answer when no tokenizer backend could tokenize a
-// prompt; problems are tokenizeProblem's, one per backend. An Unavailable
-// answer carries an ErrorInfo (client.ReasonTokenizerUnavailable) whose
-// "problem" is the same text, so that a caller can tell "kvindex could
-// not tokenize" from "kvindex could not be reached" (client.TokenizerUnavailable).
+// prompt; problems are tokenizeProblem's, one per backend. It carries an
+// ErrorInfo whose "problem" is the same text: ReasonTokenizerUnavailable
+// on an Unavailable answer, so that a caller can tell "kvindex could not
+// tokenize" from "kvindex could not be reached" (client.TokenizerUnavailable),
+// else ReasonTokenizeFailed (client.TokenizeFailed sees both).
 func tokenizeError(code codes.Code, problems []string) error {
 	problem := strings.Join(problems, "; ")
 	st := status.New(code, "cannot tokenize the prompt: "+problem)
-	if code != codes.Unavailable {
-		return st.Err()
+	reason := client.ReasonTokenizeFailed
+	if code == codes.Unavailable {
+		reason = client.ReasonTokenizerUnavailable
 	}
 	withInfo, err := st.WithDetails(&errdetails.ErrorInfo{
-		Reason:   client.ReasonTokenizerUnavailable,
+		Reason:   reason,
 		Domain:   client.ErrorDomain,
 		Metadata: map[string]string{"problem": problem},
 	})

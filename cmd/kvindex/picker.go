@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -127,6 +126,6 @@ func (f *pickerFlags) options() (*service.PickerServiceOptions, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &service.PickerServiceOptions{Picker: *f.pick.options(cfg), Index: target, Dial: dial, DialTimeout: 10 * time.Second,
+	return &service.PickerServiceOptions{Picker: *f.pick.options(cfg), Index: target, Dial: dial,
 		HTTPAddr: f.httpAddr, Discover: disc, MemoryBudget: int64(f.budget)}, nil
 }

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"net"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/reflection"
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/server"
@@ -91,6 +93,8 @@ func newPickerCore(o *PickerOptions, src gateway.Source, reg prometheus.Register
 	gs := grpc.NewServer(grpc.MaxRecvMsgSize(svc.MaxBody()+1<<20),
 		grpc.InitialWindowSize(extProcWindow), grpc.InitialConnWindowSize(extProcConnWindow))
 	svc.ExtProc().Register(gs)
+	reflection.Register(gs) // grpcurl lists the ext_proc and health services
+
 	return &pickerCore{svc: svc, sc: sc, scrape: scrape, grpc: gs}, nil
 }
 
@@ -225,11 +229,12 @@ func (r *fleetRelay) FleetCache() server.FleetCache {
 type PickerServiceOptions struct {
 	Picker PickerOptions
 	// Index is the kvindex gRPC target; Dial its dial options (TLS,
-	// token), DialTimeout how long connecting may take.
-	Index       string
-	Dial        []grpc.DialOption
-	DialTimeout time.Duration
-	// HTTPAddr serves POST /v1/pick and /metrics; "" for none.
+	// token). The picker starts whether or not the index answers, and
+	// connects again with backoff until it does.
+	Index string
+	Dial  []grpc.DialOption
+	// HTTPAddr serves POST /v1/pick, /metrics, /healthz and /readyz
+	// (ready once the index answers); "" for none.
 	HTTPAddr string
 	// MemoryBudget bounds the process as kvindex serve's does
 	// (memlimit.ProcessBound; bytes, 0 for none): it sets the Go memory
@@ -266,12 +271,11 @@ func NewPicker(o *PickerServiceOptions, log *slog.Logger) (*PickerService, error
 	}})
 	g.Add(lifecycle.Part{
 		Name: "index client",
-		Start: func(ctx context.Context) error {
-			dctx, cancel := context.WithTimeout(ctx, o.DialTimeout)
-			defer cancel()
+		// Built without waiting for the index: a sidecar may start first.
+		Start: func(context.Context) error {
 			var err error
-			if c, err = client.Dial(dctx, o.Index, o.Dial...); err != nil {
-				return configerr.Failed("Index", "%v %s: %w", configerr.Field("Index"), o.Index, err)
+			if c, err = client.New(o.Index, append(o.Dial, gateway.IndexDialOption())...); err != nil {
+				return configerr.New("Index", "%v %s: %w", configerr.Field("Index"), o.Index, err)
 			}
 			return nil
 		},
@@ -289,8 +293,10 @@ func NewPicker(o *PickerServiceOptions, log *slog.Logger) (*PickerService, error
 	}
 	g.Add(lifecycle.Part{
 		Name: "index warm-up",
-		// Logged and counted by Warm; the picker serves regardless,
-		// routing by load until the index answers.
+		// Logged and counted by Warm, which waits for the first warm-up
+		// (so that the first requests use an index that is up) and keeps
+		// trying after it; the picker serves regardless, routing by load
+		// and session and reporting not ready until the index answers.
 		Start: func(ctx context.Context) error { _ = p.core.svc.Warm(ctx, 0); return nil },
 	})
 	g.Add(lifecycle.Part{Name: "picker listener", Start: func(context.Context) error { return p.core.listen(o.Picker.ExtProcAddr) }})
@@ -308,6 +314,7 @@ func NewPicker(o *PickerServiceOptions, log *slog.Logger) (*PickerService, error
 				mux := http.NewServeMux()
 				mux.Handle("/v1/pick", p.core.svc.Handler())
 				mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+				handleHealth(mux, p.core.svc.IndexReady)
 				hs = server.DefaultHTTPServer(mux)
 				return nil
 			},
@@ -336,6 +343,28 @@ func (p *PickerService) ExtProcAddr() string { return addrOf(p.core.lis) }
 
 // HTTPAddr is the HTTP listener's address once started; "" without one.
 func (p *PickerService) HTTPAddr() string { return addrOf(p.hlis) }
+
+// handleHealth serves /healthz (alive: the picker routes, by load and
+// session, even without its index) and /readyz (ready once ready says
+// so, else 503 with the reason), in the JSON of serve's.
+func handleHealth(mux *http.ServeMux, ready func() (bool, string)) {
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeStatus(w, http.StatusOK, map[string]string{"status": "alive"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if ok, why := ready(); !ok {
+			writeStatus(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": why})
+			return
+		}
+		writeStatus(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
+}
+
+func writeStatus(w http.ResponseWriter, code int, v map[string]string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
 
 func cmpAddr(l net.Listener) string {
 	if l == nil {

@@ -7,13 +7,15 @@ import (
 	"io"
 	"net/http"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
-	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/picker/gateway"
 )
@@ -39,7 +41,7 @@ func TestPickerServiceRoutesByTheRemoteIndex(t *testing.T) {
 			{Pod: "pod-a", Addr: "10.0.0.1:8000"}, {Pod: "pod-b", Addr: "10.0.0.2:8000"},
 		}, IndexTimeout: testDeadline}, ExtProcAddr: "127.0.0.1:0"},
 		Index: s.GRPCAddr(), Dial: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
-		DialTimeout: testDeadline, HTTPAddr: "127.0.0.1:0",
+		HTTPAddr: "127.0.0.1:0",
 	}
 	log, _ := testLogger(t)
 	pk, err := NewPicker(o, log)
@@ -72,21 +74,139 @@ func TestPickerServiceRoutesByTheRemoteIndex(t *testing.T) {
 	goroutines(t, before)
 }
 
-// An index that cannot be dialled is a setting that failed when used.
-func TestPickerServiceIndexUnreachable(t *testing.T) {
+// A picker started before its index serves at once: it routes by load
+// and session (the fallback index_unreachable) and reports not ready,
+// over HTTP and gRPC health, until the index answers; then it is ready
+// and routes by prefix, without a restart. Its ext_proc port answers
+// gRPC reflection.
+func TestPickerServiceStartsWithoutItsIndex(t *testing.T) {
+	indexAddr := testutil.FreeAddr(t)
 	o := &PickerServiceOptions{
-		Picker:      PickerOptions{Gateway: gateway.Config{Endpoints: []gateway.Endpoint{{Pod: "a", Addr: "10.0.0.1:8000"}}}, ExtProcAddr: "127.0.0.1:0"},
-		Index:       "127.0.0.1:1",
-		Dial:        []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
-		DialTimeout: testDeadline,
+		Picker: PickerOptions{Gateway: gateway.Config{Endpoints: []gateway.Endpoint{
+			{Pod: "pod-a", Addr: "10.0.0.1:8000"}, {Pod: "pod-b", Addr: "10.0.0.2:8000"},
+		}, IndexTimeout: testDeadline}, ExtProcAddr: "127.0.0.1:0"},
+		Index: indexAddr, Dial: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		HTTPAddr: "127.0.0.1:0",
 	}
-	log, _ := testLogger(t)
+	log, logs := testLogger(t)
 	pk, err := NewPicker(o, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = pk.Run(context.Background())
-	if ce, ok := configerr.As(err); !ok || ce.Field != "Index" || ce.Usage() {
-		t.Fatalf("Run: %v, want Index failing", err)
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := pk.Start(ctx); err != nil {
+		cancel()
+		t.Fatalf("the picker did not start without its index: %v", err)
 	}
+	defer func() {
+		cancel()
+		if err := pk.Wait(); err != nil {
+			t.Errorf("picker stop: %v", err)
+		}
+	}()
+	base := "http://" + pk.HTTPAddr()
+	get := func(path string) (int, map[string]string) {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v map[string]string
+		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		return resp.StatusCode, v
+	}
+	p := testutil.Seq(7000, 6*testBlockSize)
+	body := fmt.Sprintf(`{"model":%q,"prompt":%s}`, testModel, strings.ReplaceAll(fmt.Sprint(p), " ", ","))
+	pick := func() (pod, fallback string) {
+		resp, err := http.Post(base+"/v1/pick", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var d struct{ Pod, Fallback string }
+		if err := json.NewDecoder(resp.Body).Decode(&d); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("/v1/pick: %d %v", resp.StatusCode, err)
+		}
+		if h := resp.Header.Get(gateway.HeaderFallback); h != d.Fallback {
+			t.Errorf("fallback header %q, JSON %q", h, d.Fallback)
+		}
+		return d.Pod, d.Fallback
+	}
+	conn, err := grpc.NewClient(pk.ExtProcAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	readiness := func() healthpb.HealthCheckResponse_ServingStatus {
+		r, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: "readiness"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.GetStatus()
+	}
+
+	if code, v := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(v["reason"], indexAddr) {
+		t.Errorf("/readyz without the index: %d %v, want 503 naming %s", code, v, indexAddr)
+	}
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz: %d", code)
+	}
+	if st := readiness(); st != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("gRPC readiness without the index: %v", st)
+	}
+	if _, fb := pick(); fb != "index_unreachable" {
+		t.Errorf("fallback %q without the index, want index_unreachable", fb)
+	}
+	if got := listServices(t, conn); !slices.Contains(got, "envoy.service.ext_proc.v3.ExternalProcessor") || !slices.Contains(got, "grpc.health.v1.Health") {
+		t.Errorf("reflection lists %v", got)
+	}
+
+	// The index comes up where the picker looks for it.
+	ea, eca := newEngine(t, "pod-a")
+	eb, ecb := newEngine(t, "pod-b")
+	ix := baseOptions(eca, ecb)
+	ix.GRPCAddr = indexAddr
+	s := startService(t, ix)
+	warmUp(t, s, "pod-a", ea)
+	warmUp(t, s, "pod-b", eb)
+	if _, err := eb.Process(p, nil); err != nil {
+		t.Fatal(err)
+	}
+	s.awaitHeld(t, "pod-b", p)
+	testutil.Await(t, 3*testDeadline, "the picker to report ready", func() bool { code, _ := get("/readyz"); return code == http.StatusOK })
+	if st := readiness(); st != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("gRPC readiness with the index: %v", st)
+	}
+	if pod, fb := pick(); pod != "pod-b" || fb != "" {
+		t.Errorf("picked %s (fallback %q); pod-b holds the prompt", pod, fb)
+	}
+	out := logs.String()
+	if down, up := strings.Count(out, "the index is unreachable"), strings.Count(out, "the index answers"); down != 1 || up != 1 {
+		t.Errorf("logged down %d and up %d times, want once each", down, up)
+	}
+}
+
+// listServices asks the server's gRPC reflection for its services, as
+// grpcurl's list does.
+func listServices(t *testing.T, conn *grpc.ClientConn) []string {
+	t.Helper()
+	st, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.CloseSend()
+	if err := st.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range r.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	return names
 }

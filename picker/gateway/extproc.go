@@ -29,14 +29,26 @@ type ExtProc struct {
 func (s *Service) ExtProc() *ExtProc { return &ExtProc{s: s} }
 
 // Register registers the ext_proc service and the gRPC health service
-// (services "", "liveness", "readiness" and the ext_proc service name, as
-// the protocol asks), all SERVING, on gs.
+// on gs. "liveness" and the ext_proc service name (which the protocol
+// asks for) are SERVING: the picker routes, by load and session, even
+// without its index. "readiness" and "" (the whole server, what a probe
+// asks by default) follow the index (Service.IndexReady): NOT_SERVING
+// while a remote index has not answered or is unreachable.
 func (x *ExtProc) Register(gs *grpc.Server) {
 	extprocv3.RegisterExternalProcessorServer(gs, x)
 	hs := health.NewServer()
-	for _, name := range []string{"", "liveness", "readiness", extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
+	for _, name := range []string{"liveness", extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
 		hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
+	x.s.OnIndexReady(func(ready bool) {
+		st := healthpb.HealthCheckResponse_NOT_SERVING
+		if ready {
+			st = healthpb.HealthCheckResponse_SERVING
+		}
+		for _, name := range []string{"", "readiness"} {
+			hs.SetServingStatus(name, st)
+		}
+	})
 	healthpb.RegisterHealthServer(gs, hs)
 }
 
@@ -163,8 +175,11 @@ func (x *ExtProc) route(stream extprocv3.ExternalProcessor_ProcessServer, hdr ma
 	d, done, err := s.Pick(stream.Context(), r, subset)
 	if err != nil {
 		code := typev3.StatusCode_InternalServerError
-		if errors.Is(err, ErrNoEndpoint) {
+		switch {
+		case errors.Is(err, ErrNoEndpoint):
 			code = typev3.StatusCode_ServiceUnavailable
+		case errors.Is(err, ErrUnknownModel):
+			code = typev3.StatusCode_NotFound
 		}
 		_ = stream.Send(immediate(code, err.Error()))
 		return nil, nil
@@ -183,13 +198,16 @@ func (x *ExtProc) route(stream extprocv3.ExternalProcessor_ProcessServer, hdr ma
 	if body != nil {
 		set = append(set, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "content-length", RawValue: []byte(strconv.Itoa(len(body)))}})
 	}
+	pick := map[string]*structpb.Value{IndexSeqKey: structpb.NewStringValue(strconv.FormatUint(d.IndexSeq, 10))}
+	if d.Fallback != "" {
+		set = append(set, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: HeaderFallback, RawValue: []byte(d.Fallback)}})
+		pick[FallbackKey] = structpb.NewStringValue(string(d.Fallback))
+	}
 	md := &structpb.Struct{Fields: map[string]*structpb.Value{
 		MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
 			HeaderDestination: structpb.NewStringValue(d.Endpoint),
 		}}),
-		PickNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-			IndexSeqKey: structpb.NewStringValue(strconv.FormatUint(d.IndexSeq, 10)),
-		}}),
+		PickNamespace: structpb.NewStructValue(&structpb.Struct{Fields: pick}),
 	}}
 	out := []*extprocv3.ProcessingResponse{{
 		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{

@@ -210,6 +210,9 @@ type envoy struct {
 	status int // an immediate response's status, else 0
 	// indexSeq is the kvindex.picker metadata's index_seq.
 	indexSeq string
+	// fallback is the x-kvindex-fallback header set on the request,
+	// checked against the kvindex.picker metadata's fallback.
+	fallback string
 }
 
 func send(t *testing.T, c extprocv3.ExternalProcessorClient, path string, hdr map[string]string, subset []string, body string, frame int) *envoy {
@@ -265,9 +268,16 @@ func send(t *testing.T, c extprocv3.ExternalProcessorClient, path string, hdr ma
 			return e
 		case *extprocv3.ProcessingResponse_RequestHeaders:
 			for _, h := range r.RequestHeaders.GetResponse().GetHeaderMutation().GetSetHeaders() {
-				if h.GetHeader().GetKey() == gateway.HeaderDestination {
+				switch h.GetHeader().GetKey() {
+				case gateway.HeaderDestination:
 					e.dest = string(h.GetHeader().GetRawValue())
+				case gateway.HeaderFallback:
+					e.fallback = string(h.GetHeader().GetRawValue())
 				}
+			}
+			pick := resp.GetDynamicMetadata().GetFields()[gateway.PickNamespace].GetStructValue().GetFields()
+			if fb := pick[gateway.FallbackKey].GetStringValue(); fb != e.fallback {
+				t.Fatalf("fallback header %q and kvindex.picker metadata %q disagree", e.fallback, fb)
 			}
 			md := resp.GetDynamicMetadata().GetFields()[gateway.MetadataNamespace].GetStructValue().GetFields()[gateway.HeaderDestination].GetStringValue()
 			if md != e.dest || e.dest == "" {
@@ -481,8 +491,8 @@ func TestExtProcIndexFallback(t *testing.T) {
 	}
 	<-stuck.asked
 	e.forward(t, "/v1/completions")
-	if n := mustVec(t, reg, "kvindex_picker_index_fallbacks_total", "timeout"); n != 1 {
-		t.Errorf("timeout fallbacks = %v, want 1", n)
+	if n := mustVec(t, reg, "kvindex_picker_index_fallbacks_total", "timeout"); n != 1 || e.fallback != "timeout" {
+		t.Errorf("timeout fallbacks = %v, header %q, want 1", n, e.fallback)
 	}
 
 	// Gone: the index stopped after the picker connected.
@@ -496,8 +506,8 @@ func TestExtProcIndexFallback(t *testing.T) {
 		t.Fatalf("not routed: status %d %s", e.status, e.body)
 	}
 	e.finish(t, nil)
-	if n := mustVec(t, reg2, "kvindex_picker_index_fallbacks_total", "error"); n != 1 {
-		t.Errorf("error fallbacks = %v, want 1", n)
+	if n := mustVec(t, reg2, "kvindex_picker_index_fallbacks_total", "index_unreachable"); n != 1 || e.fallback != "index_unreachable" {
+		t.Errorf("index_unreachable fallbacks = %v, header %q, want 1", n, e.fallback)
 	}
 }
 

@@ -40,9 +40,11 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 // client sent it, headers included (x-session-id, x-request-priority,
 // and x-gateway-destination-endpoint-subset as a comma-separated list);
 // the answer is the decision as JSON (picker.Decision) and the
-// x-gateway-destination-endpoint header. 400 for a body the picker cannot
-// read, 413 past the body bound, 503 when no endpoint may serve. The
-// decision counts as in flight on its pod for Config.PickHold.
+// x-gateway-destination-endpoint header, and on a fallback its reason in
+// the JSON's "fallback" and the x-kvindex-fallback header. 400 for a body
+// the picker cannot read, 404 for a model the index does not know (the
+// error names it), 413 past the body bound, 503 when no endpoint may
+// serve. The decision counts as in flight on its pod for Config.PickHold.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/pick", s.servePick)
@@ -96,16 +98,22 @@ func (s *Service) servePick(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	d, done, err := s.Pick(r.Context(), req, subset)
+	d, done, err := s.pick(r.Context(), req, subset, true)
 	if err != nil {
 		code := http.StatusInternalServerError
-		if errors.Is(err, ErrNoEndpoint) {
+		switch {
+		case errors.Is(err, ErrNoEndpoint):
 			code = http.StatusServiceUnavailable
+		case errors.Is(err, ErrUnknownModel):
+			code = http.StatusNotFound
 		}
 		writeError(w, code, err.Error())
 		return
 	}
 	s.hold(done)
 	w.Header().Set(HeaderDestination, d.Endpoint)
+	if d.Fallback != "" {
+		w.Header().Set(HeaderFallback, string(d.Fallback))
+	}
 	writeJSON(w, http.StatusOK, d)
 }

@@ -32,7 +32,8 @@ type decision struct {
 		Load   *float64 `json:"load"`
 		Total  *float64 `json:"total"`
 	} `json:"scores"`
-	Error string `json:"error"`
+	Fallback string `json:"fallback"`
+	Error    string `json:"error"`
 }
 
 func postPick(t *testing.T, url, body string, hdr map[string]string) (int, http.Header, decision) {
@@ -88,15 +89,20 @@ func TestHTTPPick(t *testing.T) {
 		hdr     map[string]string
 		want    int
 		wantPod string // for 200
+		// fallback is the reason in the JSON and the header for 200, a
+		// word of the error otherwise.
+		fallback string
 	}{
-		{"held prompt goes to its holder", idsBody(held), nil, http.StatusOK, holder},
-		{"chat request", `{"model":"qwen","messages":[{"role":"user","content":"hi"}]}`, nil, http.StatusOK, ""},
-		{"subset of one", idsBody(held), map[string]string{gateway.SubsetKey: f.endpoints[2].Addr}, http.StatusOK, f.endpoints[2].Pod},
-		{"not JSON", `{"prompt`, nil, http.StatusBadRequest, ""},
-		{"no prompt", `{"model":"qwen"}`, nil, http.StatusBadRequest, ""},
-		{"over the body bound", idsBody(testutil.Seq(1, pickBound)), nil, http.StatusRequestEntityTooLarge, ""},
-		{"subset of unknown endpoints", idsBody(held), map[string]string{gateway.SubsetKey: "10.9.9.9:1, 10.9.9.8:1"}, http.StatusServiceUnavailable, ""},
-		{"empty subset", idsBody(held), map[string]string{gateway.SubsetKey: " "}, http.StatusServiceUnavailable, ""},
+		{"held prompt goes to its holder", idsBody(held), nil, http.StatusOK, holder, ""},
+		// This kvindex has no tokenizer: routed by load, and said so.
+		{"chat request", `{"model":"qwen","messages":[{"role":"user","content":"hi"}]}`, nil, http.StatusOK, "", "tokenizer"},
+		{"subset of one", idsBody(held), map[string]string{gateway.SubsetKey: f.endpoints[2].Addr}, http.StatusOK, f.endpoints[2].Pod, ""},
+		{"not JSON", `{"prompt`, nil, http.StatusBadRequest, "", ""},
+		{"no prompt", `{"model":"qwen"}`, nil, http.StatusBadRequest, "", ""},
+		{"unknown model", `{"model":"qwne","prompt":[1,2,3]}`, nil, http.StatusNotFound, "", `unknown model "qwne"`},
+		{"over the body bound", idsBody(testutil.Seq(1, pickBound)), nil, http.StatusRequestEntityTooLarge, "", ""},
+		{"subset of unknown endpoints", idsBody(held), map[string]string{gateway.SubsetKey: "10.9.9.9:1, 10.9.9.8:1"}, http.StatusServiceUnavailable, "", ""},
+		{"empty subset", idsBody(held), map[string]string{gateway.SubsetKey: " "}, http.StatusServiceUnavailable, "", ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			code, hdr, d := postPick(t, hs.URL, tt.body, tt.hdr)
@@ -104,10 +110,13 @@ func TestHTTPPick(t *testing.T) {
 				t.Fatalf("status %d (%s), want %d", code, d.Error, tt.want)
 			}
 			if code != http.StatusOK {
-				if d.Error == "" || hdr.Get(gateway.HeaderDestination) != "" {
+				if d.Error == "" || hdr.Get(gateway.HeaderDestination) != "" || !strings.Contains(d.Error, tt.fallback) {
 					t.Errorf("refusal: error %q, destination header %q", d.Error, hdr.Get(gateway.HeaderDestination))
 				}
 				return
+			}
+			if d.Fallback != tt.fallback || hdr.Get(gateway.HeaderFallback) != tt.fallback {
+				t.Errorf("fallback %q, header %q, want %q", d.Fallback, hdr.Get(gateway.HeaderFallback), tt.fallback)
 			}
 			if got := hdr.Get(gateway.HeaderDestination); got != d.Endpoint || f.podOf[got] != d.Pod {
 				t.Errorf("header %q, decision %s=%s: they disagree", got, d.Pod, d.Endpoint)

@@ -1,6 +1,12 @@
 package gateway
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvindex/kvindex/picker"
+)
 
 type metrics struct {
 	picks        *prometheus.CounterVec
@@ -16,11 +22,11 @@ func newMetrics(reg prometheus.Registerer, bodyBytes func() int64) (*metrics, er
 	m := &metrics{
 		picks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvindex_picker_picks_total",
-			Help: "Routing decisions by result: ok, no_endpoint (answered 503), error.",
+			Help: "Routing decisions by result: ok, no_endpoint (answered 503), unknown_model (answered 404: the index does not know the model; always on /v1/pick, on ext_proc with --unknown-model reject), error.",
 		}, []string{"result"}),
 		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvindex_picker_index_fallbacks_total",
-			Help: "Requests routed without the index's answer (load and session only), by reason: timeout (past --index-timeout) or error.",
+			Help: "Requests routed without the index's answer (load and session only), by reason: " + fallbackReasons() + ".",
 		}, []string{"reason"}),
 		bad: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvindex_picker_bad_requests_total",
@@ -36,6 +42,9 @@ func newMetrics(reg prometheus.Registerer, bodyBytes func() int64) (*metrics, er
 			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14),
 		}),
 	}
+	for _, f := range picker.Fallbacks {
+		m.fallbacks.WithLabelValues(string(f)) // every reason listed, at 0 until it happens
+	}
 	bodies := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kvindex_picker_body_bytes_in_flight",
 		Help: "Bytes of request bodies buffered now, across ext_proc streams and /v1/pick requests (bounded; beyond, requests are refused as busy).",
@@ -48,4 +57,13 @@ func newMetrics(reg prometheus.Registerer, bodyBytes func() int64) (*metrics, er
 		}
 	}
 	return m, nil
+}
+
+// fallbackReasons lists the reasons, for the metric's help.
+func fallbackReasons() string {
+	names := make([]string, len(picker.Fallbacks))
+	for i, f := range picker.Fallbacks {
+		names[i] = string(f)
+	}
+	return strings.Join(names, ", ")
 }

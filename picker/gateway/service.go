@@ -17,7 +17,6 @@ import (
 	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/picker"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
@@ -92,6 +91,10 @@ type Config struct {
 	// PickHold is how long a /v1/pick counts as in flight
 	// (DefaultPickHold if 0).
 	PickHold time.Duration
+	// UnknownModel is what ext_proc does with a request whose model the
+	// index does not know (UnknownModelRoute if ""); /v1/pick always
+	// answers it 404.
+	UnknownModel UnknownModel
 	// Metrics, if set, gives the engines' scraped load metrics.
 	Metrics MetricsSource
 	// Outcomes, if set, hears what each ext_proc pick predicted and the
@@ -125,6 +128,8 @@ type Service struct {
 	m      *metrics
 	pool   sync.Pool // *pickState
 	bodies inflight.Gate
+	idx    indexState
+	fbLog  *fallbackLog
 }
 
 // endpointSet is the candidates, replaced whole by SetEndpoints so that a
@@ -169,6 +174,7 @@ type pickState struct {
 
 // New returns a Service asking src.
 func New(cfg Config, src Source) (*Service, error) {
+	var err error
 	if src == nil {
 		return nil, errors.New("gateway: no index source")
 	}
@@ -193,6 +199,9 @@ func New(cfg Config, src Source) (*Service, error) {
 	if cfg.PickHold == 0 {
 		cfg.PickHold = DefaultPickHold
 	}
+	if cfg.UnknownModel, err = ParseUnknownModel(string(cfg.UnknownModel)); err != nil {
+		return nil, fmt.Errorf("gateway: unknown-model policy %q: %v", cfg.UnknownModel, err)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -203,7 +212,7 @@ func New(cfg Config, src Source) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, src: src, scorer: sc, log: cfg.Logger, bodies: inflight.Gate{Max: cfg.MaxBodyInFlight, Reserve: inflight.BodyReserve(cfg.MaxBodyInFlight)}}
+	s := &Service{cfg: cfg, src: src, scorer: sc, log: cfg.Logger, fbLog: newFallbackLog(cfg.Logger, cfg.Now), bodies: inflight.Gate{Max: cfg.MaxBodyInFlight, Reserve: inflight.BodyReserve(cfg.MaxBodyInFlight)}}
 	set, err := newEndpointSet(cfg.Endpoints, nil)
 	if err != nil {
 		return nil, err
@@ -244,7 +253,17 @@ var ErrNoEndpoint = picker.ErrNoCandidates
 // subset when it is not nil: the gateway's hint, by address or pod). The
 // chosen endpoint counts the request as in flight until done is called
 // (done is idempotent). r may be nil for a request without a body.
+//
+// When the index's answer is missing the request is routed by load and
+// session, and d.Fallback says why. A model the index does not know is
+// such a fallback under UnknownModelRoute, and an error matching
+// ErrUnknownModel (naming the model) under UnknownModelReject.
 func (s *Service) Pick(ctx context.Context, r *Request, subset []string) (d picker.Decision, done func(), err error) {
+	return s.pick(ctx, r, subset, s.cfg.UnknownModel == UnknownModelReject)
+}
+
+// pick is Pick, rejecting an unknown model when rejectUnknown.
+func (s *Service) pick(ctx context.Context, r *Request, subset []string, rejectUnknown bool) (d picker.Decision, done func(), err error) {
 	st := s.pool.Get().(*pickState)
 	defer s.pool.Put(st)
 	if subset != nil && len(subset) == 0 {
@@ -259,11 +278,22 @@ func (s *Service) Pick(ctx context.Context, r *Request, subset []string) (d pick
 	}
 	clear(st.pre)
 	var seq uint64
+	var fallback picker.Fallback
 	set := s.set.Load()
 	if r != nil && r.Prompt != nil {
 		var n int
-		if n, seq = s.query(ctx, r, st, set.pods); n > 0 {
+		var qerr error
+		if n, seq, fallback, qerr = s.query(ctx, r, st, set.pods); n > 0 {
 			preq.Tokens = n
+		}
+		if fallback == picker.FallbackUnknownModel && rejectUnknown {
+			s.m.picks.WithLabelValues("unknown_model").Inc()
+			s.fbLog.note(fallback, r.Model, "picker: request for a model the index does not know refused (404)", qerr)
+			return d, nil, unknownModelError{msg: status.Convert(qerr).Message()}
+		}
+		if fallback != "" {
+			s.m.fallbacks.WithLabelValues(string(fallback)).Inc()
+			s.fbLog.note(fallback, r.Model, "picker: request routed by load and session, without the index's answer", qerr)
 		}
 	}
 	now := s.cfg.Now()
@@ -285,7 +315,7 @@ func (s *Service) Pick(ctx context.Context, r *Request, subset []string) (d pick
 		return d, nil, err
 	}
 	s.m.picks.WithLabelValues("ok").Inc()
-	d.IndexSeq = seq
+	d.IndexSeq, d.Fallback = seq, fallback
 	ep := set.byAddr[d.Endpoint]
 	interactive := preq.Priority == picker.Interactive
 	ep.inFlight.Add(1)
@@ -304,11 +334,17 @@ func (s *Service) Pick(ctx context.Context, r *Request, subset []string) (d pick
 }
 
 // query asks the index within IndexTimeout and fills st.pre; on failure
-// st.pre stays empty: the request is scored by load and session only. It
-// returns the prompt's length in tokens as the index counted it (0 when
-// unknown) and the index sequence the answer reflects (index_seq; 0
-// without an answer).
-func (s *Service) query(ctx context.Context, r *Request, st *pickState, pods []string) (tokens int, seq uint64) {
+// st.pre stays empty (the request is scored by load and session only)
+// and fallback says why, err what the index said. It returns the
+// prompt's length in tokens as the index counted it (0 when unknown) and
+// the index sequence the answer reflects (index_seq; 0 without an
+// answer). While the remote index is known to be unreachable it is not
+// asked: the request would only wait for the deadline.
+func (s *Service) query(ctx context.Context, r *Request, st *pickState, pods []string) (tokens int, seq uint64, fallback picker.Fallback, err error) {
+	state := s.idx.state.Load()
+	if state == idxDown {
+		return 0, 0, picker.FallbackIndexUnreachable, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.IndexTimeout)
 	defer cancel()
 	start := time.Now()
@@ -319,51 +355,16 @@ func (s *Service) query(ctx context.Context, r *Request, st *pickState, pods []s
 	st.req.Prompt = nil
 	s.m.indexSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
-		reason := "error"
-		if ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded {
-			reason = "timeout"
+		fallback = fallbackOf(ctx, err)
+		if fallback == picker.FallbackTimeout && state == idxConnecting {
+			// No connection has been warm yet: the deadline passed while
+			// connecting.
+			fallback = picker.FallbackIndexUnreachable
 		}
-		s.m.fallbacks.WithLabelValues(reason).Inc()
-		s.log.Debug("picker: routing without the index", "reason", reason, "err", err)
-		return 0, 0
+		return 0, 0, fallback, err
 	}
 	prefixes(resp, s.cfg.Scorer.BlockSize, st.pre)
-	return int(resp.GetPromptTokens()), resp.GetIndexSeq()
-}
-
-// Warm warms a remote index's connection (Remote.Warm) within timeout
-// (DefaultWarmTimeout if 0), so that the first requests are answered by
-// the index rather than routed without it, and keeps it warm until ctx
-// ends: re-warmed after each reconnect, reconnected when it goes idle.
-// A failure is logged and counted and returned, but the picker can
-// still route (by load and session) and the watch goes on. A source in
-// the same process needs no warming: Warm returns nil at once.
-func (s *Service) Warm(ctx context.Context, timeout time.Duration) error {
-	r, ok := s.src.(Remote)
-	if !ok {
-		return nil
-	}
-	if timeout <= 0 {
-		timeout = DefaultWarmTimeout
-	}
-	warm := func(what string) error {
-		wctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		start := time.Now()
-		err := r.Warm(wctx)
-		took := time.Since(start).Round(time.Microsecond)
-		if err != nil {
-			s.m.warmups.WithLabelValues("error").Inc()
-			s.log.Warn("picker: warming the index connection failed; requests are routed without the index until it answers", "on", what, "took", took, "err", err)
-			return fmt.Errorf("warming the index connection: %w", err)
-		}
-		s.m.warmups.WithLabelValues("ok").Inc()
-		s.log.Info("picker: index connection warm", "on", what, "took", took)
-		return nil
-	}
-	err := warm("start")
-	go r.watch(ctx, func() { _ = warm("reconnect") })
-	return err
+	return int(resp.GetPromptTokens()), resp.GetIndexSeq(), "", nil
 }
 
 // hold counts d's request as in flight for PickHold, for callers that

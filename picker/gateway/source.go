@@ -9,7 +9,6 @@ import (
 	"github.com/kvindex/kvindex/picker"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 )
 
@@ -42,27 +41,6 @@ func (r Remote) Warm(ctx context.Context) error {
 		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
 			return err
 		}
-	}
-}
-
-// watch calls warm each time the connection comes up again after it was
-// lost, and reconnects a connection gone idle (gRPC drops an idle
-// connection, and the next query would pay its setup), until ctx ends.
-func (r Remote) watch(ctx context.Context, warm func()) {
-	conn := r.Client.Conn()
-	state := conn.GetState()
-	for {
-		if state == connectivity.Idle {
-			conn.Connect()
-		}
-		if !conn.WaitForStateChange(ctx, state) {
-			return
-		}
-		next := conn.GetState()
-		if next == connectivity.Ready && state != connectivity.Ready {
-			warm()
-		}
-		state = next
 	}
 }
 
