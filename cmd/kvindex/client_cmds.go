@@ -38,7 +38,7 @@ type clientFlags struct {
 func (f *clientFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.server, "server", client.DefaultAddr, "address of the kvindex gRPC API: HOST[:PORT] (port "+client.DefaultPort+" when omitted)")
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "deadline for connecting and for the request")
-	f.sec.register(fs)
+	f.sec.register(fs, "--server")
 }
 
 // target is the gRPC target --server names (client.ParseTarget) and the
@@ -46,7 +46,7 @@ func (f *clientFlags) register(fs *pflag.FlagSet) {
 func (f *clientFlags) target() (string, []grpc.DialOption, error) {
 	addr, useTLS, err := client.ParseTarget(f.server)
 	if err != nil {
-		return "", nil, usagef("--server %q: %v", f.server, err)
+		return "", nil, usagef("%s %q: %v", f.sec.addrFlag, f.server, err)
 	}
 	opts, err := f.sec.dialOptions(useTLS)
 	return addr, opts, err

@@ -39,8 +39,7 @@ type serveFlags struct {
 	pprof          bool
 	stateDir       string
 	snapshotEvery  time.Duration
-	logLevel       string
-	logFormat      string
+	log            logFlags
 	check          bool
 	limits         limitFlags
 	picker         bool
@@ -77,8 +76,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	_ = fs.MarkHidden("pprof") // still refused with where profiles went; not listed in --help
 	fs.StringVar(&f.stateDir, "state-dir", "", "directory where kvindex keeps its index and the engines' positions across restarts (created if missing; default: none, a restart starts empty)")
 	fs.DurationVar(&f.snapshotEvery, "snapshot-interval", d.SnapshotInterval, "with --state-dir: how often the state is saved (also when serve stops); ingest pauses while the index is copied, queries go on")
-	fs.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")
-	fs.StringVar(&f.logFormat, "log-format", "text", "text|json")
+	f.log.register(fs)
 	f.limits.register(fs)
 	f.security.register(fs)
 	fs.BoolVar(&f.picker, "picker", false, "also serve the endpoint picker (as kvindex picker does) over the index in this process: ext_proc on --extproc-addr, POST /v1/pick on --http-addr")
@@ -103,7 +101,19 @@ func parseEngines(values []string, defaultModel string) ([]zmqtransport.EngineCo
 	return engines, configUsage(err, serveFlagNames)
 }
 
-// newLogger builds the process logger from --log-level and --log-format.
+// logFlags are --log-level and --log-format, the same in every command
+// that runs until stopped.
+type logFlags struct{ level, format string }
+
+func (f *logFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.level, "log-level", "info", "debug|info|warn|error")
+	fs.StringVar(&f.format, "log-format", "text", "text|json")
+}
+
+// logger builds the process logger, writing to w.
+func (f *logFlags) logger(w io.Writer) (*slog.Logger, error) { return newLogger(w, f.level, f.format) }
+
+// newLogger builds a logger of level and format.
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {

@@ -80,8 +80,8 @@ log-format: json
 		t.Errorf("memory budget %d", o.Index.MemoryBudget)
 	case len(o.Engines) != 2 || o.Engines[1].Ranks != 2 || o.Engines[0].ReplayEndpoint != "tcp://10.0.0.5:5558" || o.Engines[0].Model != "qwen":
 		t.Errorf("engines %+v", o.Engines)
-	case o.ReadyGrace != 5*time.Second || o.AdminAddr != "127.0.0.1:6060" || f.logFormat != "json":
-		t.Errorf("grace %v admin %q log format %q", o.ReadyGrace, o.AdminAddr, f.logFormat)
+	case o.ReadyGrace != 5*time.Second || o.AdminAddr != "127.0.0.1:6060" || f.log.format != "json":
+		t.Errorf("grace %v admin %q log format %q", o.ReadyGrace, o.AdminAddr, f.log.format)
 	}
 
 	// Engines on the command line replace the file's list.

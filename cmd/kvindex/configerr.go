@@ -70,6 +70,8 @@ var serveFlagNames = map[configerr.Field]string{
 	"Discover.Ranks":       "--discover-ranks",
 	"Discover.Metrics":     "--discover-metrics",
 	"Picker.ExtProcAddr":   "--extproc-addr",
+	"Picker.Endpoints":     "--endpoint",
+	"Picker.UnknownModel":  "--unknown-model",
 	"ScrapeInterval":       "--scrape-interval",
 	"Index":                "--index",
 	"Index.MemoryBudget":   "--memory-budget",

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/kubediscovery"
 	"github.com/kvindex/kvindex/internal/kubediscovery/kubetest"
+	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simzmq"
@@ -60,7 +61,7 @@ func TestServeDiscoveryFollowsPods(t *testing.T) {
 		return cluster.Client(), "default", nil
 	}
 	o.Discover.Clock = clk
-	x.start(o, f.logFormat)
+	x.start(o, f.log.format)
 
 	// A pod of another app is not followed; the engine's pod is.
 	other := kubetest.EnginePod("web-0", "127.0.0.1")
@@ -164,7 +165,7 @@ func TestServeDiscoveryBindModeAllows(t *testing.T) {
 		return cluster.Client(), "default", nil
 	}
 	o.Discover.Clock = clk
-	x.start(o, f.logFormat)
+	x.start(o, f.log.format)
 
 	// The engine connects before its pod is known, as every engine does
 	// when kvindex restarts: its batches are refused until discovery
@@ -243,12 +244,13 @@ func TestPickerDiscoveryFlags(t *testing.T) {
 			t.Errorf("kvindex picker --%s registered: %v, want %v", name, got, want)
 		}
 	}
-	f := pickFlags{endpoints: []string{"a=10.0.0.1:8000"}, extprocAddr: ":9002"}
-	if _, err := f.config(true); err == nil || !strings.Contains(err.Error(), "--endpoint and --discover-selector") {
+	f := pickFlags{service.PickerSettings{Endpoints: []string{"a=10.0.0.1:8000"}, ExtProcAddr: ":9002"}}
+	var o service.PickerOptions
+	if err := f.Options(true, &o); err == nil || !strings.Contains(configUsage(err, serveFlagNames).Error(), "--endpoint and --discover-selector") {
 		t.Errorf("--endpoint with discovery: %v", err)
 	}
-	f.endpoints = nil
-	if cfg, err := f.config(true); err != nil || !cfg.Dynamic || len(cfg.Endpoints) != 0 {
-		t.Errorf("discovery: %+v, %v; want dynamic endpoints, none yet", cfg, err)
+	f.Endpoints = nil
+	if err := f.Options(true, &o); err != nil || !o.Gateway.Dynamic || len(o.Gateway.Endpoints) != 0 {
+		t.Errorf("discovery: %+v, %v; want dynamic endpoints, none yet", o.Gateway, err)
 	}
 }

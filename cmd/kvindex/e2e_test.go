@@ -75,7 +75,7 @@ func startE2EDial(t *testing.T, opts []grpc.DialOption, pods []string, extra ...
 	if err != nil {
 		t.Fatal(err)
 	}
-	x.start(o, f.logFormat, opts...)
+	x.start(o, f.log.format, opts...)
 	// Ready once every engine's socket is connected.
 	x.await("ready", func() bool {
 		ok, err := x.client.Ready(context.Background())

@@ -79,9 +79,9 @@ the engines' own chained prefix-block hashing, and answers one question fast:
 for this prompt, how long a cached prefix does each pod hold?
 
 Every flag can also be set by an environment variable KVINDEX_<FLAG_NAME>
-(e.g. KVINDEX_SERVER=kvindex:50051, KVINDEX_GRPC_ADDR=:50051); serve also
-reads a YAML --config file keyed by flag name. The command line wins over the
-environment, which wins over the file.
+(e.g. KVINDEX_SERVER=kvindex:50051, KVINDEX_GRPC_ADDR=:50051); serve and
+picker also read a YAML --config file keyed by flag name. The command line
+wins over the environment, which wins over the file.
 
 Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 		Version:       buildinfo.Read().String(),

@@ -90,7 +90,7 @@ func startNATSReplica(t *testing.T, url string, extra ...string) *natsReplicaPro
 		t.Fatal(err)
 	}
 	r := &natsReplicaProc{logs: &testutil.SyncBuffer{}}
-	log, err := newLogger(r.logs, "debug", f.logFormat)
+	log, err := newLogger(r.logs, "debug", f.log.format)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"errors"
-	"fmt"
-	"log/slog"
 	"os/signal"
 	"syscall"
 
@@ -13,28 +10,33 @@ import (
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/internal/bytesize"
 	"github.com/kvindex/kvindex/internal/service"
-	"github.com/kvindex/kvindex/picker/gateway"
 )
 
 // pickerFlags are the flags of kvindex picker: where the index is, the
-// picker's own flags (shared with kvindex serve --picker) and its HTTP
-// address.
+// picker's own flags (shared with kvindex serve --picker), its HTTP
+// address, and serve's conveniences (--config, --log-*, --check).
 type pickerFlags struct {
+	config   string
 	index    string
 	pick     pickFlags
 	httpAddr string
 	sec      clientSecurityFlags
 	discover discoverFlags
 	budget   bytesize.Value
+	log      logFlags
+	check    bool
 }
 
 func (f *pickerFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.index, "index", client.DefaultAddr, "address of the kvindex gRPC API to ask: HOST[:PORT]")
+	fs.StringVar(&f.config, "config", "", "YAML file of settings keyed by flag name (e.g. index: kvindex:50051); the command line and KVINDEX_* variables override it")
+	fs.StringVar(&f.index, "index", client.DefaultAddr, "address of the kvindex gRPC API to ask: HOST[:PORT]; the picker starts without it and connects when it answers")
 	f.pick.register(fs)
-	fs.StringVar(&f.httpAddr, "http-addr", ":9003", "address of the HTTP server: POST /v1/pick and /metrics; empty: none")
-	f.sec.register(fs)
+	fs.StringVar(&f.httpAddr, "http-addr", ":9003", "address of the HTTP server: POST /v1/pick, /metrics, /healthz and /readyz (ready once the index answers); empty: none")
+	f.sec.register(fs, "--index")
 	f.discover.register(fs, false, true)
 	memoryBudgetFlag(fs, &f.budget, "memory the picker may use", "")
+	f.log.register(fs)
+	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables, --config file), print them and exit without listening or connecting")
 }
 
 func newPickerCmd() *cobra.Command {
@@ -65,11 +67,11 @@ Headers: x-session-id names the conversation (else the Responses API's
 previous_response_id does); x-request-priority: background marks a turn
 nobody waits on.
 
-The index is asked within --index-timeout; when it does not answer in time,
-or fails, the request is routed by load and session alone, and
-kvindex_picker_index_fallbacks_total counts it. The connection to the index
-is opened and warmed before the first request, and again after each
-reconnect, so that a connection's setup never lands on a request.
+The index is asked within --index-timeout; a request routed without its
+answer (by load and session) says why in the header x-kvindex-fallback:
+timeout, index_unreachable, unknown_model, tokenizer, overloaded or error.
+The picker starts without its index, reports not ready until it answers,
+and warms each new connection to it before using it.
 
 Every flag can also be set in a YAML --config file, keyed by flag name;
 flags on the command line override the file.`,
@@ -83,9 +85,16 @@ flags on the command line override the file.`,
 			if err != nil {
 				return err
 			}
+			log, err := f.log.logger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if f.check {
+				return configUsage(service.CheckPicker(cmd.OutOrStdout(), o), serveFlagNames)
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			p, err := service.NewPicker(o, slog.Default())
+			p, err := service.NewPicker(o, log)
 			if err == nil {
 				err = p.Run(ctx)
 			}
@@ -96,36 +105,17 @@ flags on the command line override the file.`,
 	return cmd
 }
 
-func parseEndpoints(specs []string) ([]gateway.Endpoint, error) {
-	if len(specs) == 0 {
-		return nil, errors.New("give at least one --endpoint POD=HOST:PORT")
-	}
-	var eps []gateway.Endpoint
-	for _, s := range specs {
-		e, err := gateway.ParseEndpoint(s)
-		if err != nil {
-			return nil, fmt.Errorf("--endpoint: %w", err)
-		}
-		eps = append(eps, e)
-	}
-	return eps, nil
-}
-
 // options turns the flags into the picker service's options.
 func (f *pickerFlags) options() (*service.PickerServiceOptions, error) {
 	disc, err := f.discover.options()
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := f.pick.config(disc != nil)
-	if err != nil {
-		return nil, err
+	o := &service.PickerServiceOptions{HTTPAddr: f.httpAddr, Discover: disc, MemoryBudget: int64(f.budget)}
+	if err := f.pick.Options(disc != nil, &o.Picker); err != nil {
+		return nil, configUsage(err, serveFlagNames)
 	}
 	cf := clientFlags{server: f.index, sec: f.sec}
-	target, dial, err := cf.target()
-	if err != nil {
-		return nil, err
-	}
-	return &service.PickerServiceOptions{Picker: *f.pick.options(cfg), Index: target, Dial: dial,
-		HTTPAddr: f.httpAddr, Discover: disc, MemoryBudget: int64(f.budget)}, nil
+	o.Index, o.Dial, err = cf.target()
+	return o, err
 }

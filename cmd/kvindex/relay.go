@@ -24,8 +24,7 @@ type relayFlags struct {
 	buffer    bytesize.Value
 	httpAddr  string
 	heartbeat time.Duration
-	logLevel  string
-	logFormat string
+	log       logFlags
 	check     bool
 	discover  discoverFlags
 }
@@ -38,8 +37,7 @@ func (f *relayFlags) register(fs *pflag.FlagSet) {
 	fs.Var(&f.buffer, "relay-buffer", "batches held in memory while NATS is unreachable, in bytes (e.g. 64MiB); beyond it batches are dropped and the hole is published, so replicas mark the engine degraded")
 	fs.DurationVar(&f.heartbeat, "heartbeat", time.Second, "how often the relay tells replicas it is alive, with each engine's last seq and health; replicas mark the engines of a silent relay disconnected")
 	fs.StringVar(&f.httpAddr, "http-addr", ":9300", "HTTP listen address: /metrics, /healthz, /readyz (ready while NATS is connected)")
-	fs.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")
-	fs.StringVar(&f.logFormat, "log-format", "text", "text|json")
+	f.log.register(fs)
 	f.discover.register(fs, true, false)
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables), print them and exit without connecting")
 }
@@ -104,7 +102,7 @@ its engines disconnected.`,
 			if err != nil {
 				return err
 			}
-			log, err := newLogger(cmd.ErrOrStderr(), f.logLevel, f.logFormat)
+			log, err := f.log.logger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}

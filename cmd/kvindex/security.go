@@ -42,13 +42,15 @@ func (f *securityFlags) options(pprof bool) (security.Config, string, error) {
 // that talk to a running kvindex.
 type clientSecurityFlags struct {
 	ca, cert, key, serverName, tokenFile string
+	addrFlag                             string // the flag naming kvindex's address: --server, or the picker's --index
 }
 
-func (f *clientSecurityFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.ca, "tls-ca", "", "speak TLS, trusting the CAs in this PEM file for kvindex's certificate (an https:// --server uses the system's roots)")
+func (f *clientSecurityFlags) register(fs *pflag.FlagSet, addrFlag string) {
+	f.addrFlag = addrFlag
+	fs.StringVar(&f.ca, "tls-ca", "", "speak TLS, trusting the CAs in this PEM file for kvindex's certificate (an https:// "+addrFlag+" uses the system's roots)")
 	fs.StringVar(&f.cert, "tls-cert", "", "client certificate (PEM) for a kvindex that requires one (mutual TLS); with --tls-key")
 	fs.StringVar(&f.key, "tls-key", "", "private key (PEM) of --tls-cert")
-	fs.StringVar(&f.serverName, "tls-server-name", "", "name kvindex's certificate must carry (default: the host of --server)")
+	fs.StringVar(&f.serverName, "tls-server-name", "", "name kvindex's certificate must carry (default: the host of "+addrFlag+")")
 	fs.StringVar(&f.tokenFile, "token-file", "", "send the bearer token in this file with every call (over TLS only)")
 }
 
@@ -58,14 +60,14 @@ func (f *clientSecurityFlags) tls() bool {
 }
 
 // dialOptions returns the dial options the flags ask for; useTLS says
-// whether --server's scheme asked for TLS (https://, grpcs://).
+// whether the address's scheme asked for TLS (https://, grpcs://).
 func (f *clientSecurityFlags) dialOptions(useTLS bool) ([]grpc.DialOption, error) {
 	if (f.cert == "") != (f.key == "") {
 		return nil, usagef("--tls-cert and --tls-key go together: give both or neither")
 	}
 	if !useTLS && !f.tls() {
 		if f.tokenFile != "" {
-			return nil, usagef("--token-file: a bearer token is sent over TLS only; give --tls-ca FILE (or --server https://HOST:PORT for a certificate the system trusts)")
+			return nil, usagef("--token-file: a bearer token is sent over TLS only; give --tls-ca FILE (or %s https://HOST:PORT for a certificate the system trusts)", f.addrFlag)
 		}
 		return nil, nil
 	}

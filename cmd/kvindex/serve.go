@@ -68,7 +68,7 @@ flags on the command line override the file.`,
 			if err != nil {
 				return err
 			}
-			log, err := newLogger(cmd.ErrOrStderr(), f.logLevel, f.logFormat)
+			log, err := f.log.logger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}

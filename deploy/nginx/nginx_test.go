@@ -103,10 +103,10 @@ func TestNginxRoutesByPrefix(t *testing.T) {
 	// three finished turns would count as load on their pod and the load
 	// scorer would move the fourth away.
 	po := &service.PickerServiceOptions{
-		Picker:      service.PickerOptions{Gateway: gateway.Config{PickHold: time.Millisecond}, ExtProcAddr: "127.0.0.1:0"},
-		Index:       grpcAddr,
-		Dial:        []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
-		DialTimeout: awaitBound, HTTPAddr: "127.0.0.1:0",
+		Picker:   service.PickerOptions{Gateway: gateway.Config{PickHold: time.Millisecond}, ExtProcAddr: "127.0.0.1:0"},
+		Index:    grpcAddr,
+		Dial:     []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		HTTPAddr: "127.0.0.1:0",
 	}
 	for i := range engines {
 		pods[i], addrs[i] = fmt.Sprintf("pod-%d", i), fmt.Sprintf("127.0.0.1:%d", httpPorts+i)

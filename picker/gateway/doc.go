@@ -12,8 +12,17 @@
 // The index is asked in the same process (Local, kvindex serve --picker)
 // or over gRPC (Remote, kvindex picker --index), within a hard deadline
 // (Config.IndexTimeout): past it, or when the index fails, the request is
-// routed by load and session alone and the fallback is counted, so that a
-// slow or dead index costs the gateway at most the deadline.
+// routed by load and session alone, so that a slow or dead index costs
+// the gateway at most the deadline. Such a fallback is never silent: its
+// reason (picker.Fallback) is in the decision, the x-kvindex-fallback
+// header, the PickNamespace metadata, the fallback counter's label and a
+// rate-limited WARN. A model the index does not know is answered 404 on
+// /v1/pick, and over ext_proc as Config.UnknownModel says.
+//
+// A remote index need not be up when the picker starts: Warm connects in
+// the background, with backoff, and while the index is unreachable the
+// picker routes without asking it and reports not ready (IndexReady, and
+// the gRPC health service's "readiness").
 //
 // Each decision carries the index_seq of the index answer it scored
 // (picker.Decision.IndexSeq; 0 after a fallback): in /v1/pick's JSON, and
