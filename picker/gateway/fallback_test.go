@@ -152,10 +152,18 @@ func TestIndexStartsLater(t *testing.T) {
 	if n := mustVec(t, reg, "kvindex_picker_index_fallbacks_total", "index_unreachable"); n != 1 {
 		t.Errorf("index_unreachable fallbacks = %v, want 1", n)
 	}
-	// Each transition is logged once.
+	// The index goes away again: not ready, routed by load, said so.
+	gs.Stop()
+	testutil.Await(t, waitFor, "the picker to see its index gone", func() bool { ready, _ := svc.IndexReady(); return !ready })
+	e = send(t, xc, "/v1/completions", nil, nil, idsBody(turn2), 100)
+	if e.dest == "" || e.fallback != string(picker.FallbackIndexUnreachable) {
+		t.Errorf("destination %q, fallback %q: want routed by load, reason index_unreachable", e.dest, e.fallback)
+	}
+	e.finish(t, nil)
+	// Each transition is logged once: down, up, down.
 	out := logs.String()
-	if down, up := strings.Count(out, "the index is unreachable"), strings.Count(out, "the index answers"); down != 1 || up != 1 {
-		t.Errorf("logged down %d and up %d times, want once each:\n%s", down, up, out)
+	if down, up := strings.Count(out, "the index is unreachable"), strings.Count(out, "the index answers"); down != 2 || up != 1 {
+		t.Errorf("logged down %d and up %d times, want 2 and 1:\n%s", down, up, out)
 	}
 }
 
