@@ -186,8 +186,7 @@ func BenchmarkPicker(b *testing.B) {
 				lat = append(lat, time.Since(t0))
 			}
 			b.StopTimer()
-			if n := mustVec(b, reg, "kvindex_picker_index_fallbacks_total", "timeout") +
-				mustVec(b, reg, "kvindex_picker_index_fallbacks_total", "error"); n != 0 {
+			if n := fallbacks(b, reg); n != 0 {
 				b.Fatalf("%v requests fell back: the figures would not be the index's path", n)
 			}
 			slices.Sort(lat)

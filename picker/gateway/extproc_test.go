@@ -171,6 +171,16 @@ func mustVec(t testing.TB, reg *prometheus.Registry, name, label string) float64
 	return 0
 }
 
+// fallbacks counts the requests routed without the index, every reason.
+func fallbacks(tb testing.TB, reg *prometheus.Registry) float64 {
+	tb.Helper()
+	var n float64
+	for _, f := range picker.Fallbacks {
+		n += mustVec(tb, reg, "kvindex_picker_index_fallbacks_total", string(f))
+	}
+	return n
+}
+
 func remote(t *testing.T, addr string) gateway.Source {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)

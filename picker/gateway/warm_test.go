@@ -111,8 +111,7 @@ func TestRemoteWarmUp(t *testing.T) {
 			t.Fatalf("%s: not routed: status %d %s", what, e.status, e.body)
 		}
 		e.finish(t, nil)
-		fb := mustVec(t, reg, "kvindex_picker_index_fallbacks_total", "timeout") + mustVec(t, reg, "kvindex_picker_index_fallbacks_total", "error")
-		if fb != 0 {
+		if fb := fallbacks(t, reg); fb != 0 {
 			t.Fatalf("%s: routed without the index (%v fallbacks)", what, fb)
 		}
 	}
