@@ -131,7 +131,13 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 		case *extprocv3.ProcessingRequest_RequestTrailers:
 			resp = []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}}
 		case *extprocv3.ProcessingRequest_ResponseHeaders:
-			resp = []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}}}
+			hr := &extprocv3.HeadersResponse{}
+			if fl != nil && fl.fallback != "" {
+				// The client and the gateway's access log see it too.
+				hr.Response = &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+					{Header: &corev3.HeaderValue{Key: HeaderFallback, RawValue: []byte(fl.fallback)}}}}}
+			}
+			resp = []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: hr}}}
 		case *extprocv3.ProcessingRequest_ResponseBody:
 			// Full-duplex streaming: each frame goes back as it came.
 			eos := v.ResponseBody.GetEndOfStream()
@@ -184,7 +190,7 @@ func (x *ExtProc) route(stream extprocv3.ExternalProcessor_ProcessServer, hdr ma
 		_ = stream.Send(immediate(code, err.Error()))
 		return nil, nil
 	}
-	fl := &flight{done: done}
+	fl := &flight{done: done, fallback: string(d.Fallback)}
 	if o := s.cfg.Outcomes; o != nil && r != nil {
 		for _, sc := range d.Scores {
 			if sc.Pod == d.Pod {
@@ -227,10 +233,11 @@ func (x *ExtProc) route(stream extprocv3.ExternalProcessor_ProcessServer, hdr ma
 
 // flight is one routed request until its response has passed.
 type flight struct {
-	done    func() // ends the pick's in-flight count; idempotent
-	model   string
-	observe bool   // the response goes to Config.Outcomes
-	resp    []byte // the response body so far, while observed
+	done     func() // ends the pick's in-flight count; idempotent
+	fallback string // the pick's picker.Fallback, set on the response too
+	model    string
+	observe  bool   // the response goes to Config.Outcomes
+	resp     []byte // the response body so far, while observed
 }
 
 // response takes one response body frame; the last one ends the flight.

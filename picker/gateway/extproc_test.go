@@ -335,8 +335,20 @@ func (e *envoy) finish(t *testing.T, respBody []byte) {
 		if err := e.stream.Send(m); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.stream.Recv(); err != nil {
+		r, err := e.stream.Recv()
+		if err != nil {
 			t.Fatal(err)
+		}
+		if rh := r.GetResponseHeaders(); rh != nil {
+			var fb string
+			for _, h := range rh.GetResponse().GetHeaderMutation().GetSetHeaders() {
+				if h.GetHeader().GetKey() == gateway.HeaderFallback {
+					fb = string(h.GetHeader().GetRawValue())
+				}
+			}
+			if fb != e.fallback {
+				t.Fatalf("fallback on the response %q, on the request %q", fb, e.fallback)
+			}
 		}
 	}
 	e.stream.CloseSend()

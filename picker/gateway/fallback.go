@@ -18,8 +18,9 @@ import (
 const (
 	// HeaderFallback is set on a request routed without the index's
 	// answer, to its reason (picker.Fallback): over ext_proc it is added
-	// to the request's headers, so the engine and the gateway's access
-	// log see it; /v1/pick sets it on its answer.
+	// to the request's headers and to its response's, so that the
+	// engine, the client and the gateway's access log see it; /v1/pick
+	// sets it on its answer.
 	HeaderFallback = "x-kvindex-fallback"
 	// FallbackKey is the PickNamespace metadata key of the same reason.
 	FallbackKey = "fallback"
