@@ -72,6 +72,10 @@ func (ln *listener) closeZAP() {
 // status, text, user_id, metadata]. A REP socket must answer each request
 // before reading the next.
 func (ln *listener) onZAP() {
+	if readable(ln.mon) {
+		// The connections accepted before their handshake (listen_conns.go).
+		ln.onMonitor()
+	}
 	for range recvBudget {
 		req, err := ln.zap.RecvMessageBytes(zmq.DONTWAIT)
 		if err != nil {
@@ -92,11 +96,20 @@ func (ln *listener) onZAP() {
 }
 
 // authorize decides a connection from addr at the handshake: some rule
-// must name the address (the pod is not known before a message arrives).
+// must name the address (the pod is not known before a message arrives),
+// and the connection must fit (listen_conns.go).
 func (ln *listener) authorize(addr string) (status, text string) {
 	a, err := netip.ParseAddr(addr)
 	if err == nil && ln.allow.handshake(a) {
-		return "200", "OK"
+		if ln.admitConn(a.Unmap().WithZone("")) {
+			return "200", "OK"
+		}
+		c := ln.ctr.refusedFull.Add(1)
+		if logEvery(c) {
+			ln.s.log.Warn("zmqtransport: connection refused at the handshake: the listener has as many connections as its event queues are sized for, from sources no exact engine allow rule names; libzmq will not retry it, so an engine refused here stays out until it reconnects (raise --max-engines, or name the engines in --engine-allow)",
+				"addr", addr, "endpoint", ln.bound0(), "max_engines", ln.s.cfg.MaxEngines, "count", c)
+		}
+		return "400", "too many connections"
 	}
 	c := ln.ctr.refusedHandshake.Add(1)
 	if logEvery(c) {
