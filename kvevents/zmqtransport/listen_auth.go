@@ -17,7 +17,8 @@ import (
 //     once the socket has a ZAP domain. The listener serves that handler
 //     on its own loop, from a REP socket bound to inproc://zeromq.zap.01
 //     in the subscriber's context (one handler per context), and refuses
-//     addresses no rule names. pebbe/zmq4's AuthStart cannot do it: it
+//     addresses no rule names, and connections beyond the cap
+//     (listen_conns.go). pebbe/zmq4's AuthStart cannot do it: it
 //     binds in pebbe's default context, which the subscriber does not
 //     use, keeps its rules in process-wide globals and counts nothing.
 //   - per message, the source address libzmq attaches to it (its
@@ -106,7 +107,7 @@ func (ln *listener) authorize(addr string) (status, text string) {
 		}
 		c := ln.ctr.refusedFull.Add(1)
 		if logEvery(c) {
-			ln.s.log.Warn("zmqtransport: connection refused at the handshake: the listener has as many connections as its event queues are sized for, from sources no exact engine allow rule names; libzmq will not retry it, so an engine refused here stays out until it reconnects (raise --max-engines, or name the engines in --engine-allow)",
+			ln.s.log.Warn("zmqtransport: connection refused at the handshake: the listener has as many connections as its event queues are sized for, from sources no exact engine allow rule ties to a pod; libzmq does not retry it, so an engine refused here stays out until it restarts (raise --max-engines, or name the engines in --engine-allow)",
 				"addr", addr, "endpoint", ln.bound0(), "max_engines", ln.s.cfg.MaxEngines, "count", c)
 		}
 		return "400", "too many connections"

@@ -23,9 +23,17 @@ import (
 // queues hold at most (MaxEngines + the tied pods' allowance) x RcvHWM
 // messages, whatever the number of peers.
 //
-// libzmq does not retry a connection refused at the handshake: an engine
+// libzmq does not retry a connection refused at the handshake (but when
+// the connection closes before the refusal reaches the peer): an engine
 // admitted only by a glob rule that connects while the cap is full stays
-// out until it reconnects (restarts). The log says so, with the cure.
+// out until it restarts. The log says so, with the cure. The cap is
+// served only under static rules (zapOn): discovery's rules admit pods
+// after their engines may have connected, so a handshake refusal there
+// could shut out a named engine for good.
+//
+// The cap counts connections, not engines: the flood's sockets that fit
+// are admitted like engines, and their topics then compete for slots
+// (slots.go).
 //
 // The handshake names the source address but not the connection, and the
 // monitor names the connection (its fd) but not the address, so they
