@@ -70,6 +70,11 @@ type ListenerStats struct {
 	// RefusedHandshakes counts connections refused at the ZMQ handshake
 	// because no engine allow rule names their source address.
 	RefusedHandshakes uint64
+	// RefusedConnections counts connections refused at the handshake
+	// because the listener had as many connections as its event queues
+	// are sized for (SubscriberConfig.MaxEngines, beyond the named
+	// sources' own).
+	RefusedConnections uint64
 	// ForgottenEngines counts engine ranks forgotten after their
 	// connection had been gone for the subscriber's ForgetAfter.
 	ForgottenEngines uint64

@@ -108,6 +108,7 @@ func TestListenerMetrics(t *testing.T) {
 	streams := &listenerStreams{ls: kvevents.ListenerStats{
 		Endpoint: ep, Peers: 2, Messages: 100, MalformedFrames: 1, UnknownTopics: 2, DecodeErrors: 3,
 		BadRanks: 4, Conflicts: 5, RefusedEngines: 6, RefusedSources: 7, RefusedHandshakes: 8,
+		RefusedConnections: 9,
 	}}
 	f := newFixture(t, func(c *Config) { c.Streams = streams })
 	text := scrape(t, f.url)
@@ -123,6 +124,7 @@ func TestListenerMetrics(t *testing.T) {
 		`kvindex_listener_refused_engines_total{` + l + `} 6`,
 		`kvindex_listener_rejected_total{` + l + `,reason="source"} 7`,
 		`kvindex_listener_refused_connections_total{` + l + `,reason="handshake"} 8`,
+		`kvindex_listener_refused_connections_total{` + l + `,reason="full"} 9`,
 	} {
 		if !strings.Contains(text, want+"\n") {
 			t.Errorf("metrics lack %q", want)

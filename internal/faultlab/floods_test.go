@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -300,8 +301,11 @@ func topicFlood(t *testing.T) {
 // answer about it is right, and the peak RSS stays within the process
 // bound. One socket per pod, not many topics on few sockets: kvindex's
 // listener keeps a receive queue per connection (up to RcvHWM messages
-// each), which is memory the row must count; the streams are per topic
-// either way.
+// each), outside the Go heap, so it admits only as many connections as
+// its queues are sized for (--max-engines, beyond those of the healthy
+// engine's address, which an exact rule names) and refuses the others at
+// the handshake; the sockets refused never get kvindex's subscription and
+// send nothing it reads.
 func randomHashFlood(t *testing.T) {
 	const pods, batches, blocks, workers = 1000, 60, 8, 8
 	listen := "tcp://" + testutil.FreeAddr(t)
@@ -317,11 +321,17 @@ func randomHashFlood(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	var sent [workers]int
+	// Each socket gets kvindex's subscription or is refused at the
+	// handshake; the flood starts once kvindex has decided every one.
+	var subscribed atomic.Int64
+	decided := make(chan struct{})
 	// The sockets stay open until the row ends: closing one drops what
 	// it still queues, and kvindex would see the pod depart.
 	release := make(chan struct{})
 	var closed sync.WaitGroup
+	var decide sync.Once
 	t.Cleanup(func() {
+		decide.Do(func() { close(decided) })
 		close(release)
 		closed.Wait()
 	})
@@ -353,14 +363,33 @@ func randomHashFlood(t *testing.T) {
 				socks = append(socks, s)
 				topics = append(topics, fmt.Sprintf("kv@hash-%04d@%s", i, model))
 			}
-			for _, s := range socks {
-				if err := s.subscribed(); err != nil {
-					errs <- err
-					return
+			var admitted []int // of socks
+			pending := make([]int, len(socks))
+			for i := range pending {
+				pending[i] = i
+			}
+			for len(pending) > 0 {
+				var still []int
+				for _, i := range pending {
+					if _, err := socks[i].sock.RecvBytes(zmq.DONTWAIT); err == nil {
+						admitted = append(admitted, i)
+						subscribed.Add(1)
+					} else {
+						still = append(still, i)
+					}
+				}
+				pending = still
+				select {
+				case <-decided:
+					pending = nil
+				case <-time.After(pollEvery):
 				}
 			}
+			<-decided
+			slices.Sort(admitted)
 			for b := range batches {
-				for i, s := range socks {
+				for _, i := range admitted {
+					s := socks[i]
 					if err := s.send(topics[i], uint64(b), payloads[(b+i)%len(payloads)]); err != nil {
 						errs <- err
 						return
@@ -370,6 +399,15 @@ func randomHashFlood(t *testing.T) {
 			}
 		}()
 	}
+	var refusedConns float64
+	testutil.Await(t, awaitBound, "every flood connection admitted or refused", func() bool {
+		_, _, v := scrape(t, k, "kvindex_listener_refused_connections_total")
+		refusedConns = listenerValue(v, "kvindex_listener_refused_connections_total", `reason="full"`)
+		// >=: a peer that sees the connection close before the refusal
+		// reaches it retries, and is refused again.
+		return int(refusedConns)+int(subscribed.Load()) >= pods
+	})
+	decide.Do(func() { close(decided) })
 	go func() { // the healthy engine keeps publishing meanwhile
 		wg.Wait()
 		close(errs)
@@ -409,8 +447,12 @@ func randomHashFlood(t *testing.T) {
 	faultEnd := time.Now()
 	tail(t, tr, healthy)
 	_, _, values := scrape(t, k, listenerSeries...)
-	t.Logf("%d batches of %d random blocks sent by %d pods (max engines %d); engines by state: ok %v, unconfirmed %v, degraded %v, partial %v; listener messages %v, peers %v",
-		total, blocks, pods, memlimit.MaxEngines(floodsBudget, zmqtransport.DefaultMaxEngines),
+	t.Logf("%d pods connect, %d admitted, %d connections refused at the handshake (max engines %d)", pods, subscribed.Load(), int(refusedConns), memlimit.MaxEngines(floodsBudget, zmqtransport.DefaultMaxEngines))
+	if int(refusedConns) == 0 {
+		t.Errorf("no flood connection was refused: the listen socket's queues are not bounded")
+	}
+	t.Logf("%d batches of %d random blocks sent by the %d pods admitted (max engines %d); engines by state: ok %v, unconfirmed %v, degraded %v, partial %v; listener messages %v, peers %v",
+		total, blocks, int(subscribed.Load()), memlimit.MaxEngines(floodsBudget, zmqtransport.DefaultMaxEngines),
 		values[`kvindex_engines{state="ok"}`], values[`kvindex_engines{state="unconfirmed"}`], values[`kvindex_engines{state="degraded"}`], values[`kvindex_engines{state="partial"}`],
 		listenerValue(values, "kvindex_listener_messages_total", ""), listenerValue(values, "kvindex_listener_peers", ""))
 	stopSampling()

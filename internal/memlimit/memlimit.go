@@ -125,7 +125,14 @@ type Shares struct {
 //     budget/QueueShareDiv spread over the streams, within [minRcvHWM,
 //     MaxRcvHWM], and shallower when the index would keep less than
 //     budget/minIndexDiv; a shallow queue trades replays for memory
-//     (minRcvHWM);
+//     (minRcvHWM). In bind mode libzmq keeps one queue per connection,
+//     not per stream, so the share holds only because the listener
+//     admits at most MaxEngines connections at the handshake
+//     (zmqtransport's connection cap, under static engine allow rules);
+//     beyond the share are the connections of the addresses exact rules
+//     tie to pods (two per pod and listen port), as those engines'
+//     state is, and, with discovery's rules, which are not checked at
+//     the handshake, every connection beyond MaxEngines;
 //   - Index: the rest, at least budget/minIndexDiv.
 //
 // So the index evicts to stay within its share, and the budget covers the

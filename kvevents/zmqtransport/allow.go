@@ -90,14 +90,20 @@ type allowList struct {
 	exact map[string][]netip.Prefix
 	globs []AllowRule
 	all   []netip.Prefix // every rule's network: the handshake's test
+	// tied counts, per source address, the pods exact rules tie to it:
+	// a rule naming the pod with that single address, or a pod named by
+	// the address itself. Its connections are bounded by those pods'
+	// (listen_conns.go), not by the cap on the others'.
+	tied map[netip.Addr]int
 }
 
 func compileAllowList(rules []AllowRule) (*allowList, error) {
 	if len(rules) == 0 {
 		return nil, nil
 	}
-	a := &allowList{exact: map[string][]netip.Prefix{}}
+	a := &allowList{exact: map[string][]netip.Prefix{}, tied: map[netip.Addr]int{}}
 	seen := map[AllowRule]bool{}
+	tiedPods := map[netip.Addr]map[string]bool{}
 	for _, r := range rules {
 		// Validate what a caller built by hand as ParseAllowRule would.
 		if !r.Prefix.IsValid() {
@@ -114,8 +120,23 @@ func compileAllowList(rules []AllowRule) (*allowList, error) {
 			a.globs = append(a.globs, r)
 		} else {
 			a.exact[r.Pod] = append(a.exact[r.Pod], r.Prefix)
+			addr, tie := r.Prefix.Addr(), r.Prefix.IsSingleIP()
+			if ip, err := netip.ParseAddr(r.Pod); err == nil {
+				// A pod named by its address speaks from it alone.
+				addr = ip.Unmap().WithZone("")
+				tie = r.Prefix.Contains(addr)
+			}
+			if tie {
+				if tiedPods[addr] == nil {
+					tiedPods[addr] = map[string]bool{}
+				}
+				tiedPods[addr][r.Pod] = true
+			}
 		}
 		a.all = append(a.all, r.Prefix)
+	}
+	for addr, pods := range tiedPods {
+		a.tied[addr] = len(pods)
 	}
 	return a, nil
 }

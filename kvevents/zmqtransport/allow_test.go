@@ -141,3 +141,31 @@ func TestAllowList(t *testing.T) {
 		}
 	}
 }
+
+// TestAllowListTied: the addresses whose connections the handshake does
+// not count against the cap, and for how many pods (listen_conns.go).
+func TestAllowListTied(t *testing.T) {
+	a, err := compileAllowList([]AllowRule{
+		allowRule("vllm-0=10.0.0.5"), allowRule("vllm-1=10.0.0.5"), // two pods on one address
+		allowRule("vllm-2=10.0.1.0/24"),   // an exact pod over a network: not tied
+		allowRule("10.0.2.7=10.0.2.0/24"), // a pod named by its address
+		allowRule("10.0.3.7=10.0.4.0/24"), // named by an address its rule excludes
+		allowRule("*=10.0.0.0/8"),         // a glob ties nothing
+		allowRule("vllm-*=10.0.9.9"),      // nor over one address
+		allowRule("vllm-0=10.0.0.6"),      // a pod on two addresses
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		addr string
+		want int
+	}{
+		{"10.0.0.5", 2}, {"10.0.0.6", 1}, {"10.0.1.3", 0}, {"10.0.2.7", 1},
+		{"10.0.3.7", 0}, {"10.0.4.1", 0}, {"10.0.9.9", 0}, {"10.9.9.9", 0},
+	} {
+		if got := a.tied[netip.MustParseAddr(tt.addr)]; got != tt.want {
+			t.Errorf("tied[%s] = %d, want %d", tt.addr, got, tt.want)
+		}
+	}
+}

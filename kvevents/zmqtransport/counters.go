@@ -74,6 +74,7 @@ type listenerCounters struct {
 	messages, malformed, unknownTopics, decodeErr atomic.Uint64
 	badRanks, conflicts, refused                  atomic.Uint64
 	refusedSource, refusedHandshake, forgotten    atomic.Uint64
+	refusedFull                                   atomic.Uint64
 	unproven, displaced                           atomic.Uint64
 }
 
@@ -88,11 +89,12 @@ func (c *listenerCounters) snapshot() kvevents.ListenerStats {
 		Conflicts:       c.conflicts.Load(),
 		RefusedEngines:  c.refused.Load(),
 
-		RefusedSources:    c.refusedSource.Load(),
-		RefusedHandshakes: c.refusedHandshake.Load(),
-		ForgottenEngines:  c.forgotten.Load(),
-		UnprovenEngines:   c.unproven.Load(),
-		DisplacedEngines:  c.displaced.Load(),
+		RefusedSources:     c.refusedSource.Load(),
+		RefusedHandshakes:  c.refusedHandshake.Load(),
+		RefusedConnections: c.refusedFull.Load(),
+		ForgottenEngines:   c.forgotten.Load(),
+		UnprovenEngines:    c.unproven.Load(),
+		DisplacedEngines:   c.displaced.Load(),
 	}
 	if ep := c.endpoint.Load(); ep != nil {
 		ls.Endpoint = *ep

@@ -48,7 +48,9 @@
 // first message or is dropped; MaxEngines caps the engines admitted by a
 // glob rule, never those an exact rule or their own address names; at the
 // cap a newcomer takes the slot of the glob-admitted engine silent
-// longest.
+// longest. Under static rules MaxEngines also caps, at the handshake, the
+// connections from addresses no exact rule ties to a pod, each of which
+// has its own receive queue in libzmq (listen_conns.go).
 //
 // # Reconnecting
 //

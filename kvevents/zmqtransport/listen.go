@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strings"
 
 	zmq "github.com/pebbe/zmq4"
@@ -67,6 +68,12 @@ type listener struct {
 	// restart; verifying would find the same process anyway.
 	conns    map[int]uint64
 	nextConn uint64
+	// With ZAP (zapOn), connSrc is each connection's source address,
+	// sources counts the connections per address, and capped those that
+	// count against the cap (listen_conns.go).
+	connSrc map[int]netip.Addr
+	sources map[netip.Addr]*sourceConns
+	capped  int
 }
 
 // route is what a topic resolved to: an engine and its ranks' streams.
@@ -99,6 +106,8 @@ func (s *Subscriber) startListener() error {
 		namedPods: map[string]*namedPod{},
 		pending:   map[kvevents.EngineID]*stream{},
 		conns:     map[int]uint64{},
+		connSrc:   map[int]netip.Addr{},
+		sources:   map[netip.Addr]*sourceConns{},
 		allow:     s.allow,
 		follow:    strings.Contains(s.cfg.ReplayTemplate, "{addr}"),
 	}
@@ -573,12 +582,19 @@ func (ln *listener) onMonitor() {
 		case ev&zmq.EVENT_ACCEPTED != 0:
 			ln.nextConn++
 			ln.conns[fd] = ln.nextConn
+			if ln.zapOn() {
+				ln.connSrc[fd] = ln.connAccepted(fd)
+			}
 			p := ln.ctr.peers.Add(1)
 			ln.s.log.LogAttrs(context.Background(), slog.LevelInfo, "zmqtransport: engine connected to listener",
 				slog.String("addr", addr), slog.Int64("peers", p))
 		case ev&zmq.EVENT_DISCONNECTED != 0:
 			ln.disconnected(ln.conns[fd])
 			delete(ln.conns, fd)
+			if a, ok := ln.connSrc[fd]; ok {
+				ln.connClosed(a)
+				delete(ln.connSrc, fd)
+			}
 			p := ln.ctr.peers.Add(-1)
 			ln.s.log.LogAttrs(context.Background(), slog.LevelInfo, "zmqtransport: engine disconnected from listener",
 				slog.String("addr", addr), slog.Int64("peers", p))

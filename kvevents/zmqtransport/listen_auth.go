@@ -17,7 +17,8 @@ import (
 //     once the socket has a ZAP domain. The listener serves that handler
 //     on its own loop, from a REP socket bound to inproc://zeromq.zap.01
 //     in the subscriber's context (one handler per context), and refuses
-//     addresses no rule names. pebbe/zmq4's AuthStart cannot do it: it
+//     addresses no rule names, and connections beyond the cap
+//     (listen_conns.go). pebbe/zmq4's AuthStart cannot do it: it
 //     binds in pebbe's default context, which the subscriber does not
 //     use, keeps its rules in process-wide globals and counts nothing.
 //   - per message, the source address libzmq attaches to it (its
@@ -72,6 +73,10 @@ func (ln *listener) closeZAP() {
 // status, text, user_id, metadata]. A REP socket must answer each request
 // before reading the next.
 func (ln *listener) onZAP() {
+	if readable(ln.mon) {
+		// The connections accepted before their handshake (listen_conns.go).
+		ln.onMonitor()
+	}
 	for range recvBudget {
 		req, err := ln.zap.RecvMessageBytes(zmq.DONTWAIT)
 		if err != nil {
@@ -92,11 +97,20 @@ func (ln *listener) onZAP() {
 }
 
 // authorize decides a connection from addr at the handshake: some rule
-// must name the address (the pod is not known before a message arrives).
+// must name the address (the pod is not known before a message arrives),
+// and the connection must fit (listen_conns.go).
 func (ln *listener) authorize(addr string) (status, text string) {
 	a, err := netip.ParseAddr(addr)
 	if err == nil && ln.allow.handshake(a) {
-		return "200", "OK"
+		if ln.admitConn(a.Unmap().WithZone("")) {
+			return "200", "OK"
+		}
+		c := ln.ctr.refusedFull.Add(1)
+		if logEvery(c) {
+			ln.s.log.Warn("zmqtransport: connection refused at the handshake: the listener has as many connections as its event queues are sized for, from sources no exact engine allow rule ties to a pod; libzmq does not retry it, so an engine refused here stays out until it restarts (raise --max-engines, or name the engines in --engine-allow)",
+				"addr", addr, "endpoint", ln.bound0(), "max_engines", ln.s.cfg.MaxEngines, "count", c)
+		}
+		return "400", "too many connections"
 	}
 	c := ln.ctr.refusedHandshake.Add(1)
 	if logEvery(c) {

@@ -108,7 +108,8 @@ type SubscriberConfig struct {
 	// requirements as EngineAllow. They are enforced on each message's
 	// source only, not at the handshake: libzmq never retries a peer
 	// refused there, and an engine may connect before the rules admit
-	// it (every engine does, when kvindex restarts).
+	// it (every engine does, when kvindex restarts); so its connections
+	// are not capped either (MaxEngines).
 	EngineAllowDynamic bool
 	// MaxEngines caps the streams (engine ranks) a listen socket
 	// discovers from topics: each costs a sequencer, a replay socket and
@@ -120,7 +121,11 @@ type SubscriberConfig struct {
 	// engines admitted through a glob EngineAllow rule (or to all,
 	// without rules): one whose pod an exact rule names (as discovery's
 	// rules do), or named by the IP address it speaks from, is never
-	// refused for lack of slots. Default DefaultMaxEngines.
+	// refused for lack of slots. With EngineAllow, it also caps the
+	// connections to the listen socket, each with its own receive queue
+	// of RcvHWM messages, from addresses no exact rule ties to a pod
+	// (listen_conns.go; ListenerStats.RefusedConnections). Default
+	// DefaultMaxEngines.
 	MaxEngines int
 	// ForgetAfter: in bind mode, an engine rank whose connection has
 	// been gone this long (or a resumed one whose engine never showed up)
