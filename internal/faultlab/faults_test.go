@@ -502,21 +502,7 @@ func slowClients(t *testing.T) {
 				return
 			}
 			defer conn.Close()
-			req := []byte("GET /healthz HTTP/1.1\r\nHost: kvindex\r\nX-Slow: ")
-			for i := 0; ; i++ {
-				b := byte('a')
-				if i < len(req) {
-					b = req[i]
-				}
-				if _, err := conn.Write([]byte{b}); err != nil {
-					return
-				}
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(50 * time.Millisecond):
-				}
-			}
+			trickleOn(ctx, conn, "GET /healthz HTTP/1.1\r\nHost: kvindex\r\nX-Slow: ")
 		}()
 	}
 	done := make(chan struct{})

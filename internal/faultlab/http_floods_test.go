@@ -310,21 +310,7 @@ func httpBodyFlood(t *testing.T) {
 	}()
 	var flood outcomes
 	floodHTTP(ctx, &wg, 96, []string{"http://" + k.httpAddr + "/v1/longest-prefix", "http://" + k.httpAddr + "/v1/lookup"}, &flood)
-	var legit probes
-	stop, probed := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(probed)
-		probeHTTP(k.httpAddr, stop, &legit)
-	}()
-	tr.run(t, engines, 300)
-	close(stop)
-	<-probed
-	// Still flooded: a quiescent point, and every HTTP answer compared.
-	tail(t, tr, engines)
-	if !quiesce(t, k, engines) {
-		t.Fatal("no quiescent point under the flood")
-	}
-	httpTally := checkHTTP(t, k.httpAddr, engines)
+	legit, httpTally := probeUnderLoad(t, k, engines, tr, 300)
 	metrics := "http://" + k.httpAddr + "/metrics"
 	busy := metricSum(t, metrics, "kvindex_query_refused_total", `reason="body_bytes_in_flight"`)
 	cancel()
@@ -334,17 +320,7 @@ func httpBodyFlood(t *testing.T) {
 	settle(t, k, faultEnd, engines, nil, floodHTTPBudget)
 	checkBound(t, k, floodHTTPBudget)
 	note := fmt.Sprintf("legitimate queries: %s; flood answers: %s; %v refused as busy", legit.summary(), flood.String(), busy)
-	amend(t, func(r *row) {
-		r.checked += httpTally.checked
-		r.wrongOK += httpTally.wrongOK
-		r.wrongFlagged += httpTally.wrongFlagged
-		addNote(r, note)
-	})
-	t.Log(note)
-	legit.failed(t, "queries")
-	if httpTally.wrongOK > 0 {
-		t.Errorf("%d of %d HTTP answers under the flood wrong for an engine reported ok, e.g.\n  %s", httpTally.wrongOK, httpTally.checked, strings.Join(httpTally.examples, "\n  "))
-	}
+	reportHTTP(t, legit, httpTally, note)
 }
 
 // httpSlowConns: 1,200 connections from 127.0.0.1 trickling their
@@ -368,20 +344,7 @@ func httpSlowConns(t *testing.T) {
 		}
 		wg.Go(func() { trickle(ctx, k.httpAddr, head, &opened) })
 	}
-	var legit probes
-	stop, probed := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(probed)
-		probeHTTP(k.httpAddr, stop, &legit)
-	}()
-	tr.run(t, engines, 1000)
-	close(stop)
-	<-probed
-	tail(t, tr, engines)
-	if !quiesce(t, k, engines) {
-		t.Fatal("no quiescent point among the slow connections")
-	}
-	httpTally := checkHTTP(t, k.httpAddr, engines)
+	legit, httpTally := probeUnderLoad(t, k, engines, tr, 1000)
 	metrics := "http://" + k.httpAddr + "/metrics"
 	refused := metricSum(t, metrics, "kvindex_http_connections_refused_total", "")
 	timeouts := metricSum(t, metrics, "kvindex_http_read_timeouts_total", "")
@@ -391,6 +354,36 @@ func httpSlowConns(t *testing.T) {
 	settle(t, k, faultEnd, engines, nil, 0)
 	note := fmt.Sprintf("legitimate queries: %s; %d slow connections opened, %v refused by the per-address share, %v closed by a read deadline",
 		legit.summary(), opened.Load(), refused, timeouts)
+	reportHTTP(t, legit, httpTally, note)
+}
+
+// probeUnderLoad runs legitimate HTTP queries (probeHTTP) while the
+// engines serve requests through tr, then, with the fault still on,
+// waits for a quiescent point and compares every HTTP answer with the
+// engines' caches (checkHTTP).
+func probeUnderLoad(t *testing.T, k *kvindexProc, engines []*engine, tr *traffic, requests int) (*probes, tally) {
+	t.Helper()
+	legit := &probes{}
+	stop, probed := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(probed)
+		probeHTTP(k.httpAddr, stop, legit)
+	}()
+	tr.run(t, engines, requests)
+	close(stop)
+	<-probed
+	tail(t, tr, engines)
+	if !quiesce(t, k, engines) {
+		t.Fatal("no quiescent point under the fault")
+	}
+	return legit, checkHTTP(t, k.httpAddr, engines)
+}
+
+// reportHTTP adds the HTTP answers' tally and a note to the row, and
+// fails the test for a failed legitimate query or an HTTP answer wrong
+// for an engine reported ok.
+func reportHTTP(t *testing.T, legit *probes, httpTally tally, note string) {
+	t.Helper()
 	amend(t, func(r *row) {
 		r.checked += httpTally.checked
 		r.wrongOK += httpTally.wrongOK
@@ -400,7 +393,7 @@ func httpSlowConns(t *testing.T) {
 	t.Log(note)
 	legit.failed(t, "queries")
 	if httpTally.wrongOK > 0 {
-		t.Errorf("%d of %d HTTP answers wrong for an engine reported ok, e.g.\n  %s", httpTally.wrongOK, httpTally.checked, strings.Join(httpTally.examples, "\n  "))
+		t.Errorf("%d of %d HTTP answers under the fault wrong for an engine reported ok, e.g.\n  %s", httpTally.wrongOK, httpTally.checked, strings.Join(httpTally.examples, "\n  "))
 	}
 }
 
