@@ -28,9 +28,17 @@ import (
 // and returns its URL.
 func startNATS(t *testing.T) string {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{
+	s := runNATS(t, &server.Options{
 		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true,
 	})
+	return fmt.Sprintf("nats://127.0.0.1:%d", s.Addr().(*net.TCPAddr).Port)
+}
+
+// runNATS starts an embedded NATS server with opts, waits until it takes
+// connections and shuts it down when the test ends.
+func runNATS(t *testing.T, opts *server.Options) *server.Server {
+	t.Helper()
+	s, err := server.NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +50,7 @@ func startNATS(t *testing.T) string {
 		s.Shutdown()
 		s.WaitForShutdown()
 	})
-	return fmt.Sprintf("nats://127.0.0.1:%d", s.Addr().(*net.TCPAddr).Port)
+	return s
 }
 
 // natsConn reaches url, signing with the key every relay and replica of

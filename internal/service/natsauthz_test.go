@@ -76,18 +76,7 @@ func authorizedNATS(t *testing.T) (string, map[string]string) {
 		t.Fatalf("the chart's configuration of values.yaml: %v\n%s", err, conf)
 	}
 	opts.NoSigs, opts.NoLog = true, true
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() {
-		s.Shutdown()
-		s.WaitForShutdown()
-	})
+	s := runNATS(t, opts)
 	for _, u := range []string{relayUser, replicaUser} {
 		if passwords[u] == "" {
 			t.Fatalf("values.yaml has no user %q", u)
