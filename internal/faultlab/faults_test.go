@@ -59,6 +59,8 @@ func TestFaults(t *testing.T) {
 		{"http-body-flood", httpBodyFlood},
 		{"http-slow-conns", httpSlowConns},
 		{"picker-body-flood", pickerBodyFlood},
+		{"forged-source", forgedSource},
+		{"nats-forgeries", natsForgeries},
 	} {
 		tableOrder = append(tableOrder, f.name)
 		heavy := slices.Contains([]string{"flood-16MiB-budget", "churn-1000-engines", "slow-watchers-and-http", "budget-eviction-1MiB", "mismatched-flood-2MiB", "topic-flood-8000", "random-hash-flood-1000",

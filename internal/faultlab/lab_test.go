@@ -350,6 +350,24 @@ func skip(t *testing.T, why string) {
 // departed engines hold nothing; budget is the --memory-budget (0: none).
 func settle(t *testing.T, k *kvindexProc, faultEnd time.Time, engines, departed []*engine, budget int64) row {
 	t.Helper()
+	r, total := measure(t, k, faultEnd, engines, departed, budget)
+	record(r)
+	failWrongOK(t, total)
+	return r
+}
+
+// failWrongOK fails the test for any answer wrong for an ok engine.
+func failWrongOK(t *testing.T, total tally) {
+	t.Helper()
+	if total.wrongOK > 0 {
+		t.Errorf("%d of %d answers wrong for an engine reported ok, e.g.\n  %s", total.wrongOK, total.checked, strings.Join(total.examples, "\n  "))
+	}
+}
+
+// measure is settle without recording the row or failing the test: for
+// a scenario that settles several kvindex processes into one row.
+func measure(t *testing.T, k *kvindexProc, faultEnd time.Time, engines, departed []*engine, budget int64) (row, tally) {
+	t.Helper()
 	r := row{fault: strings.TrimPrefix(t.Name(), "TestFaults/"), recovered: "never"}
 	if !quiesce(t, k, engines) {
 		r.note = "no quiescent point"
@@ -386,9 +404,5 @@ func settle(t *testing.T, k *kvindexProc, faultEnd time.Time, engines, departed 
 	} else {
 		r.rss = mib(rss) + " / unlimited"
 	}
-	record(r)
-	if total.wrongOK > 0 {
-		t.Errorf("%d of %d answers wrong for an engine reported ok, e.g.\n  %s", total.wrongOK, total.checked, strings.Join(total.examples, "\n  "))
-	}
-	return r
+	return r, total
 }
