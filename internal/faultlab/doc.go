@@ -25,7 +25,10 @@
 // never read or send slowly, and floods of huge or endless request bodies
 // and of trickling connections against serve's HTTP API and kvindex
 // picker (its HTTP and ext_proc fronts), where legitimate queries and
-// picks must keep answering within the process bound.
+// picks must keep answering within the process bound; and forgeries:
+// sources speaking for engines their allow rules do not give them in bind
+// mode, and, in NATS mode (nats-server, a relay and two replicas), records
+// and snapshots written without the shared key.
 //
 // The suite runs in go test (and so in make test). make faults runs it
 // with -faults.table, which prints one table: per fault, the answers
