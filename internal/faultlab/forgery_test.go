@@ -273,6 +273,11 @@ func natsForgeries(t *testing.T) {
 	// (d) first: the forged pointer names a later stream sequence than
 	// any real snapshot, so none is written after it and the second
 	// replica restores one from before the forged records.
+	writes := func() (ok, superseded float64) {
+		_, _, v := scrape(t, k1, "kvindex_snapshot_writes_total")
+		return v[`kvindex_snapshot_writes_total{result="ok"}`], v[`kvindex_snapshot_writes_total{result="superseded"}`]
+	}
+	okBefore, supBefore := writes()
 	forgedSeq := si.State.LastSeq + 1_000_000
 	forgeSnapshots(t, ctx, js, engines, forgedSeq, wrongKey)
 
@@ -338,6 +343,16 @@ func natsForgeries(t *testing.T) {
 	if v[`kvindex_snapshot_restores_total{result="fallback"}`] != 1 || restoredSeq == 0 || restoredSeq >= float64(forgedSeq-1) || refusedSnaps < 2 {
 		t.Errorf("the second replica did not refuse both forged snapshots and fall back on the real one")
 	}
+
+	// Not a wrong answer, but worth knowing: the snapshot writer checks
+	// the pointer's sequence before writing, and the forged pointer's is
+	// past the stream's end.
+	okAfter, supAfter := writes()
+	for deadline := time.Now().Add(recoverBound); okAfter+supAfter == okBefore+supBefore && time.Now().Before(deadline); {
+		time.Sleep(pollEvery) // the writer's next attempt, if it makes one
+		okAfter, supAfter = writes()
+	}
+	t.Logf("the first replica's snapshot writes since the forged pointer: %v kept, %v superseded", okAfter-okBefore, supAfter-supBefore)
 
 	faultEnd := time.Now()
 	tr.run(t, engines, 20)
