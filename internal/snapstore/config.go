@@ -51,10 +51,12 @@ type Config struct {
 	// Replicas is the buckets' replica count in a clustered JetStream.
 	Replicas int
 	// Auth, if set, signs every snapshot written (an HMAC of its bytes in
-	// the object's metadata, metaMAC) and makes Load refuse any snapshot
-	// whose code is missing or wrong, before its content is used (see
-	// Verifier): whoever may write to the buckets cannot have a replica
-	// restore an index of their making.
+	// the object's metadata, metaMAC) and its pointer, and makes Load
+	// refuse any snapshot whose code is missing or wrong, before its
+	// content is used (see Verifier), and every reader ignore a pointer
+	// whose code is: whoever may write to the buckets cannot have a
+	// replica restore an index of their making, nor hold the real
+	// snapshots off with a pointer far ahead.
 	Auth *natstransport.Auth
 }
 

@@ -73,13 +73,15 @@ type Store struct {
 	leaseTTL time.Duration      // the lease bucket's TTL
 	model    string             // escaped model: names its objects and keys
 
-	writes       *prometheus.CounterVec
-	lastBytes    prometheus.Gauge
-	lastDuration prometheus.Gauge
-	lastSeq      prometheus.Gauge
-	lastSuccess  prometheus.Gauge
-	restores     *prometheus.CounterVec
-	leaseHeld    prometheus.Gauge
+	writes *prometheus.CounterVec
+	// forgedPointers counts pointers ignored for their code (Config.Auth).
+	forgedPointers prometheus.Counter
+	lastBytes      prometheus.Gauge
+	lastDuration   prometheus.Gauge
+	lastSeq        prometheus.Gauge
+	lastSuccess    prometheus.Gauge
+	restores       *prometheus.CounterVec
+	leaseHeld      prometheus.Gauge
 }
 
 // Open creates or opens the snapshot buckets of cfg (whoever comes first
@@ -176,6 +178,10 @@ func (s *Store) initMetrics() {
 		Name: "kvindex_snapshot_restores_total",
 		Help: "Snapshots read from the NATS object store, by result (latest, fallback: an older one because the newer were unusable, none).",
 	}, []string{"result"})
+	s.forgedPointers = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvindex_snapshot_pointers_refused_total",
+		Help: "Reads of the snapshot pointer that found it not signed with kvindex's key (--nats-auth-key) and ignored it.",
+	})
 	s.leaseHeld = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kvindex_snapshot_lease_held", Help: "1 while this process holds the snapshot writer lease.",
 	})
@@ -189,7 +195,7 @@ func (s *Store) initMetrics() {
 
 // Collectors are the store's kvindex_snapshot_* metrics.
 func (s *Store) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{s.writes, s.lastBytes, s.lastDuration, s.lastSeq, s.lastSuccess, s.restores, s.leaseHeld}
+	return []prometheus.Collector{s.writes, s.lastBytes, s.lastDuration, s.lastSeq, s.lastSuccess, s.restores, s.forgedPointers, s.leaseHeld}
 }
 
 // LeaseTTL is the lease bucket's TTL: how long a lease outlives its
@@ -221,14 +227,45 @@ func (s *Store) pointer(ctx context.Context) (*Info, uint64, error) {
 	if err != nil {
 		return nil, 0, fmt.Errorf("snapstore: reading the pointer: %w", err)
 	}
-	var p Info
+	var p signedPointer
 	if err := json.Unmarshal(e.Value(), &p); err != nil || p.Object == "" {
 		// A pointer that does not parse is replaced by the next snapshot;
 		// readers fall back to the listed objects.
 		s.log.Warn("snapstore: the pointer does not parse; ignoring it", "key", s.pointerKey(), "err", err)
 		return nil, e.Revision(), nil
 	}
-	return &p, e.Revision(), nil
+	if s.cfg.Auth != nil {
+		want, err := hex.DecodeString(p.MAC)
+		if err != nil || !hmac.Equal(s.pointerMAC(p.Info), want) {
+			// A forged pointer would otherwise hold the real snapshots
+			// off (each superseded by its sequence) for good: it is
+			// treated as none, so readers fall back to the listed (and
+			// each verified) objects and the next snapshot replaces it.
+			s.forgedPointers.Inc()
+			s.log.Warn("snapstore: the pointer is not signed with kvindex's key; ignoring it (the next snapshot replaces it)",
+				"key", s.pointerKey(), "object", p.Object, "stream_seq", p.StreamSeq)
+			return nil, e.Revision(), nil
+		}
+	}
+	return &p.Info, e.Revision(), nil
+}
+
+// signedPointer is the pointer's value: the snapshot's Info and, with
+// Config.Auth, its code (pointerMAC).
+type signedPointer struct {
+	Info
+	MAC string `json:"mac,omitempty"`
+}
+
+// pointerMAC is the code of a pointer naming info, bound to the
+// pointer's key, so that a pointer cannot be copied to another model.
+func (s *Store) pointerMAC(info Info) []byte {
+	b, _ := json.Marshal(info) // an Info always marshals
+	h := s.cfg.Auth.NewHash(pointerDomain)
+	h.Write([]byte(s.pointerKey()))
+	h.Write([]byte{0})
+	h.Write(b)
+	return h.Sum(nil)
 }
 
 // Put stores a state file of h and the index snapshot that snapshot
@@ -343,6 +380,8 @@ func (s *Store) upload(ctx context.Context, name string, h *statefile.Header, sn
 const (
 	metaMAC   = "kvindex-mac"
 	macDomain = "snapshot"
+	// pointerDomain: the domain of the pointer's code (signedPointer).
+	pointerDomain = "snapshot-pointer"
 )
 
 // ErrUnsigned: with Config.Auth, a snapshot without a code, or whose
@@ -364,7 +403,11 @@ func Verifier(body io.Reader) func() error {
 // names a snapshot at least as new: a revision-checked create or update,
 // retried when another writer moved it in between.
 func (s *Store) movePointer(ctx context.Context, info Info) error {
-	val, err := json.Marshal(info)
+	sp := signedPointer{Info: info}
+	if s.cfg.Auth != nil {
+		sp.MAC = hex.EncodeToString(s.pointerMAC(info))
+	}
+	val, err := json.Marshal(sp)
 	if err != nil {
 		return err
 	}

@@ -548,3 +548,53 @@ func TestSignedSnapshots(t *testing.T) {
 		t.Errorf("without the key: %v, %v; want the changed snapshot at 3 restored", h, err)
 	}
 }
+
+// With a key, a pointer written without it (anyone who may write to the
+// meta bucket, naming a far newer sequence) is ignored: it neither holds
+// off the real snapshots, each of which would otherwise be superseded by
+// it, nor steers a reader; the next signed snapshot replaces it.
+func TestForgedPointerIgnored(t *testing.T) {
+	url := startServer(t)
+	auth, err := natstransport.NewAuth([]byte("0123456789abcdef0123456789abcdef"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed, logs := openStore(t, url, Config{Model: "m", Keep: 3, Auth: auth})
+	good := filledIndex(t, 0, 3)
+	if _, err := signed.Put(t.Context(), header("KVEVENTS", 1), good.Snapshot); err != nil {
+		t.Fatal(err)
+	}
+	forger, _ := openStore(t, url, Config{Model: "m", Keep: 3})
+	if _, err := forger.Put(t.Context(), header("KVEVENTS", 1_000_000), filledIndex(t, 7, 3).Snapshot); err != nil {
+		t.Fatal(err)
+	}
+	// The forger's store, without the key, takes its own pointer.
+	if p, _, err := forger.pointer(t.Context()); err != nil || p == nil || p.StreamSeq != 1_000_000 {
+		t.Fatalf("the forged pointer: %+v, %v", p, err)
+	}
+	info, err := signed.Put(t.Context(), header("KVEVENTS", 2), good.Snapshot)
+	if err != nil {
+		t.Fatalf("a signed snapshot after a forged pointer: %v; want it kept", err)
+	}
+	if p, _, err := signed.pointer(t.Context()); err != nil || p == nil || p.Object != info.Object {
+		t.Errorf("pointer after the signed Put: %+v, %v; want %s", p, err, info.Object)
+	}
+	if got := value(t, signed.forgedPointers); got < 1 {
+		t.Errorf("forged pointers counted: %v, want at least 1", got)
+	}
+	if !strings.Contains(logs.String(), "not signed with kvindex's key") {
+		t.Errorf("the forged pointer is not logged:\n%s", logs)
+	}
+	// A pointer copied from another model does not verify either.
+	other, _ := openStore(t, url, Config{Model: "n", Keep: 3, Auth: auth})
+	e, err := signed.meta.Get(t.Context(), signed.pointerKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.meta.Put(t.Context(), other.pointerKey(), e.Value()); err != nil {
+		t.Fatal(err)
+	}
+	if p, _, err := other.pointer(t.Context()); err != nil || p != nil {
+		t.Errorf("model m's pointer under model n: %+v, %v; want it ignored", p, err)
+	}
+}
