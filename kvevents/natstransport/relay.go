@@ -269,11 +269,14 @@ func (r *Relay) Reset(engine kvevents.EngineID, reason kvevents.ResetReason) {
 
 func (r *Relay) queueHoleLocked(engine kvevents.EngineID, st *relayStream, h *hole) {
 	delete(r.holes, engine)
-	r.holesQueued.Add(1)
 	r.log.Warn("natstransport: announcing dropped batches as a hole",
 		slog.String("pod", engine.Pod), slog.Int("dp_rank", engine.DPRank),
 		slog.Uint64("from", h.from), slog.Uint64("to", h.to))
 	r.pushLocked(r.controlLocked(engine, st, Record{Kind: KindHole, From: h.from, To: h.to}))
+	// Counted once queued, so that whoever reads Stats().Holes and then
+	// BufferedRecords sees the hole among the buffered records until it
+	// is published.
+	r.holesQueued.Add(1)
 }
 
 func (r *Relay) controlLocked(engine kvevents.EngineID, st *relayStream, rec Record) *record {
