@@ -1,0 +1,8 @@
+package gateway
+
+// PromptKeys is the block keys the picker would send the index for r, nil
+// when it would send r's prompt as it is.
+func (s *Service) PromptKeys(r *Request) []uint64 {
+	_, p := s.hashedPrompt(r)
+	return p.GetBlockHashes().GetHashes()
+}
