@@ -6,3 +6,6 @@ func (s *Service) PromptKeys(r *Request) []uint64 {
 	_, p := s.hashedPrompt(r)
 	return p.GetBlockHashes().GetHashes()
 }
+
+// TokenCount is the prompt length r's index deadline counts.
+func (r *Request) TokenCount() int { return r.tokenCount() }

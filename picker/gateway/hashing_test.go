@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
@@ -269,5 +270,70 @@ func TestHashMismatchFallsBackToIds(t *testing.T) {
 				t.Errorf("no error logged saying %q:\n%s", tc.logLine, log.String())
 			}
 		})
+	}
+}
+
+// An index that does not say how it hashes (older, or without a
+// configured hashing) is asked by token ids, and that is counted, not an
+// error.
+func TestHashConfigUnknown(t *testing.T) {
+	h := blockhash.MustNew(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "0", BlockSize: bs})
+	ix, err := indexer.New(indexer.Options{Hasher: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Config{Index: ix, BlockSize: bs, DefaultModel: testModel, ReadyGrace: -1}) // no Hasher
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	var log bytes.Buffer
+	svc, reg := warmPicker(t, serveGRPC(t, srv.Register), bs, &log)
+	ids := testutil.Seq(1, 4*bs)
+	if keys := svc.PromptKeys(&gateway.Request{Model: testModel, Prompt: client.TokensPrompt(ids), Tokens: ids}); keys != nil {
+		t.Fatalf("the picker hashes (%d keys) for an index that did not say how", len(keys))
+	}
+	if n := mustVec(t, reg, "kvindex_picker_hash_config_total", "unknown"); n != 1 {
+		t.Errorf("unknown counted %v times; want 1", n)
+	}
+	if strings.Contains(log.String(), "level=ERROR") {
+		t.Errorf("an error logged for an index that does not say how it hashes:\n%s", log.String())
+	}
+}
+
+// The index deadline: IndexBudget's rule, with the prompt counted in
+// tokens, or in bytes of text / BytesPerToken.
+func TestIndexBudget(t *testing.T) {
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		base, per1K time.Duration
+		tokens      int
+		want        time.Duration
+	}{
+		{2 * ms, ms / 4, 0, 2 * ms},
+		{2 * ms, ms / 4, 1000, 2*ms + ms/4},
+		{2 * ms, ms / 4, 16384, 2*ms + 4096*time.Microsecond},
+		{5 * ms, 0, 1 << 20, 5 * ms},
+	} {
+		if got := gateway.IndexBudget(tc.base, tc.per1K, tc.tokens); got != tc.want {
+			t.Errorf("IndexBudget(%v, %v, %d) = %v; want %v", tc.base, tc.per1K, tc.tokens, got, tc.want)
+		}
+	}
+	text := strings.Repeat("word ", 800) // 4,000 bytes
+	for _, tc := range []struct {
+		body string
+		want int
+	}{
+		{idsBody(testutil.Seq(1, 1234)), 1234},
+		{fmt.Sprintf(`{"model":%q,"prompt":%q}`, testModel, text), 4000 / gateway.BytesPerToken},
+		{fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q},{"role":"user","content":%q}]}`, testModel, text, text), 8000 / gateway.BytesPerToken},
+	} {
+		r, err := gateway.ParseRequest([]byte(tc.body), func(string) string { return "" })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.TokenCount(); got != tc.want {
+			t.Errorf("%.60s...: counted %d tokens; want %d", tc.body, got, tc.want)
+		}
 	}
 }
