@@ -302,3 +302,83 @@ func BenchmarkPickerParse(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPickerQuery is BenchmarkPicker's index path alone: Service.Pick
+// of the parsed 16,384-id requests, the index over loopback gRPC, asked
+// by token ids (remote) or by the block keys the picker hashes
+// (remote-hashes, from its memo: each prompt is resent; remote-hashes-cold,
+// a memo too small to hold any, so every prompt is hashed in full). One
+// request at a time.
+func BenchmarkPickerQuery(b *testing.B) {
+	prompts := benchPrompts(b, 8)
+	srv, eps := benchIndex(b, prompts)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	gs := srv.NewGRPCServer()
+	go gs.Serve(lis)
+	b.Cleanup(gs.Stop)
+	c, err := client.Dial(context.Background(), lis.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	reqs := make([]*gateway.Request, len(prompts))
+	for i, ids := range prompts {
+		if reqs[i], err = gateway.ParseRequest([]byte(idsBody(ids)), func(string) string { return "" }); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, v := range []struct {
+		name   string
+		hashes bool
+		memo   int
+	}{{"remote", false, 0}, {"remote-hashes", true, 0}, {"remote-hashes-cold", true, 1}} {
+		b.Run(v.name, func(b *testing.B) {
+			reg := prometheus.NewRegistry()
+			svc, err := gateway.New(gateway.Config{Endpoints: eps, Scorer: noSpeculation(), IndexTimeout: time.Second, HashMemoEntries: v.memo, Registry: reg}, gateway.Remote{Client: c})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if v.hashes {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				if err := svc.Warm(ctx, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+			pick := func(i int) {
+				d, done, err := svc.Pick(context.Background(), reqs[i%len(reqs)], nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				done()
+				if d.Endpoint != eps[i%len(reqs)%benchPods].Addr {
+					b.Fatalf("prompt %d went to %s", i%len(reqs), d.Endpoint)
+				}
+			}
+			for i := range reqs {
+				pick(i)
+			}
+			lat := make([]time.Duration, 0, b.N)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				t0 := time.Now()
+				pick(i)
+				lat = append(lat, time.Since(t0))
+			}
+			b.StopTimer()
+			if n := fallbacks(b, reg); n != 0 {
+				b.Fatalf("%v requests fell back", n)
+			}
+			if n := mustVec(b, reg, "kvindex_picker_index_queries_total", "hashes"); v.hashes != (n > 0) {
+				b.Fatalf("%v queries by hashes", n)
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-us")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-us")
+		})
+	}
+}
