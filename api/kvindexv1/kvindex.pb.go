@@ -401,8 +401,12 @@ func (x *TokenIds) GetIds() []uint64 {
 
 // BlockHashes are precomputed 64-bit block keys, block 0 first.
 type BlockHashes struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Hashes        []uint64               `protobuf:"varint,1,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Hashes []uint64               `protobuf:"varint,1,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
+	// config_digest, when not 0, is the HashConfig.digest the hashes were
+	// made with: an index whose own digest differs refuses the query
+	// (FailedPrecondition) rather than match keys of another scheme.
+	ConfigDigest  uint64 `protobuf:"varint,2,opt,name=config_digest,json=configDigest,proto3" json:"config_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -444,6 +448,127 @@ func (x *BlockHashes) GetHashes() []uint64 {
 	return nil
 }
 
+func (x *BlockHashes) GetConfigDigest() uint64 {
+	if x != nil {
+		return x.ConfigDigest
+	}
+	return 0
+}
+
+// GetHashConfigRequest asks for the index's hashing configuration.
+type GetHashConfigRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetHashConfigRequest) Reset() {
+	*x = GetHashConfigRequest{}
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetHashConfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetHashConfigRequest) ProtoMessage() {}
+
+func (x *GetHashConfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetHashConfigRequest.ProtoReflect.Descriptor instead.
+func (*GetHashConfigRequest) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{3}
+}
+
+// HashConfig is the index's hashing configuration: the engines' own
+// (--prefix-caching-hash-algo, PYTHONHASHSEED, block size). The
+// request's hash-affecting inputs (lora_name, cache_salt, mm_items) are
+// hashed as the index hashes them (package blockhash).
+type HashConfig struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// algo is a blockhash algorithm name: sha256, sha256_cbor, xxhash,
+	// xxhash_cbor or sglang.
+	Algo      string `protobuf:"bytes,1,opt,name=algo,proto3" json:"algo,omitempty"`
+	Seed      string `protobuf:"bytes,2,opt,name=seed,proto3" json:"seed,omitempty"`
+	BlockSize uint32 `protobuf:"varint,3,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// digest fingerprints algo, seed and block_size (blockhash
+	// Config.Digest); a caller compares it with its own computation of
+	// the same, and sends it with its block hashes.
+	Digest        uint64 `protobuf:"varint,4,opt,name=digest,proto3" json:"digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HashConfig) Reset() {
+	*x = HashConfig{}
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HashConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HashConfig) ProtoMessage() {}
+
+func (x *HashConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HashConfig.ProtoReflect.Descriptor instead.
+func (*HashConfig) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *HashConfig) GetAlgo() string {
+	if x != nil {
+		return x.Algo
+	}
+	return ""
+}
+
+func (x *HashConfig) GetSeed() string {
+	if x != nil {
+		return x.Seed
+	}
+	return ""
+}
+
+func (x *HashConfig) GetBlockSize() uint32 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
+func (x *HashConfig) GetDigest() uint64 {
+	if x != nil {
+		return x.Digest
+	}
+	return 0
+}
+
 // ChatMessages is a chat-completions conversation, with the request fields
 // that change how the engine renders it into tokens. kvindex needs the
 // engine's /tokenize (--tokenize-url) for it: a tokenizer.json alone cannot
@@ -470,7 +595,7 @@ type ChatMessages struct {
 
 func (x *ChatMessages) Reset() {
 	*x = ChatMessages{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[3]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +607,7 @@ func (x *ChatMessages) String() string {
 func (*ChatMessages) ProtoMessage() {}
 
 func (x *ChatMessages) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[3]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +620,7 @@ func (x *ChatMessages) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatMessages.ProtoReflect.Descriptor instead.
 func (*ChatMessages) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{3}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ChatMessages) GetMessages() []*ChatMessage {
@@ -532,7 +657,7 @@ type ChatMessage struct {
 
 func (x *ChatMessage) Reset() {
 	*x = ChatMessage{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[4]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -544,7 +669,7 @@ func (x *ChatMessage) String() string {
 func (*ChatMessage) ProtoMessage() {}
 
 func (x *ChatMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[4]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -557,7 +682,7 @@ func (x *ChatMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
 func (*ChatMessage) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{4}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ChatMessage) GetRole() string {
@@ -594,7 +719,7 @@ type MultimodalItem struct {
 
 func (x *MultimodalItem) Reset() {
 	*x = MultimodalItem{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[5]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -606,7 +731,7 @@ func (x *MultimodalItem) String() string {
 func (*MultimodalItem) ProtoMessage() {}
 
 func (x *MultimodalItem) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[5]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -619,7 +744,7 @@ func (x *MultimodalItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MultimodalItem.ProtoReflect.Descriptor instead.
 func (*MultimodalItem) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{5}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *MultimodalItem) GetIdentifier() string {
@@ -656,7 +781,7 @@ type LongestPrefixRequest struct {
 
 func (x *LongestPrefixRequest) Reset() {
 	*x = LongestPrefixRequest{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[6]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -668,7 +793,7 @@ func (x *LongestPrefixRequest) String() string {
 func (*LongestPrefixRequest) ProtoMessage() {}
 
 func (x *LongestPrefixRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[6]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -681,7 +806,7 @@ func (x *LongestPrefixRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LongestPrefixRequest.ProtoReflect.Descriptor instead.
 func (*LongestPrefixRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{6}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LongestPrefixRequest) GetModel() string {
@@ -723,7 +848,7 @@ type PodMatch struct {
 
 func (x *PodMatch) Reset() {
 	*x = PodMatch{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[7]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -735,7 +860,7 @@ func (x *PodMatch) String() string {
 func (*PodMatch) ProtoMessage() {}
 
 func (x *PodMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[7]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -748,7 +873,7 @@ func (x *PodMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodMatch.ProtoReflect.Descriptor instead.
 func (*PodMatch) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{7}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PodMatch) GetPod() string {
@@ -824,7 +949,7 @@ type LongestPrefixResponse struct {
 
 func (x *LongestPrefixResponse) Reset() {
 	*x = LongestPrefixResponse{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[8]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +961,7 @@ func (x *LongestPrefixResponse) String() string {
 func (*LongestPrefixResponse) ProtoMessage() {}
 
 func (x *LongestPrefixResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[8]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +974,7 @@ func (x *LongestPrefixResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LongestPrefixResponse.ProtoReflect.Descriptor instead.
 func (*LongestPrefixResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{8}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *LongestPrefixResponse) GetBlocksTotal() uint32 {
@@ -905,7 +1030,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[9]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +1042,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[9]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1055,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{9}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LookupRequest) GetModel() string {
@@ -961,7 +1086,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[10]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -973,7 +1098,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[10]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -986,7 +1111,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{10}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Holder) GetPod() string {
@@ -1036,7 +1161,7 @@ type BlockInfo struct {
 
 func (x *BlockInfo) Reset() {
 	*x = BlockInfo{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[11]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1048,7 +1173,7 @@ func (x *BlockInfo) String() string {
 func (*BlockInfo) ProtoMessage() {}
 
 func (x *BlockInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[11]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1061,7 +1186,7 @@ func (x *BlockInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockInfo.ProtoReflect.Descriptor instead.
 func (*BlockInfo) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{11}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BlockInfo) GetIndex() uint32 {
@@ -1098,7 +1223,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[12]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1110,7 +1235,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[12]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1123,7 +1248,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{12}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LookupResponse) GetBlockSize() uint32 {
@@ -1165,7 +1290,7 @@ type ListPodsRequest struct {
 
 func (x *ListPodsRequest) Reset() {
 	*x = ListPodsRequest{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[13]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1177,7 +1302,7 @@ func (x *ListPodsRequest) String() string {
 func (*ListPodsRequest) ProtoMessage() {}
 
 func (x *ListPodsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[13]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1190,7 +1315,7 @@ func (x *ListPodsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodsRequest.ProtoReflect.Descriptor instead.
 func (*ListPodsRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{13}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListPodsRequest) GetModel() string {
@@ -1232,7 +1357,7 @@ type PodInfo struct {
 
 func (x *PodInfo) Reset() {
 	*x = PodInfo{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[14]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1244,7 +1369,7 @@ func (x *PodInfo) String() string {
 func (*PodInfo) ProtoMessage() {}
 
 func (x *PodInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[14]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1257,7 +1382,7 @@ func (x *PodInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodInfo.ProtoReflect.Descriptor instead.
 func (*PodInfo) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{14}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PodInfo) GetPod() string {
@@ -1414,7 +1539,7 @@ type ListPodsResponse struct {
 
 func (x *ListPodsResponse) Reset() {
 	*x = ListPodsResponse{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[15]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1426,7 +1551,7 @@ func (x *ListPodsResponse) String() string {
 func (*ListPodsResponse) ProtoMessage() {}
 
 func (x *ListPodsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[15]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1439,7 +1564,7 @@ func (x *ListPodsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodsResponse.ProtoReflect.Descriptor instead.
 func (*ListPodsResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{15}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListPodsResponse) GetPods() []*PodInfo {
@@ -1491,7 +1616,7 @@ type FleetCache struct {
 
 func (x *FleetCache) Reset() {
 	*x = FleetCache{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[16]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1628,7 @@ func (x *FleetCache) String() string {
 func (*FleetCache) ProtoMessage() {}
 
 func (x *FleetCache) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[16]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1641,7 @@ func (x *FleetCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetCache.ProtoReflect.Descriptor instead.
 func (*FleetCache) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{16}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FleetCache) GetModel() string {
@@ -1572,7 +1697,7 @@ type PodCache struct {
 
 func (x *PodCache) Reset() {
 	*x = PodCache{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[17]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +1709,7 @@ func (x *PodCache) String() string {
 func (*PodCache) ProtoMessage() {}
 
 func (x *PodCache) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[17]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +1722,7 @@ func (x *PodCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodCache.ProtoReflect.Descriptor instead.
 func (*PodCache) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{17}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PodCache) GetPod() string {
@@ -1646,7 +1771,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[18]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1783,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[18]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +1796,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{18}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchRequest) GetPods() []string {
@@ -1711,7 +1836,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[19]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1723,7 +1848,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[19]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1736,7 +1861,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{19}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchResponse) GetPod() string {
@@ -1861,9 +1986,18 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\bmm_items\x18\a \x03(\v2\x1a.kvindex.v1.MultimodalItemR\ammItemsB\a\n" +
 	"\x05input\"\x1c\n" +
 	"\bTokenIds\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\x04R\x03ids\"%\n" +
+	"\x03ids\x18\x01 \x03(\x04R\x03ids\"J\n" +
 	"\vBlockHashes\x12\x16\n" +
-	"\x06hashes\x18\x01 \x03(\x04R\x06hashes\"m\n" +
+	"\x06hashes\x18\x01 \x03(\x04R\x06hashes\x12#\n" +
+	"\rconfig_digest\x18\x02 \x01(\x04R\fconfigDigest\"\x16\n" +
+	"\x14GetHashConfigRequest\"k\n" +
+	"\n" +
+	"HashConfig\x12\x12\n" +
+	"\x04algo\x18\x01 \x01(\tR\x04algo\x12\x12\n" +
+	"\x04seed\x18\x02 \x01(\tR\x04seed\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\x03 \x01(\rR\tblockSize\x12\x16\n" +
+	"\x06digest\x18\x04 \x01(\x04R\x06digest\"m\n" +
 	"\fChatMessages\x123\n" +
 	"\bmessages\x18\x01 \x03(\v2\x17.kvindex.v1.ChatMessageR\bmessages\x12(\n" +
 	"\x10chat_params_json\x18\x02 \x01(\tR\x0echatParamsJson\"^\n" +
@@ -2007,12 +2141,13 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\x17EVENT_KIND_BLOCK_STORED\x10\x01\x12\x1c\n" +
 	"\x18EVENT_KIND_BLOCK_REMOVED\x10\x02\x12!\n" +
 	"\x1dEVENT_KIND_ALL_BLOCKS_CLEARED\x10\x03\x12\x14\n" +
-	"\x10EVENT_KIND_RESET\x10\x042\xac\x02\n" +
+	"\x10EVENT_KIND_RESET\x10\x042\xf7\x02\n" +
 	"\fIndexService\x12T\n" +
 	"\rLongestPrefix\x12 .kvindex.v1.LongestPrefixRequest\x1a!.kvindex.v1.LongestPrefixResponse\x12?\n" +
 	"\x06Lookup\x12\x19.kvindex.v1.LookupRequest\x1a\x1a.kvindex.v1.LookupResponse\x12E\n" +
 	"\bListPods\x12\x1b.kvindex.v1.ListPodsRequest\x1a\x1c.kvindex.v1.ListPodsResponse\x12>\n" +
-	"\x05Watch\x12\x18.kvindex.v1.WatchRequest\x1a\x19.kvindex.v1.WatchResponse0\x01B4Z2github.com/kvindex/kvindex/api/kvindexv1;kvindexv1b\x06proto3"
+	"\x05Watch\x12\x18.kvindex.v1.WatchRequest\x1a\x19.kvindex.v1.WatchResponse0\x01\x12I\n" +
+	"\rGetHashConfig\x12 .kvindex.v1.GetHashConfigRequest\x1a\x16.kvindex.v1.HashConfigB4Z2github.com/kvindex/kvindex/api/kvindexv1;kvindexv1b\x06proto3"
 
 var (
 	file_kvindex_v1_kvindex_proto_rawDescOnce sync.Once
@@ -2027,7 +2162,7 @@ func file_kvindex_v1_kvindex_proto_rawDescGZIP() []byte {
 }
 
 var file_kvindex_v1_kvindex_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kvindex_v1_kvindex_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_kvindex_v1_kvindex_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_kvindex_v1_kvindex_proto_goTypes = []any{
 	(HashCheck)(0),                // 0: kvindex.v1.HashCheck
 	(EngineHealth)(0),             // 1: kvindex.v1.EngineHealth
@@ -2035,55 +2170,59 @@ var file_kvindex_v1_kvindex_proto_goTypes = []any{
 	(*Prompt)(nil),                // 3: kvindex.v1.Prompt
 	(*TokenIds)(nil),              // 4: kvindex.v1.TokenIds
 	(*BlockHashes)(nil),           // 5: kvindex.v1.BlockHashes
-	(*ChatMessages)(nil),          // 6: kvindex.v1.ChatMessages
-	(*ChatMessage)(nil),           // 7: kvindex.v1.ChatMessage
-	(*MultimodalItem)(nil),        // 8: kvindex.v1.MultimodalItem
-	(*LongestPrefixRequest)(nil),  // 9: kvindex.v1.LongestPrefixRequest
-	(*PodMatch)(nil),              // 10: kvindex.v1.PodMatch
-	(*LongestPrefixResponse)(nil), // 11: kvindex.v1.LongestPrefixResponse
-	(*LookupRequest)(nil),         // 12: kvindex.v1.LookupRequest
-	(*Holder)(nil),                // 13: kvindex.v1.Holder
-	(*BlockInfo)(nil),             // 14: kvindex.v1.BlockInfo
-	(*LookupResponse)(nil),        // 15: kvindex.v1.LookupResponse
-	(*ListPodsRequest)(nil),       // 16: kvindex.v1.ListPodsRequest
-	(*PodInfo)(nil),               // 17: kvindex.v1.PodInfo
-	(*ListPodsResponse)(nil),      // 18: kvindex.v1.ListPodsResponse
-	(*FleetCache)(nil),            // 19: kvindex.v1.FleetCache
-	(*PodCache)(nil),              // 20: kvindex.v1.PodCache
-	(*WatchRequest)(nil),          // 21: kvindex.v1.WatchRequest
-	(*WatchResponse)(nil),         // 22: kvindex.v1.WatchResponse
-	nil,                           // 23: kvindex.v1.PodMatch.TiersEntry
+	(*GetHashConfigRequest)(nil),  // 6: kvindex.v1.GetHashConfigRequest
+	(*HashConfig)(nil),            // 7: kvindex.v1.HashConfig
+	(*ChatMessages)(nil),          // 8: kvindex.v1.ChatMessages
+	(*ChatMessage)(nil),           // 9: kvindex.v1.ChatMessage
+	(*MultimodalItem)(nil),        // 10: kvindex.v1.MultimodalItem
+	(*LongestPrefixRequest)(nil),  // 11: kvindex.v1.LongestPrefixRequest
+	(*PodMatch)(nil),              // 12: kvindex.v1.PodMatch
+	(*LongestPrefixResponse)(nil), // 13: kvindex.v1.LongestPrefixResponse
+	(*LookupRequest)(nil),         // 14: kvindex.v1.LookupRequest
+	(*Holder)(nil),                // 15: kvindex.v1.Holder
+	(*BlockInfo)(nil),             // 16: kvindex.v1.BlockInfo
+	(*LookupResponse)(nil),        // 17: kvindex.v1.LookupResponse
+	(*ListPodsRequest)(nil),       // 18: kvindex.v1.ListPodsRequest
+	(*PodInfo)(nil),               // 19: kvindex.v1.PodInfo
+	(*ListPodsResponse)(nil),      // 20: kvindex.v1.ListPodsResponse
+	(*FleetCache)(nil),            // 21: kvindex.v1.FleetCache
+	(*PodCache)(nil),              // 22: kvindex.v1.PodCache
+	(*WatchRequest)(nil),          // 23: kvindex.v1.WatchRequest
+	(*WatchResponse)(nil),         // 24: kvindex.v1.WatchResponse
+	nil,                           // 25: kvindex.v1.PodMatch.TiersEntry
 }
 var file_kvindex_v1_kvindex_proto_depIdxs = []int32{
 	4,  // 0: kvindex.v1.Prompt.tokens:type_name -> kvindex.v1.TokenIds
-	6,  // 1: kvindex.v1.Prompt.messages:type_name -> kvindex.v1.ChatMessages
+	8,  // 1: kvindex.v1.Prompt.messages:type_name -> kvindex.v1.ChatMessages
 	5,  // 2: kvindex.v1.Prompt.block_hashes:type_name -> kvindex.v1.BlockHashes
-	8,  // 3: kvindex.v1.Prompt.mm_items:type_name -> kvindex.v1.MultimodalItem
-	7,  // 4: kvindex.v1.ChatMessages.messages:type_name -> kvindex.v1.ChatMessage
+	10, // 3: kvindex.v1.Prompt.mm_items:type_name -> kvindex.v1.MultimodalItem
+	9,  // 4: kvindex.v1.ChatMessages.messages:type_name -> kvindex.v1.ChatMessage
 	3,  // 5: kvindex.v1.LongestPrefixRequest.prompt:type_name -> kvindex.v1.Prompt
-	23, // 6: kvindex.v1.PodMatch.tiers:type_name -> kvindex.v1.PodMatch.TiersEntry
+	25, // 6: kvindex.v1.PodMatch.tiers:type_name -> kvindex.v1.PodMatch.TiersEntry
 	0,  // 7: kvindex.v1.PodMatch.hash_check:type_name -> kvindex.v1.HashCheck
 	1,  // 8: kvindex.v1.PodMatch.health:type_name -> kvindex.v1.EngineHealth
-	10, // 9: kvindex.v1.LongestPrefixResponse.pods:type_name -> kvindex.v1.PodMatch
+	12, // 9: kvindex.v1.LongestPrefixResponse.pods:type_name -> kvindex.v1.PodMatch
 	3,  // 10: kvindex.v1.LookupRequest.prompt:type_name -> kvindex.v1.Prompt
-	13, // 11: kvindex.v1.BlockInfo.holders:type_name -> kvindex.v1.Holder
-	14, // 12: kvindex.v1.LookupResponse.blocks:type_name -> kvindex.v1.BlockInfo
+	15, // 11: kvindex.v1.BlockInfo.holders:type_name -> kvindex.v1.Holder
+	16, // 12: kvindex.v1.LookupResponse.blocks:type_name -> kvindex.v1.BlockInfo
 	1,  // 13: kvindex.v1.PodInfo.health:type_name -> kvindex.v1.EngineHealth
 	0,  // 14: kvindex.v1.PodInfo.hash_check:type_name -> kvindex.v1.HashCheck
-	17, // 15: kvindex.v1.ListPodsResponse.pods:type_name -> kvindex.v1.PodInfo
-	19, // 16: kvindex.v1.ListPodsResponse.fleet:type_name -> kvindex.v1.FleetCache
-	20, // 17: kvindex.v1.ListPodsResponse.pod_cache:type_name -> kvindex.v1.PodCache
+	19, // 15: kvindex.v1.ListPodsResponse.pods:type_name -> kvindex.v1.PodInfo
+	21, // 16: kvindex.v1.ListPodsResponse.fleet:type_name -> kvindex.v1.FleetCache
+	22, // 17: kvindex.v1.ListPodsResponse.pod_cache:type_name -> kvindex.v1.PodCache
 	2,  // 18: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.EventKind
-	9,  // 19: kvindex.v1.IndexService.LongestPrefix:input_type -> kvindex.v1.LongestPrefixRequest
-	12, // 20: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
-	16, // 21: kvindex.v1.IndexService.ListPods:input_type -> kvindex.v1.ListPodsRequest
-	21, // 22: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
-	11, // 23: kvindex.v1.IndexService.LongestPrefix:output_type -> kvindex.v1.LongestPrefixResponse
-	15, // 24: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
-	18, // 25: kvindex.v1.IndexService.ListPods:output_type -> kvindex.v1.ListPodsResponse
-	22, // 26: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
-	23, // [23:27] is the sub-list for method output_type
-	19, // [19:23] is the sub-list for method input_type
+	11, // 19: kvindex.v1.IndexService.LongestPrefix:input_type -> kvindex.v1.LongestPrefixRequest
+	14, // 20: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
+	18, // 21: kvindex.v1.IndexService.ListPods:input_type -> kvindex.v1.ListPodsRequest
+	23, // 22: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
+	6,  // 23: kvindex.v1.IndexService.GetHashConfig:input_type -> kvindex.v1.GetHashConfigRequest
+	13, // 24: kvindex.v1.IndexService.LongestPrefix:output_type -> kvindex.v1.LongestPrefixResponse
+	17, // 25: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
+	20, // 26: kvindex.v1.IndexService.ListPods:output_type -> kvindex.v1.ListPodsResponse
+	24, // 27: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
+	7,  // 28: kvindex.v1.IndexService.GetHashConfig:output_type -> kvindex.v1.HashConfig
+	24, // [24:29] is the sub-list for method output_type
+	19, // [19:24] is the sub-list for method input_type
 	19, // [19:19] is the sub-list for extension type_name
 	19, // [19:19] is the sub-list for extension extendee
 	0,  // [0:19] is the sub-list for field type_name
@@ -2100,15 +2239,15 @@ func file_kvindex_v1_kvindex_proto_init() {
 		(*Prompt_Messages)(nil),
 		(*Prompt_BlockHashes)(nil),
 	}
-	file_kvindex_v1_kvindex_proto_msgTypes[16].OneofWrappers = []any{}
-	file_kvindex_v1_kvindex_proto_msgTypes[17].OneofWrappers = []any{}
+	file_kvindex_v1_kvindex_proto_msgTypes[18].OneofWrappers = []any{}
+	file_kvindex_v1_kvindex_proto_msgTypes[19].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvindex_v1_kvindex_proto_rawDesc), len(file_kvindex_v1_kvindex_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

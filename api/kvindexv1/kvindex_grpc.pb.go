@@ -27,6 +27,7 @@ const (
 	IndexService_Lookup_FullMethodName        = "/kvindex.v1.IndexService/Lookup"
 	IndexService_ListPods_FullMethodName      = "/kvindex.v1.IndexService/ListPods"
 	IndexService_Watch_FullMethodName         = "/kvindex.v1.IndexService/Watch"
+	IndexService_GetHashConfig_FullMethodName = "/kvindex.v1.IndexService/GetHashConfig"
 )
 
 // IndexServiceClient is the client API for IndexService service.
@@ -44,6 +45,10 @@ type IndexServiceClient interface {
 	ListPods(ctx context.Context, in *ListPodsRequest, opts ...grpc.CallOption) (*ListPodsResponse, error)
 	// Watch streams the events kvindex applies, as it applies them.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
+	// GetHashConfig returns how the index hashes token ids into block keys,
+	// so that a caller can hash its prompts itself and query by
+	// block_hashes.
+	GetHashConfig(ctx context.Context, in *GetHashConfigRequest, opts ...grpc.CallOption) (*HashConfig, error)
 }
 
 type indexServiceClient struct {
@@ -103,6 +108,16 @@ func (c *indexServiceClient) Watch(ctx context.Context, in *WatchRequest, opts .
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type IndexService_WatchClient = grpc.ServerStreamingClient[WatchResponse]
 
+func (c *indexServiceClient) GetHashConfig(ctx context.Context, in *GetHashConfigRequest, opts ...grpc.CallOption) (*HashConfig, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HashConfig)
+	err := c.cc.Invoke(ctx, IndexService_GetHashConfig_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // IndexServiceServer is the server API for IndexService service.
 // All implementations must embed UnimplementedIndexServiceServer
 // for forward compatibility.
@@ -118,6 +133,10 @@ type IndexServiceServer interface {
 	ListPods(context.Context, *ListPodsRequest) (*ListPodsResponse, error)
 	// Watch streams the events kvindex applies, as it applies them.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
+	// GetHashConfig returns how the index hashes token ids into block keys,
+	// so that a caller can hash its prompts itself and query by
+	// block_hashes.
+	GetHashConfig(context.Context, *GetHashConfigRequest) (*HashConfig, error)
 	mustEmbedUnimplementedIndexServiceServer()
 }
 
@@ -139,6 +158,9 @@ func (UnimplementedIndexServiceServer) ListPods(context.Context, *ListPodsReques
 }
 func (UnimplementedIndexServiceServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedIndexServiceServer) GetHashConfig(context.Context, *GetHashConfigRequest) (*HashConfig, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetHashConfig not implemented")
 }
 func (UnimplementedIndexServiceServer) mustEmbedUnimplementedIndexServiceServer() {}
 func (UnimplementedIndexServiceServer) testEmbeddedByValue()                      {}
@@ -226,6 +248,24 @@ func _IndexService_Watch_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type IndexService_WatchServer = grpc.ServerStreamingServer[WatchResponse]
 
+func _IndexService_GetHashConfig_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetHashConfigRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IndexServiceServer).GetHashConfig(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: IndexService_GetHashConfig_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IndexServiceServer).GetHashConfig(ctx, req.(*GetHashConfigRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // IndexService_ServiceDesc is the grpc.ServiceDesc for IndexService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -244,6 +284,10 @@ var IndexService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListPods",
 			Handler:    _IndexService_ListPods_Handler,
+		},
+		{
+			MethodName: "GetHashConfig",
+			Handler:    _IndexService_GetHashConfig_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -31,6 +31,7 @@ var endpointScopes = map[string]security.Scope{
 	kvindexv1.IndexService_LongestPrefix_FullMethodName:  security.ScopeQuery,
 	kvindexv1.IndexService_Lookup_FullMethodName:         security.ScopeQuery,
 	kvindexv1.IndexService_ListPods_FullMethodName:       security.ScopeQuery,
+	kvindexv1.IndexService_GetHashConfig_FullMethodName:  security.ScopeQuery,
 	kvindexv1.IndexService_Watch_FullMethodName:          security.ScopeWatch,
 	indexerv1.IndexerService_GetPodScores_FullMethodName: security.ScopeQuery,
 }

@@ -121,6 +121,18 @@ func BenchmarkLongestPrefixGRPC(b *testing.B) {
 			})
 		})
 	}
+	// The same prompts as their 1,024 block keys, as a caller that hashes
+	// them itself (kvindex picker) sends them.
+	byHashes := make([]*kvindexv1.LongestPrefixRequest, len(fl.prompts))
+	for i, p := range fl.prompts {
+		byHashes[i] = &kvindexv1.LongestPrefixRequest{Model: testModel, Prompt: client.HashesPrompt(chainKeys(b, p, nil))}
+	}
+	b.Run(fmt.Sprintf("hashes-c%d", benchConcurrency), func(b *testing.B) {
+		runLoad(b, benchConcurrency, func(i int) error {
+			_, err := c.Index.LongestPrefix(ctx, byHashes[i%len(byHashes)])
+			return err
+		})
+	})
 }
 
 // BenchmarkLongestPrefixServer measures the server's own work for the

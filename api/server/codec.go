@@ -134,7 +134,7 @@ func decodePrompt(b []byte, p *kvindexv1.Prompt) error {
 				w = &kvindexv1.Prompt_Tokens{Tokens: tokenIDs.Get().(*kvindexv1.TokenIds)}
 				p.Input = w
 			}
-			w.Tokens.Ids, err = decodeIDs(v, w.Tokens.Ids)
+			w.Tokens.Ids, err = decodeIDs(v, w.Tokens.Ids, nil)
 		case wire.PromptText:
 			if !utf8.Valid(v) {
 				return wire.ErrUTF8
@@ -153,7 +153,7 @@ func decodePrompt(b []byte, p *kvindexv1.Prompt) error {
 				w = &kvindexv1.Prompt_BlockHashes{BlockHashes: new(kvindexv1.BlockHashes)}
 				p.Input = w
 			}
-			w.BlockHashes.Hashes, err = decodeIDs(v, w.BlockHashes.Hashes)
+			w.BlockHashes.Hashes, err = decodeIDs(v, w.BlockHashes.Hashes, &w.BlockHashes.ConfigDigest)
 		case wire.PromptLoraName, wire.PromptCacheSalt:
 			if !utf8.Valid(v) {
 				return wire.ErrUTF8
@@ -176,8 +176,9 @@ func decodePrompt(b []byte, p *kvindexv1.Prompt) error {
 }
 
 // decodeIDs appends the ids of a TokenIds or BlockHashes message (field
-// 1, packed or not) to dst, growing it at most once per packed run.
-func decodeIDs(b []byte, dst []uint64) ([]uint64, error) {
+// 1, packed or not) to dst, growing it at most once per packed run, and
+// reads a BlockHashes' config_digest into digest (nil for TokenIds).
+func decodeIDs(b []byte, dst []uint64, digest *uint64) ([]uint64, error) {
 	for len(b) > 0 {
 		num, typ, n := wire.ConsumeTag(b)
 		if n < 0 {
@@ -202,6 +203,13 @@ func decodeIDs(b []byte, dst []uint64) ([]uint64, error) {
 			}
 			b = b[n:]
 			dst = append(dst, x)
+		case num == wire.BlockHashesConfigDigest && typ == protowire.VarintType && digest != nil:
+			x, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return dst, wire.ErrInvalid
+			}
+			b = b[n:]
+			*digest = x
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {

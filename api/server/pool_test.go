@@ -159,7 +159,7 @@ func BenchmarkDecodeIDs(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		var err error
-		if dst, err = decodeIDs(wire, dst[:0]); err != nil || len(dst) != len(ids) {
+		if dst, err = decodeIDs(wire, dst[:0], nil); err != nil || len(dst) != len(ids) {
 			b.Fatal(err)
 		}
 	}

@@ -40,6 +40,9 @@ func (s *Server) resolvePrompt(ctx context.Context, p *kvindexv1.Prompt, model s
 		if p.GetLoraName() != "" || p.GetCacheSalt() != "" || len(p.GetMmItems()) > 0 {
 			return r, status.Error(codes.InvalidArgument, "lora_name, cache_salt and mm_items do not apply to block_hashes: they are already part of the hashes")
 		}
+		if err := s.checkHashDigest(in.BlockHashes.GetConfigDigest()); err != nil {
+			return r, err
+		}
 		hs := in.BlockHashes.GetHashes()
 		if limit := s.maxBlocks(); len(hs) > limit {
 			return r, status.Errorf(codes.InvalidArgument, "prompt has %d block hashes; the limit is %d", len(hs), limit)
@@ -115,6 +118,21 @@ func chatInput(c *kvindexv1.ChatMessages) (tokenizer.Input, error) {
 		in.ChatParams = json.RawMessage(p)
 	}
 	return in, nil
+}
+
+// checkHashDigest refuses block hashes made with another hashing than the
+// index's (a digest d of 0 says nothing and is not checked): their keys
+// would match nothing, or worse, the wrong blocks, without a word.
+func (s *Server) checkHashDigest(d uint64) error {
+	switch {
+	case d == 0 || s.hashing != nil && d == s.hashing.GetDigest():
+		return nil
+	case s.hashing == nil:
+		return status.Errorf(codes.FailedPrecondition, "block hashes with config_digest %x: this kvindex does not say how it hashes; send token ids", d)
+	}
+	h := s.hashing
+	return status.Errorf(codes.FailedPrecondition, "block hashes with config_digest %x were not made with this kvindex's hashing (algo %s, seed %q, block size %d, digest %x): call GetHashConfig again, or send token ids",
+		d, h.GetAlgo(), h.GetSeed(), h.GetBlockSize(), h.GetDigest())
 }
 
 // maxBlocks bounds the block hashes of a query as MaxTokens bounds tokens.

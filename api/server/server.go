@@ -21,12 +21,14 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kvindex/kvindex/api/indexerv1"
 	"github.com/kvindex/kvindex/api/internal/wire"
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/api/watchhub"
+	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/inflight"
@@ -64,6 +66,11 @@ type Config struct {
 	// BlockSize is the fleet's tokens per block (the hasher's), reported
 	// by queries by block hashes. Required.
 	BlockSize int
+	// Hasher is the index's hashing (its BlockSize is BlockSize): what
+	// GetHashConfig reports, and what a query by block hashes that
+	// carries a config digest must have been made with. nil: unknown
+	// (GetHashConfig answers Unimplemented, and such queries are refused).
+	Hasher *blockhash.Hasher
 	// Tokenizers turn text and chat messages into token ids, tried in
 	// order (typically the engine's /tokenize, then a local
 	// tokenizer.json). None: such prompts fail with FailedPrecondition.
@@ -135,6 +142,7 @@ type Server struct {
 
 	cfg     Config
 	index   Index
+	hashing *kvindexv1.HashConfig // nil without Config.Hasher
 	log     *slog.Logger
 	now     func() time.Time
 	start   time.Time
@@ -174,6 +182,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.BlockSize < 1 {
 		return nil, errors.New("server: Config.BlockSize must be >= 1")
 	}
+	if cfg.Hasher != nil && cfg.Hasher.BlockSize() != cfg.BlockSize {
+		return nil, fmt.Errorf("server: Config.Hasher's block size %d is not Config.BlockSize %d", cfg.Hasher.BlockSize(), cfg.BlockSize)
+	}
 	if cfg.MaxTokens <= 0 {
 		cfg.MaxTokens = DefaultMaxTokens
 	}
@@ -211,6 +222,10 @@ func New(cfg Config) (*Server, error) {
 		readyCh: make(chan struct{}),
 		tokens:  tokenGate{Gate: inflight.Gate{Max: cfg.Limits.MaxTokensInFlight}},
 		bodies:  inflight.Gate{Max: cfg.Limits.MaxBodyBytesInFlight, Reserve: inflight.BodyReserve(cfg.Limits.MaxBodyBytesInFlight)},
+	}
+	if h := cfg.Hasher; h != nil {
+		c := h.Config()
+		s.hashing = &kvindexv1.HashConfig{Algo: string(c.Algo), Seed: c.Seed, BlockSize: uint32(c.BlockSize), Digest: h.Digest()}
 	}
 	m, err := newMetrics(s, cfg.Registry)
 	if err != nil {
@@ -755,6 +770,15 @@ func (s *Server) Lookup(ctx context.Context, req *kvindexv1.LookupRequest) (*kvi
 		out.Blocks[i] = bi
 	}
 	return out, nil
+}
+
+// GetHashConfig implements kvindex.v1.IndexService: the hashing of
+// Config.Hasher.
+func (s *Server) GetHashConfig(context.Context, *kvindexv1.GetHashConfigRequest) (*kvindexv1.HashConfig, error) {
+	if s.hashing == nil {
+		return nil, status.Error(codes.Unimplemented, "this kvindex does not say how it hashes: send token ids")
+	}
+	return proto.Clone(s.hashing).(*kvindexv1.HashConfig), nil
 }
 
 // ListPods implements kvindex.v1.IndexService: the engines known to the

@@ -67,7 +67,12 @@ Headers: x-session-id names the conversation (else the Responses API's
 previous_response_id does); x-request-priority: background marks a turn
 nobody waits on.
 
-The index is asked within --index-timeout; a request routed without its
+The index is asked within a deadline that grows with the prompt:
+--index-timeout + --index-timeout-per-1k x tokens / 1000 (text and chat
+count bytes / 4 as tokens; 2ms + 0.25ms per 1k by default: 6ms for 16k
+tokens). A request carrying token ids is sent as the block keys the
+picker computes with the index's own hashing (learnt from the index at
+each connection; token ids when it cannot). A request routed without its
 answer (by load and session) says why in the header x-kvindex-fallback:
 timeout, index_unreachable, unknown_model, tokenizer, overloaded or error.
 The picker starts without its index, reports not ready until it answers,

@@ -19,7 +19,7 @@ func TestPickerCommandLine(t *testing.T) {
 		out, err string // substrings of stdout and stderr
 	}{
 		{name: "check, from the config file", args: []string{"picker", "--config", cfg, "--check"}, code: exitOK,
-			out: "settings ok: index 127.0.0.1:1, ext_proc :9002, HTTP :9003, index timeout 2ms, max body 8388608, unknown model reject"},
+			out: "settings ok: index 127.0.0.1:1, ext_proc :9002, HTTP :9003, index timeout 2ms + 250µs per 1k tokens, max body 8388608, unknown model reject"},
 		{name: "check, from the environment", args: []string{"picker", "--check"}, code: exitOK,
 			env: map[string]string{"KVINDEX_INDEX": "10.1.1.1:50051", "KVINDEX_ENDPOINT": "pod-a=10.0.0.1:8000 pod-b=10.0.0.2:8000"},
 			out: "index 10.1.1.1:50051"},

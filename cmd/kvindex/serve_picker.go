@@ -16,7 +16,8 @@ type pickFlags struct{ service.PickerSettings }
 func (f *pickFlags) register(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&f.Endpoints, "endpoint", nil, "a pod requests may go to, POD=HOST:PORT: its name as kvindex knows it and its inference address (repeatable)")
 	fs.StringVar(&f.ExtProcAddr, "extproc-addr", ":9002", "address of the Envoy ext_proc gRPC server (Endpoint Picker Protocol, with gRPC health and reflection)")
-	fs.DurationVar(&f.IndexTimeout, "index-timeout", gateway.DefaultIndexTimeout, "deadline of each index query; past it the request is routed by load and session only")
+	fs.DurationVar(&f.IndexTimeout, "index-timeout", gateway.DefaultIndexTimeout, "deadline of each index query, plus --index-timeout-per-1k per 1,000 prompt tokens (text: bytes/4); past it the request is routed by load and session only")
+	fs.DurationVar(&f.IndexTimeoutPer1K, "index-timeout-per-1k", gateway.DefaultIndexTimeoutPer1K, "what the index deadline grows by per 1,000 prompt tokens (negative: a fixed --index-timeout)")
 	fs.IntVar(&f.MaxBody, "max-body", gateway.DefaultMaxBody, "largest request body read, in bytes (larger: 413); the bodies buffered at once are bounded at 4 of this size, or the --memory-budget share (beyond: 429)")
 	fs.DurationVar(&f.ScrapeInterval, "scrape-interval", enginemetrics.DefaultInterval, "how often each --endpoint's http://HOST:PORT/metrics (vLLM's queue, KV usage and prefix-cache counters) is read for the load score and kvindex_fleet_cached_fraction; 0: never")
 	fs.DurationVar(&f.PickHold, "pick-hold", gateway.DefaultPickHold, "how long a /v1/pick decision counts as in flight on its pod (its caller never reports the end)")

@@ -15,12 +15,15 @@ import (
 // kvindex serve --picker take them, before they are checked (Options).
 type PickerSettings struct {
 	// Endpoints are the candidates, each "POD=HOST:PORT".
-	Endpoints      []string
-	ExtProcAddr    string
-	IndexTimeout   time.Duration
-	MaxBody        int
-	PickHold       time.Duration
-	ScrapeInterval time.Duration
+	Endpoints    []string
+	ExtProcAddr  string
+	IndexTimeout time.Duration
+	// IndexTimeoutPer1K grows IndexTimeout with the prompt
+	// (gateway.IndexBudget).
+	IndexTimeoutPer1K time.Duration
+	MaxBody           int
+	PickHold          time.Duration
+	ScrapeInterval    time.Duration
 	// UnknownModel is gateway.UnknownModel's "route" or "reject".
 	UnknownModel string
 }
@@ -29,7 +32,7 @@ type PickerSettings struct {
 // discovered the candidates come from discovery, and listing any is an
 // error; without, at least one must be listed.
 func (s *PickerSettings) Options(discovered bool, o *PickerOptions) error {
-	cfg := gateway.Config{Dynamic: discovered, IndexTimeout: s.IndexTimeout, MaxBody: s.MaxBody, PickHold: s.PickHold}
+	cfg := gateway.Config{Dynamic: discovered, IndexTimeout: s.IndexTimeout, IndexTimeoutPer1K: s.IndexTimeoutPer1K, MaxBody: s.MaxBody, PickHold: s.PickHold}
 	switch {
 	case discovered && len(s.Endpoints) > 0:
 		return configerr.New("Picker.Endpoints", "%v and %v: give one (the candidates are either listed or discovered)", configerr.Field("Picker.Endpoints"), configerr.Field("Discover"))
@@ -68,8 +71,8 @@ func CheckPicker(w io.Writer, o *PickerServiceOptions) error {
 		return configerr.New("Picker", "%v", err)
 	}
 	g := &o.Picker.Gateway
-	fmt.Fprintf(w, "settings ok: index %s, ext_proc %s, HTTP %s, index timeout %v, max body %d, unknown model %s, memory budget %s\n",
-		o.Index, o.Picker.ExtProcAddr, cmp.Or(o.HTTPAddr, "none"), cmp.Or(g.IndexTimeout, gateway.DefaultIndexTimeout),
+	fmt.Fprintf(w, "settings ok: index %s, ext_proc %s, HTTP %s, index timeout %v + %v per 1k tokens, max body %d, unknown model %s, memory budget %s\n",
+		o.Index, o.Picker.ExtProcAddr, cmp.Or(o.HTTPAddr, "none"), cmp.Or(g.IndexTimeout, gateway.DefaultIndexTimeout), max(cmp.Or(g.IndexTimeoutPer1K, gateway.DefaultIndexTimeoutPer1K), 0),
 		svc.MaxBody(), cmp.Or(g.UnknownModel, gateway.UnknownModelRoute), bytesize.Format(o.MemoryBudget))
 	for _, e := range g.Endpoints {
 		fmt.Fprintf(w, "  endpoint %s: %s\n", e.Pod, e.Addr)

@@ -135,7 +135,7 @@ func build(o *Options, log *slog.Logger, restore bool) (*Service, error) {
 		grace = time.Nanosecond // ready at once
 	}
 	scfg := server.Config{
-		Index: ix, BlockSize: o.Index.Hasher.BlockSize(), Tokenizers: toks, Hub: s.hub, Streams: s.src,
+		Index: ix, BlockSize: o.Index.Hasher.BlockSize(), Hasher: o.Index.Hasher, Tokenizers: toks, Hub: s.hub, Streams: s.src,
 		DefaultModel: o.Model, MaxTokens: o.MaxQueryTokens, ExpectStreams: expectedStreams(o.Engines), ReadyGrace: grace,
 		Logger: log.With("component", "api"), Limits: o.limits(), Security: o.Security,
 		Fleet: o.Picker.fleetSource(),

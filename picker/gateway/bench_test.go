@@ -12,6 +12,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
@@ -21,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 )
 
 // Shape of BenchmarkPicker: 16,384-token prompts of a long chat, 8
@@ -100,7 +102,7 @@ func benchIndex(b *testing.B, prompts [][]uint64) (*server.Server, []gateway.End
 			seq[e]++
 		}
 	}
-	srv, err := server.New(server.Config{Index: ix, BlockSize: bs, DefaultModel: testModel, Streams: streams, ReadyGrace: -1})
+	srv, err := server.New(server.Config{Index: ix, BlockSize: bs, Hasher: h, DefaultModel: testModel, Streams: streams, ReadyGrace: -1})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -119,7 +121,11 @@ func (h heardStreams) Streams() []kvevents.StreamStats { return h }
 // the body's last frame answered (the destination comes with it), for a
 // chat conversation of 16,384 tokens sent as token ids in 16 KB frames.
 // The picker asks the index in the same process (local) or a kvindex
-// over loopback gRPC (remote). The deadline is far above the path's
+// over loopback gRPC, by token ids (remote) or by the block keys the
+// picker hashes itself (remote-hashes: it learnt the index's hashing at
+// its warm-up; each prompt is resent, so its keys come from the memo).
+// query-bytes is the size of one LongestPrefix request on the wire
+// (protobuf). The deadline is far above the path's
 // latency, so the figures are the index's answer, never the fallback
 // (the benchmark fails if any request fell back). One request at a time;
 // run with -benchtime=3000x for stable percentiles.
@@ -144,11 +150,13 @@ func BenchmarkPicker(b *testing.B) {
 	b.Cleanup(func() { c.Close() })
 
 	for _, v := range []struct {
-		name string
-		src  gateway.Source
+		name   string
+		src    gateway.Source
+		hashes bool
 	}{
-		{"local", gateway.Local{Server: srv}},
-		{"remote", gateway.Remote{Client: c}},
+		{"local", gateway.Local{Server: srv}, false},
+		{"remote", gateway.Remote{Client: c}, false},
+		{"remote-hashes", gateway.Remote{Client: c}, true},
 	} {
 		b.Run(v.name, func(b *testing.B) {
 			reg := prometheus.NewRegistry()
@@ -156,6 +164,24 @@ func BenchmarkPicker(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			if v.hashes {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				if err := svc.Warm(ctx, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+			r, err := gateway.ParseRequest(bodies[0], func(string) string { return "" })
+			if err != nil {
+				b.Fatal(err)
+			}
+			q := &kvindexv1.LongestPrefixRequest{Model: r.Model, Prompt: r.Prompt, CandidatePods: podNames(eps)}
+			if keys := svc.PromptKeys(r); keys != nil {
+				q.Prompt = client.HashesPrompt(keys)
+			} else if v.hashes {
+				b.Fatal("the picker does not hash after its warm-up")
+			}
+			qbytes := proto.Size(q)
 			pl, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				b.Fatal(err)
@@ -189,11 +215,23 @@ func BenchmarkPicker(b *testing.B) {
 			if n := fallbacks(b, reg); n != 0 {
 				b.Fatalf("%v requests fell back: the figures would not be the index's path", n)
 			}
+			if n := mustVec(b, reg, "kvindex_picker_index_queries_total", "hashes"); v.hashes != (n > 0) {
+				b.Fatalf("%v queries by hashes", n)
+			}
 			slices.Sort(lat)
 			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-us")
 			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-us")
+			b.ReportMetric(float64(qbytes), "query-bytes")
 		})
 	}
+}
+
+func podNames(eps []gateway.Endpoint) []string {
+	var out []string
+	for _, e := range eps {
+		out = append(out, e.Pod)
+	}
+	return out
 }
 
 // pickOnce plays Envoy for one request up to the picker's decision: the
@@ -262,5 +300,85 @@ func BenchmarkPickerParse(b *testing.B) {
 		if _, err := gateway.ParseRequest(bodies[i%len(bodies)], none); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkPickerQuery is BenchmarkPicker's index path alone: Service.Pick
+// of the parsed 16,384-id requests, the index over loopback gRPC, asked
+// by token ids (remote) or by the block keys the picker hashes
+// (remote-hashes, from its memo: each prompt is resent; remote-hashes-cold,
+// a memo too small to hold any, so every prompt is hashed in full). One
+// request at a time.
+func BenchmarkPickerQuery(b *testing.B) {
+	prompts := benchPrompts(b, 8)
+	srv, eps := benchIndex(b, prompts)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	gs := srv.NewGRPCServer()
+	go gs.Serve(lis)
+	b.Cleanup(gs.Stop)
+	c, err := client.Dial(context.Background(), lis.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	reqs := make([]*gateway.Request, len(prompts))
+	for i, ids := range prompts {
+		if reqs[i], err = gateway.ParseRequest([]byte(idsBody(ids)), func(string) string { return "" }); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, v := range []struct {
+		name   string
+		hashes bool
+		memo   int
+	}{{"remote", false, 0}, {"remote-hashes", true, 0}, {"remote-hashes-cold", true, 1}} {
+		b.Run(v.name, func(b *testing.B) {
+			reg := prometheus.NewRegistry()
+			svc, err := gateway.New(gateway.Config{Endpoints: eps, Scorer: noSpeculation(), IndexTimeout: time.Second, HashMemoEntries: v.memo, Registry: reg}, gateway.Remote{Client: c})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if v.hashes {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				if err := svc.Warm(ctx, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+			pick := func(i int) {
+				d, done, err := svc.Pick(context.Background(), reqs[i%len(reqs)], nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				done()
+				if d.Endpoint != eps[i%len(reqs)%benchPods].Addr {
+					b.Fatalf("prompt %d went to %s", i%len(reqs), d.Endpoint)
+				}
+			}
+			for i := range reqs {
+				pick(i)
+			}
+			lat := make([]time.Duration, 0, b.N)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				t0 := time.Now()
+				pick(i)
+				lat = append(lat, time.Since(t0))
+			}
+			b.StopTimer()
+			if n := fallbacks(b, reg); n != 0 {
+				b.Fatalf("%v requests fell back", n)
+			}
+			if n := mustVec(b, reg, "kvindex_picker_index_queries_total", "hashes"); v.hashes != (n > 0) {
+				b.Fatalf("%v queries by hashes", n)
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-us")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-us")
+		})
 	}
 }

@@ -11,7 +11,8 @@
 //
 // The index is asked in the same process (Local, kvindex serve --picker)
 // or over gRPC (Remote, kvindex picker --index), within a hard deadline
-// (Config.IndexTimeout): past it, or when the index fails, the request is
+// (IndexBudget: Config.IndexTimeout, growing with the prompt by
+// Config.IndexTimeoutPer1K): past it, or when the index fails, the request is
 // routed by load and session alone, so that a slow or dead index costs
 // the gateway at most the deadline. Such a fallback is never silent: its
 // reason (picker.Fallback) is in the decision, the x-kvindex-fallback
@@ -35,7 +36,11 @@
 //
 // The body is an OpenAI /v1/completions, /v1/chat/completions or
 // Responses API request (ParseRequest). Token ids the caller sent are
-// used as is; text and chat messages go to kvindex, which tokenizes them
+// hashed into the index's block keys by the picker itself, when it has
+// learnt the index's hashing (GetHashConfig, at each warm-up of a remote
+// index, checked by digest; a chain memo hashes only a conversation's new
+// blocks), and sent as ids otherwise; text and chat messages go to
+// kvindex, which tokenizes them
 // (the engine's /tokenize or a local tokenizer). Headers: x-session-id
 // names the conversation (else the Responses API's previous_response_id
 // does); x-request-priority: background marks a turn nobody waits on.

@@ -93,7 +93,7 @@ func newFleet(t *testing.T, pods ...string) *fleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sub.Close() })
-	f.srv, err = server.New(server.Config{Index: ix, BlockSize: bs, Streams: sub, DefaultModel: testModel, ReadyGrace: -1})
+	f.srv, err = server.New(server.Config{Index: ix, BlockSize: bs, Hasher: h, Streams: sub, DefaultModel: testModel, ReadyGrace: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

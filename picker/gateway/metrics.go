@@ -14,6 +14,10 @@ type metrics struct {
 	bad          *prometheus.CounterVec
 	warmups      *prometheus.CounterVec
 	indexSeconds prometheus.Histogram
+	queries      *prometheus.CounterVec
+	hashConfig   *prometheus.CounterVec
+	hashMemo     *prometheus.CounterVec
+	hashBlocks   *prometheus.CounterVec
 }
 
 // newMetrics registers the picker's metrics on reg (none if nil);
@@ -41,6 +45,22 @@ func newMetrics(reg prometheus.Registerer, bodyBytes func() int64) (*metrics, er
 			Help:    "Time to get the index's answer for a request, failures and timeouts included.",
 			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14),
 		}),
+		queries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvindex_picker_index_queries_total",
+			Help: "Queries of the index by what the prompt was sent as: hashes (block keys the picker computed), tokens (ids), text, messages.",
+		}, []string{"input"}),
+		hashConfig: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvindex_picker_hash_config_total",
+			Help: "Learning the index's hashing (at each warm-up) and checks of it, by result: ok (the picker hashes prompts itself), unknown (an index that does not say: token ids are sent), mismatch (the picker would hash differently, or the index refused its hashes: logged as an error, token ids are sent), error.",
+		}, []string{"result"}),
+		hashMemo: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvindex_picker_hash_memo_total",
+			Help: "Prompts hashed by the picker, by whether the chain memo knew a prefix of them: hit, miss.",
+		}, []string{"result"}),
+		hashBlocks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvindex_picker_hash_blocks_total",
+			Help: "Block keys of prompts the picker hashed, by where they came from: memo (known from an earlier prompt), hashed.",
+		}, []string{"how"}),
 	}
 	for _, f := range picker.Fallbacks {
 		m.fallbacks.WithLabelValues(string(f)) // every reason listed, at 0 until it happens
@@ -50,7 +70,7 @@ func newMetrics(reg prometheus.Registerer, bodyBytes func() int64) (*metrics, er
 		Help: "Bytes of request bodies buffered now, across ext_proc streams and /v1/pick requests (bounded; beyond, requests are refused as busy).",
 	}, func() float64 { return float64(bodyBytes()) })
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.picks, m.fallbacks, m.bad, m.warmups, m.indexSeconds, bodies} {
+		for _, c := range []prometheus.Collector{m.picks, m.fallbacks, m.bad, m.warmups, m.indexSeconds, m.queries, m.hashConfig, m.hashMemo, m.hashBlocks, bodies} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

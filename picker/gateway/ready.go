@@ -190,7 +190,10 @@ func (s *Service) keepWarm(ctx context.Context, r Remote, timeout time.Duration,
 			report(nil)
 		}
 		if state != connectivity.Ready {
+			// The next connection may reach another index, hashing
+			// otherwise: learnt again at its warm-up, token ids until then.
 			warmed = false
+			s.hash.Store(nil)
 		}
 		if !conn.WaitForStateChange(ctx, state) {
 			return
@@ -217,6 +220,7 @@ func (s *Service) warm(ctx context.Context, r Remote, timeout time.Duration, wha
 		return fmt.Errorf("warming the index connection: %w", err)
 	}
 	s.m.warmups.WithLabelValues("ok").Inc()
+	s.learnHashing(wctx, r)
 	if !s.setIndex(true, "", "on", what, "took", took) {
 		s.log.Info("picker: index connection warm", "on", what, "took", took)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/picker"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
@@ -26,6 +27,11 @@ const (
 	// request is routed without the prefix (load and session only). A
 	// gateway adds this to every request's latency at worst.
 	DefaultIndexTimeout = 2 * time.Millisecond
+	// DefaultIndexTimeoutPer1K is what the index deadline grows by per
+	// 1,000 tokens of the prompt (IndexBudget): re-prefilling a long
+	// prompt on the wrong pod costs the GPU seconds, waiting a little
+	// longer for the index's answer costs milliseconds.
+	DefaultIndexTimeoutPer1K = 250 * time.Microsecond
 	// DefaultMaxBody bounds a request body the picker buffers: a 128k-token
 	// conversation as text with room to spare. Larger requests are refused
 	// (413) rather than routed blind.
@@ -73,8 +79,14 @@ type Config struct {
 	Dynamic bool
 	// Scorer configures the scoring (picker.DefaultConfig when zero).
 	Scorer picker.Config
-	// IndexTimeout bounds each index query (DefaultIndexTimeout if 0).
-	IndexTimeout time.Duration
+	// IndexTimeout and IndexTimeoutPer1K bound each index query
+	// (IndexBudget; DefaultIndexTimeout and DefaultIndexTimeoutPer1K if
+	// 0; a negative IndexTimeoutPer1K: a fixed IndexTimeout).
+	IndexTimeout      time.Duration
+	IndexTimeoutPer1K time.Duration
+	// HashMemoEntries sizes the memo of the block keys the picker hashed
+	// (DefaultHashMemoEntries if 0).
+	HashMemoEntries int
 	// MaxBody bounds a buffered request body (DefaultMaxBody if 0).
 	MaxBody int
 	// MaxBodyInFlight bounds the request bodies buffered at once, across
@@ -130,6 +142,9 @@ type Service struct {
 	bodies inflight.Gate
 	idx    indexState
 	fbLog  *fallbackLog
+	// hash is the index's hashing as the picker learnt it (learnHashing);
+	// nil while it is not known: queries then send token ids.
+	hash atomic.Pointer[hashing]
 }
 
 // endpointSet is the candidates, replaced whole by SetEndpoints so that a
@@ -189,6 +204,12 @@ func New(cfg Config, src Source) (*Service, error) {
 	}
 	if cfg.IndexTimeout == 0 {
 		cfg.IndexTimeout = DefaultIndexTimeout
+	}
+	switch {
+	case cfg.IndexTimeoutPer1K == 0:
+		cfg.IndexTimeoutPer1K = DefaultIndexTimeoutPer1K
+	case cfg.IndexTimeoutPer1K < 0:
+		cfg.IndexTimeoutPer1K = 0
 	}
 	if cfg.MaxBody == 0 {
 		cfg.MaxBody = DefaultMaxBody
@@ -345,13 +366,29 @@ func (s *Service) query(ctx context.Context, r *Request, st *pickState, pods []s
 	if state == idxDown {
 		return 0, 0, picker.FallbackIndexUnreachable, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.IndexTimeout)
+	ctx, cancel := context.WithTimeout(ctx, IndexBudget(s.cfg.IndexTimeout, s.cfg.IndexTimeoutPer1K, r.tokenCount()))
 	defer cancel()
 	start := time.Now()
 	st.req.Model = r.Model
-	st.req.Prompt = r.Prompt
 	st.req.CandidatePods = pods
+	hs, hashed := s.hashedPrompt(r)
+	if hashed != nil {
+		st.req.Prompt = hashed
+		s.m.queries.WithLabelValues(inputHashes).Inc()
+	} else {
+		st.req.Prompt = r.Prompt
+		s.m.queries.WithLabelValues(inputOf(r.Prompt)).Inc()
+	}
 	resp, err := s.src.LongestPrefix(ctx, &st.req)
+	if hashed != nil && status.Code(err) == codes.FailedPrecondition {
+		// The index refused the picker's keys: it hashes otherwise than
+		// the picker learnt. Never again with this hashing; this request
+		// asks again with its ids, within what is left of its deadline.
+		s.dropHashing(hs, err)
+		st.req.Prompt = r.Prompt
+		s.m.queries.WithLabelValues(inputOf(r.Prompt)).Inc()
+		resp, err = s.src.LongestPrefix(ctx, &st.req)
+	}
 	st.req.Prompt = nil
 	s.m.indexSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {

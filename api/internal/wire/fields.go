@@ -29,8 +29,12 @@ const (
 	PromptMMItems     = 7
 )
 
-// IDs is the one field of TokenIds (ids) and BlockHashes (hashes).
+// IDs is the one field of TokenIds (ids) and the first of BlockHashes
+// (hashes).
 const IDs = 1
+
+// BlockHashesConfigDigest is BlockHashes' config_digest.
+const BlockHashesConfigDigest = 2
 
 // LongestPrefixResponse.
 const (
@@ -124,7 +128,7 @@ var ServerDecodes = Codec{
 			PromptLoraName: ByHand, PromptCacheSalt: ByHand, PromptMMItems: ByLibrary,
 		},
 		TokenIdsName:    {IDs: ByHand},
-		BlockHashesName: {IDs: ByHand},
+		BlockHashesName: {IDs: ByHand, BlockHashesConfigDigest: ByHand},
 	},
 }
 

@@ -36,6 +36,7 @@ func TestFieldNumbers(t *testing.T) {
 		{&kvindexv1.Prompt{}, "mm_items", PromptMMItems},
 		{&kvindexv1.TokenIds{}, "ids", IDs},
 		{&kvindexv1.BlockHashes{}, "hashes", IDs},
+		{&kvindexv1.BlockHashes{}, "config_digest", BlockHashesConfigDigest},
 		{&kvindexv1.LongestPrefixResponse{}, "blocks_total", ResponseBlocksTotal},
 		{&kvindexv1.LongestPrefixResponse{}, "block_size", ResponseBlockSize},
 		{&kvindexv1.LongestPrefixResponse{}, "pods", ResponsePods},
