@@ -51,8 +51,9 @@ func TestListenerConnectionCap(t *testing.T) {
 				p.waitSubscribed(1) // admitted: the subscription reached it
 				admitted = append(admitted, p)
 			}
+			var refused []*testPublisher
 			for i := range extra {
-				glob(maxEngines + i)
+				refused = append(refused, glob(maxEngines+i))
 			}
 			awaitRefused(extra, maxEngines)
 			if ls := listenerStats(t, s); ls.RefusedHandshakes != 0 {
@@ -67,10 +68,15 @@ func TestListenerConnectionCap(t *testing.T) {
 			// Its address has one more connection beyond the cap, not two.
 			second := newTestPublisher(t, pubOptions{connect: fromAddr("127.0.0.9", ep), topic: "kv@named@m", noReplay: true})
 			second.waitSubscribed(1)
-			newTestPublisher(t, pubOptions{connect: fromAddr("127.0.0.9", ep), topic: "kv@named@m", noReplay: true})
+			refused = append(refused, newTestPublisher(t, pubOptions{connect: fromAddr("127.0.0.9", ep), topic: "kv@named@m", noReplay: true}))
 			awaitRefused(extra+1, maxEngines+2)
 
-			// A glob peer leaves; a newcomer takes its place.
+			// A glob peer leaves; a newcomer takes its place. The refused
+			// peers go first: one that saw its connection close before the
+			// refusal arrived retries, and could take the freed place.
+			for _, p := range refused {
+				p.Close()
+			}
 			admitted[0].Close()
 			testutil.Await(t, waitTimeout, "the peer's departure seen", func() bool { return listenerStats(t, s).Peers == maxEngines+1 })
 			glob(maxEngines + extra).waitSubscribed(1)
