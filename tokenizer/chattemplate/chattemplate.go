@@ -52,7 +52,7 @@ func Parse(source string, tokens map[string]string) (t *Template, err error) {
 			t, err = nil, fmt.Errorf("%w: does not compile: %v", ErrTemplate, r)
 		}
 	}()
-	tmpl, err := jinja.Compile(rewriteToJSON(source))
+	tmpl, err := jinja.Compile(rewrite(source))
 	if err != nil {
 		return nil, fmt.Errorf("%w: does not compile: %v", ErrTemplate, err)
 	}
@@ -221,10 +221,11 @@ func (t *Template) Render(r Request) (out string, err error) {
 }
 
 func (t *Template) variables(r Request) (map[string]jinja.Value, error) {
-	data := make(map[string]jinja.Value, len(t.tokens)+len(globals)+4)
+	data := make(map[string]jinja.Value, len(t.tokens)+len(globals)+5)
 	for k, v := range globals {
 		data[k] = v
 	}
+	data[macroGuardName] = macroGuard()
 	for k, v := range t.tokens {
 		data[k] = jinja.NewString(v)
 	}

@@ -54,10 +54,12 @@ func TestRewriteToJSON(t *testing.T) {
 		{`{% set y = x|tojsonx %}`, `{% set y = x|tojsonx %}`},
 		{`{% raw %}{{ x|tojson }}{% endraw %}{{ x|tojson }}`, `{% raw %}{{ x|tojson }}{% endraw %}{{ x|` + tojsonName + ` }}`},
 		{`{{ "}}|tojson" }}|tojson {`, `{{ "}}|tojson" }}|tojson {`},
+		{`{%- macro f(a, b=")") -%}{%- endmacro %}`, `{%- macro f(a, b=")", ` + macroGuardParam + `=` + macroGuardName + `()) -%}{%- endmacro %}`},
+		{`{% macro g() %}{% endmacro %}{% macros %}`, `{% macro g(` + macroGuardParam + `=` + macroGuardName + `()) %}{% endmacro %}{% macros %}`},
 	}
 	for _, c := range cases {
-		if got := rewriteToJSON(c.in); got != c.want {
-			t.Errorf("rewriteToJSON(%q)\n got %q\nwant %q", c.in, got, c.want)
+		if got := rewrite(c.in); got != c.want {
+			t.Errorf("rewrite(%q)\n got %q\nwant %q", c.in, got, c.want)
 		}
 	}
 }
@@ -152,5 +154,19 @@ func TestRaiseException(t *testing.T) {
 	_, err := render(t, `{{ raise_exception("roles must alternate") }}`, Request{Messages: []byte(`[]`)})
 	if !errors.Is(err, ErrRender) || !strings.Contains(err.Error(), "roles must alternate") {
 		t.Fatalf("err %v, want ErrRender naming the template's message", err)
+	}
+}
+
+// TestMacroRecursion: a macro that calls itself without end fails the
+// render with ErrRender (the engine has no recursion limit of its own and
+// would overflow the stack), while a bounded recursion renders.
+func TestMacroRecursion(t *testing.T) {
+	_, err := render(t, `{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}{{ m(0) }}`, Request{Messages: []byte(`[]`)})
+	if !errors.Is(err, ErrRender) {
+		t.Fatalf("err %v, want ErrRender", err)
+	}
+	got, err := render(t, `{% macro m(n) %}{% if n < 50 %}{{ m(n + 1) }}{% else %}{{ n }}{% endif %}{% endmacro %}{{ m(0) }}`, Request{Messages: []byte(`[]`)})
+	if err != nil || got != "50" {
+		t.Fatalf("got %q, %v; want 50", got, err)
 	}
 }

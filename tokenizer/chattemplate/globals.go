@@ -16,6 +16,31 @@ import (
 // caller's, so HF's tojson can only take over under another name.
 const tojsonName = "__hf_tojson"
 
+// macroGuardName and macroGuardParam name the function and the parameter
+// rewrite adds to every macro; macroCallBudget bounds the macro calls of
+// one render. The engine recurses on the Go stack with no limit of its
+// own, so a template whose macro calls itself without end would crash
+// the process (a Go stack overflow cannot be recovered); Python's Jinja
+// stops such a template with a RecursionError. A real template makes a
+// few hundred calls even for large tool lists (gpt-oss's schema
+// printer is the largest we know).
+const (
+	macroGuardName  = "__macro_call"
+	macroGuardParam = "__macro_guard"
+	macroCallBudget = 10_000
+)
+
+// macroGuard returns the per-render counting function.
+func macroGuard() jinja.Value {
+	calls := 0
+	return jinja.NewCallable(macroGuardName, func([]jinja.Value, map[string]jinja.Value) (jinja.Value, error) {
+		if calls++; calls > macroCallBudget {
+			return jinja.Value{}, fmt.Errorf("more than %d macro calls in one render (a macro calling itself without end?)", macroCallBudget)
+		}
+		return jinja.None(), nil
+	})
+}
+
 // globals are variables every render gets, for what the engine lacks
 // against transformers' environment.
 var globals = map[string]jinja.Value{

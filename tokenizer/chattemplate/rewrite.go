@@ -2,14 +2,16 @@ package chattemplate
 
 import "strings"
 
-// rewriteToJSON renames the tojson filter in src's expressions to
-// tojsonName, so that transformers' tojson (filterToJSON) renders it.
+// rewrite renames the tojson filter in src's expressions to tojsonName,
+// so that transformers' tojson (filterToJSON) renders it, and gives every
+// macro a last parameter whose default calls macroGuardName, so that each
+// call of a macro is counted (see macroCallBudget).
 // Only code is touched: text outside {{ }} and {% %}, comments, string
 // literals and {% raw %} blocks are left as they are. A name is a filter
 // when '|' (and optional spaces) comes before it and no identifier
 // character follows it.
-func rewriteToJSON(src string) string {
-	if !strings.Contains(src, "tojson") {
+func rewrite(src string) string {
+	if !strings.Contains(src, "tojson") && !strings.Contains(src, "macro") {
 		return src
 	}
 	var out strings.Builder
@@ -37,7 +39,9 @@ func rewriteToJSON(src string) string {
 			if src[open+1] == '%' {
 				closer = "%}"
 			}
-			j := scanCode(src, open+2, closer, &out, src[open:open+2])
+			var tag strings.Builder
+			j := scanCode(src, open+2, closer, &tag, src[open:open+2])
+			out.WriteString(guardMacro(tag.String()))
 			if src[open+1] == '%' && isRawStart(src[open+2:j]) {
 				end := strings.Index(src[j:], "endraw")
 				if end < 0 {
@@ -118,3 +122,20 @@ func isIdentStart(c byte) bool {
 }
 
 func isIdent(c byte) bool { return isIdentStart(c) || c >= '0' && c <= '9' }
+
+// guardMacro adds the counting parameter to a {% macro name(...) %} tag.
+func guardMacro(tag string) string {
+	code := strings.TrimLeft(tag[2:], "-+ \t\r\n")
+	if !strings.HasPrefix(tag, "{%") || !strings.HasPrefix(code, "macro") || len(code) == len("macro") || isIdent(code[len("macro")]) {
+		return tag
+	}
+	end := strings.LastIndexByte(tag, ')')
+	if end < 0 {
+		return tag // not a macro the engine compiles; let it say so
+	}
+	sep := ", "
+	if strings.TrimSpace(tag[strings.IndexByte(tag, '(')+1:end]) == "" {
+		sep = ""
+	}
+	return tag[:end] + sep + macroGuardParam + "=" + macroGuardName + "()" + tag[end:]
+}
