@@ -78,9 +78,10 @@ func (t *Template) Tokens() map[string]string {
 
 // Load reads a chat template from path: a tokenizer_config.json (any file
 // whose content is a JSON object) carrying chat_template and the special
-// tokens, or a plain Jinja file, which has no special tokens of its own
-// (tokens, which may be nil, supplies them; a config's own tokens win
-// over it).
+// tokens, or a plain Jinja file (chat_template.jinja), which has no special
+// tokens of its own: they are read from the tokenizer_config.json beside
+// it, as transformers lays a model's files out, when there is one. tokens,
+// which may be nil, supplies those neither file has.
 func Load(path string, tokens map[string]string) (*Template, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
@@ -93,7 +94,23 @@ func Load(path string, tokens map[string]string) (*Template, error) {
 		}
 		return t, nil
 	}
-	t, err := Parse(string(raw), tokens)
+	tok := make(map[string]string, len(tokens))
+	for k, v := range tokens {
+		tok[k] = v
+	}
+	beside := filepath.Join(filepath.Dir(path), "tokenizer_config.json")
+	if cfg, err := os.ReadFile(beside); err == nil {
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(cfg, &fields); err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrTemplate, beside, err)
+		}
+		for _, k := range SpecialTokenKeys {
+			if v, ok := configToken(fields[k]); ok {
+				tok[k] = v
+			}
+		}
+	}
+	t, err := Parse(string(raw), tok)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -192,6 +209,13 @@ type Request struct {
 	Tools json.RawMessage
 	// AddGenerationPrompt asks the template to open the assistant's turn.
 	AddGenerationPrompt bool
+	// DecodeToolArguments turns each tool call's function.arguments
+	// written as a JSON string (as OpenAI clients send it) into the JSON
+	// value it holds, as vLLM does before rendering with a HuggingFace
+	// tokenizer: templates print arguments with tojson, or test whether
+	// they are a string. Arguments that are not valid JSON are an
+	// ErrInput error, as they are for vLLM.
+	DecodeToolArguments bool
 	// Kwargs is a JSON object of extra template variables
 	// (chat_template_kwargs, such as enable_thinking); it may override
 	// the special tokens but not messages, tools or add_generation_prompt.
@@ -255,6 +279,11 @@ func (t *Template) variables(r Request) (map[string]jinja.Value, error) {
 	if !msgs.IsList() {
 		return nil, fmt.Errorf("%w: messages must be a JSON array", ErrInput)
 	}
+	if r.DecodeToolArguments {
+		if err := decodeToolArguments(msgs); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		}
+	}
 	data["messages"] = msgs
 	tools := jinja.None()
 	if len(bytes.TrimSpace(r.Tools)) > 0 {
@@ -268,4 +297,37 @@ func (t *Template) variables(r Request) (map[string]jinja.Value, error) {
 	data["tools"] = tools
 	data["add_generation_prompt"] = jinja.NewBool(r.AddGenerationPrompt)
 	return data, nil
+}
+
+// decodeToolArguments replaces, in every message's tool_calls, a string
+// function.arguments by the JSON value it holds.
+func decodeToolArguments(msgs jinja.Value) error {
+	for i, m := range msgs.AsList().Items {
+		if !m.IsDict() {
+			continue
+		}
+		calls, ok := m.AsDict().Get("tool_calls")
+		if !ok || !calls.IsList() {
+			continue
+		}
+		for j, c := range calls.AsList().Items {
+			if !c.IsDict() {
+				continue
+			}
+			fn, ok := c.AsDict().Get("function")
+			if !ok || !fn.IsDict() {
+				continue
+			}
+			args, ok := fn.AsDict().Get("arguments")
+			if !ok || !args.IsString() {
+				continue
+			}
+			v, err := decodeJSON([]byte(args.AsString()))
+			if err != nil {
+				return fmt.Errorf("message %d, tool call %d: arguments are not JSON: %v", i, j, err)
+			}
+			fn.AsDict().Set("arguments", v)
+		}
+	}
+	return nil
 }

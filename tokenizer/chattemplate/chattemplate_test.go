@@ -68,6 +68,9 @@ func TestLoad(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, content string) string {
 		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -86,8 +89,8 @@ func TestLoad(t *testing.T) {
 		{"config_no_template", "c.json", `{"bos_token": "<s>"}`, nil, "", ErrTemplate},
 		{"config_null_token_falls_back", "d.json", `{"chat_template": "` + tmpl + `", "bos_token": null}`, map[string]string{"bos_token": "B", "eos_token": "E"}, "BhiE", nil},
 		{"config_bad_json", "e.json", `{"chat_template": `, nil, "", ErrTemplate},
-		{"jinja_file", "t.jinja", tmpl, map[string]string{"bos_token": "<", "eos_token": ">"}, "<hi>", nil},
-		{"jinja_bad", "u.jinja", `{% for m in messages %}`, nil, "", ErrTemplate},
+		{"jinja_file", "j/t.jinja", tmpl, map[string]string{"bos_token": "<", "eos_token": ">"}, "<hi>", nil},
+		{"jinja_bad", "j/u.jinja", `{% for m in messages %}`, nil, "", ErrTemplate},
 		{"missing_file", "", "", nil, "", ErrTemplate},
 	}
 	for _, c := range cases {
@@ -168,5 +171,48 @@ func TestMacroRecursion(t *testing.T) {
 	got, err := render(t, `{% macro m(n) %}{% if n < 50 %}{{ m(n + 1) }}{% else %}{{ n }}{% endif %}{% endmacro %}{{ m(0) }}`, Request{Messages: []byte(`[]`)})
 	if err != nil || got != "50" {
 		t.Fatalf("got %q, %v; want 50", got, err)
+	}
+}
+
+func TestDecodeToolArguments(t *testing.T) {
+	const src = `{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.arguments is string }} {{ c.function.arguments|tojson }};{% endfor %}{% endfor %}`
+	msgs := []byte(`[{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{\"b\":1,\"a\":[true]}"}}, {"function": {"name": "g", "arguments": {"x": 2}}}]}, {"role": "user", "content": "x"}]`)
+	cases := []struct {
+		decode bool
+		want   string
+	}{
+		{false, `True "{\"b\":1,\"a\":[true]}";False {"x": 2};`},
+		{true, `False {"b": 1, "a": [true]};False {"x": 2};`},
+	}
+	for _, c := range cases {
+		got, err := render(t, src, Request{Messages: msgs, DecodeToolArguments: c.decode})
+		if err != nil || got != c.want {
+			t.Errorf("decode=%v: got %q, %v; want %q", c.decode, got, err, c.want)
+		}
+	}
+	_, err := render(t, src, Request{Messages: []byte(`[{"tool_calls": [{"function": {"arguments": "{oops"}}]}]`), DecodeToolArguments: true})
+	if !errors.Is(err, ErrInput) {
+		t.Fatalf("bad arguments: err %v, want ErrInput", err)
+	}
+}
+
+// TestLoadJinjaBesideConfig: a chat_template.jinja takes its special tokens
+// from the tokenizer_config.json beside it.
+func TestLoadJinjaBesideConfig(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(`{"bos_token": {"content": "<B>"}, "eos_token": "<E>"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "chat_template.jinja")
+	if err := os.WriteFile(p, []byte(`{{ bos_token }}{{ messages[0].content }}{{ eos_token }}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tp, err := Load(p, map[string]string{"eos_token": "ignored"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tp.Render(Request{Messages: []byte(`[{"content": "x"}]`)})
+	if err != nil || got != "<B>x<E>" {
+		t.Fatalf("got %q, %v", got, err)
 	}
 }
