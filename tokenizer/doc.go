@@ -53,10 +53,14 @@
 // feature, every tokenizer.json it cannot reproduce exactly: SentencePiece
 // and Unigram models (Llama 2, Gemma, Mistral v1/v2), WordPiece, WordLevel,
 // Metaspace pre-tokenizers, BPE dropout, subword prefixes and suffixes,
-// normalizers other than the Unicode forms. It renders no chat templates:
-// the Jinja templates of HuggingFace models rely on Python semantics that
-// only the engine reproduces faithfully, so the chat form (messages, with
-// or without tools and chat_template_kwargs) returns ErrChatTemplate. It reads tokenizer.json only: settings that some
+// normalizers other than the Unicode forms. On its own it renders no chat
+// templates: the chat form returns ErrChatTemplate. ChatLocal pairs it with
+// the model's chat template (package chattemplate, checked against
+// HuggingFace's rendering) and then tokenizes the chat form too, except
+// requests whose rendering vLLM shapes in ways it does not reproduce (a
+// request's own chat_template, continue_final_message, content parts,
+// multimodal settings): those return ErrChatUnsupported, so that a
+// Fallback asks the engine. It reads tokenizer.json only: settings that some
 // transformers tokenizer classes take from tokenizer_config.json (such as
 // LlamaTokenizerFast's add_bos_token) are not applied, and neither are
 // tokenizer.json's truncation and padding (which vLLM ignores too). The

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/internal/testutil"
+	"github.com/kvindex/kvindex/tokenizer"
+	"github.com/kvindex/kvindex/tokenizer/chattemplate"
 )
 
 // An agent's chat request, as it is sent to /v1/chat/completions: tools, a
@@ -150,5 +153,45 @@ func TestE2EChatRequestFile(t *testing.T) {
 		if v, ok := req[name]; ok {
 			t.Errorf("/tokenize got %s = %s: it does not reach the template", name, v)
 		}
+	}
+}
+
+// With --tokenizer and --chat-template, serve tokenizes a chat request
+// itself: no engine /tokenize is configured, and the answer's ids are the
+// rendered template's, encoded locally.
+func TestE2EChatLocalTemplate(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
+	const tokFile, tmplFile = "../../tokenizer/testdata/qwen2.5/tokenizer.json.gz", "../../tokenizer/chattemplate/testdata/templates/qwen2.5.json"
+	x := startE2E(t, []string{"pod-a"}, "--tokenizer", tokFile, "--chat-template", tmplFile)
+	local, err := tokenizer.LoadFile(tokFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := chattemplate.Load(tmplFile, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []tokenizer.Message{{Role: "system", Content: "You are terse."}, {Role: "user", Content: strings.Repeat("Tell me about prefix caches. ", 4)}}
+	ids, err := (&tokenizer.ChatLocal{Local: local, Template: tmpl}).Tokenize(context.Background(), e2eModel, tokenizer.Input{Messages: msgs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := uint32(len(ids) / e2eBlockSize)
+	if blocks < 2 {
+		t.Fatalf("prompt of %d tokens is too short for the test", len(ids))
+	}
+	if _, err := x.engines["pod-a"].Process(ids, nil); err != nil {
+		t.Fatal(err)
+	}
+	x.awaitMatched(ids, map[string]uint32{"pod-a": blocks})
+
+	req, _ := json.Marshal(map[string]any{"model": e2eModel, "messages": msgs})
+	out, errOut, code := runCLI(t, "query", "--server", x.svc.GRPCAddr(), "--messages-file", writeFile(t, "chat.json", string(req)), "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var got client.LongestPrefixJSON
+	if err := json.Unmarshal([]byte(out), &got); err != nil || len(got.Pods) != 1 || got.Pods[0].MatchedBlocks != blocks || got.TokenSource != client.SourceLocal {
+		t.Errorf("answer %s (%v), want pod-a matching %d blocks, tokens from %s", out, err, blocks, client.SourceLocal)
 	}
 }

@@ -34,6 +34,7 @@ type serveFlags struct {
 	memoryBudget   bytesize.Value
 	tokenizeURL    string
 	tokenizer      string
+	chatTemplate   string
 	maxQueryTokens int
 	readyGrace     time.Duration
 	pprof          bool
@@ -69,7 +70,8 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	memoryBudgetFlag(fs, &f.memoryBudget, "cap on the memory of the index, the event queues and the engines' state",
 		"The queues get up to 1/"+strconv.Itoa(memlimit.QueueShareDiv)+" of it, each engine rank "+bytesize.Format(memlimit.EngineBytes)+", the index the rest (at least half). ")
 	fs.StringVar(&f.tokenizeURL, "tokenize-url", "", "engine server root whose /tokenize tokenizes text and chat prompts, e.g. http://vllm:8000")
-	fs.StringVar(&f.tokenizer, "tokenizer", "", "local tokenizer.json (or .json.gz) for text prompts (completion form only)")
+	fs.StringVar(&f.tokenizer, "tokenizer", "", "local tokenizer.json (or .json.gz) for text prompts (and chat, with --chat-template)")
+	fs.StringVar(&f.chatTemplate, "chat-template", "", "the model's chat template (tokenizer_config.json or .jinja) with which --tokenizer renders chat prompts")
 	fs.IntVar(&f.maxQueryTokens, "max-query-tokens", d.MaxQueryTokens, "largest prompt a query may carry, in tokens")
 	fs.DurationVar(&f.readyGrace, "ready-grace", d.ReadyGrace, "report ready after this long even if some engines never connected")
 	fs.BoolVar(&f.pprof, "pprof", false, "removed: Go profiles are served on the admin listener, see --admin-addr")

@@ -57,6 +57,7 @@ var serveFlagNames = map[configerr.Field]string{
 	"SnapshotInterval":     "--snapshot-interval",
 	"TokenizeURL":          "--tokenize-url",
 	"TokenizerFile":        "--tokenizer",
+	"ChatTemplateFile":     "--chat-template",
 	"NATS":                 "--nats",
 	"NATSAuthKey":          "--nats-auth-key",
 	"NATSInsecure":         "--nats-insecure",

@@ -50,10 +50,12 @@ type Options struct {
 	Index       indexer.Options
 	// TokenizeURL is the engine's /tokenize root; TokenizerFile a local
 	// tokenizer.json. Either, both (the engine first) or none.
-	TokenizeURL, TokenizerFile string
-	MaxQueryTokens             int
-	ReadyGrace                 time.Duration
-	Limits                     server.Limits
+	// ChatTemplateFile (a tokenizer_config.json or .jinja) lets the local
+	// tokenizer render chat prompts too; it needs TokenizerFile.
+	TokenizeURL, TokenizerFile, ChatTemplateFile string
+	MaxQueryTokens                               int
+	ReadyGrace                                   time.Duration
+	Limits                                       server.Limits
 	// StateDir keeps the index across restarts, written every
 	// SnapshotInterval and at stop; "" for none.
 	StateDir         string

@@ -27,6 +27,7 @@ import (
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/tokenizer"
+	"github.com/kvindex/kvindex/tokenizer/chattemplate"
 )
 
 // Service is a built index service: index, event source, API server and,
@@ -436,7 +437,17 @@ func buildTokenizers(o *Options) ([]server.NamedTokenizer, error) {
 			// The cause: the file is named already.
 			return nil, configerr.New("TokenizerFile", "%v %s: %w", configerr.Field("TokenizerFile"), o.TokenizerFile, cmp.Or(errors.Unwrap(err), err))
 		}
-		out = append(out, server.NamedTokenizer{Source: client.SourceLocal, Tokenizer: t})
+		var local tokenizer.Tokenizer = t
+		if o.ChatTemplateFile != "" {
+			tmpl, err := chattemplate.Load(o.ChatTemplateFile, nil)
+			if err != nil {
+				return nil, configerr.New("ChatTemplateFile", "%v: %v", configerr.Field("ChatTemplateFile"), err)
+			}
+			local = &tokenizer.ChatLocal{Local: t, Template: tmpl}
+		}
+		out = append(out, server.NamedTokenizer{Source: client.SourceLocal, Tokenizer: local})
+	} else if o.ChatTemplateFile != "" {
+		return nil, configerr.New("ChatTemplateFile", "%v needs %v: the template renders the text that tokenizer encodes", configerr.Field("ChatTemplateFile"), configerr.Field("TokenizerFile"))
 	}
 	return out, nil
 }
@@ -449,6 +460,9 @@ func TokenizerSummary(o *Options) string {
 	}
 	if o.TokenizerFile != "" {
 		parts = append(parts, "local "+o.TokenizerFile)
+		if o.ChatTemplateFile != "" {
+			parts[len(parts)-1] += " with chat template " + o.ChatTemplateFile
+		}
 	}
 	if len(parts) == 0 {
 		return "none (token ids only)"

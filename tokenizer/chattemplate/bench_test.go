@@ -1,0 +1,47 @@
+package chattemplate
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// BenchmarkRender30 renders a 30-message conversation (system prompt,
+// then user and assistant turns of a few hundred characters, tools
+// declared) through each golden template.
+func BenchmarkRender30(b *testing.B) {
+	msgs := []map[string]any{{"role": "system", "content": "You are a careful assistant."}}
+	for i := 1; i < 30; i++ {
+		role := "user"
+		if i%2 == 0 {
+			role = "assistant"
+		}
+		msgs = append(msgs, map[string]any{"role": role, "content": fmt.Sprintf("Turn %d: %s", i, strings.Repeat("some words of the conversation ", 12))})
+	}
+	raw, err := json.Marshal(msgs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tools := []byte(`[{"type": "function", "function": {"name": "get_weather", "description": "Get the weather.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]`)
+	for _, name := range []string{"qwen2.5.json", "qwen3.json", "deepseek-v3.json", "phi-3.5-mini.jinja", "mistral-nemo.jinja"} {
+		tmpl := loadTestTemplate(b, name)
+		r := Request{Messages: raw, Tools: tools, AddGenerationPrompt: true}
+		if name == "phi-3.5-mini.jinja" || name == "deepseek-v3.json" {
+			r.Tools = nil
+		}
+		b.Run(name, func(b *testing.B) {
+			out, err := tmpl.Render(r)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(out)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := tmpl.Render(r); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,141 @@
+package chattemplate
+
+import "strings"
+
+// rewrite renames the tojson filter in src's expressions to tojsonName,
+// so that transformers' tojson (filterToJSON) renders it, and gives every
+// macro a last parameter whose default calls macroGuardName, so that each
+// call of a macro is counted (see macroCallBudget).
+// Only code is touched: text outside {{ }} and {% %}, comments, string
+// literals and {% raw %} blocks are left as they are. A name is a filter
+// when '|' (and optional spaces) comes before it and no identifier
+// character follows it.
+func rewrite(src string) string {
+	if !strings.Contains(src, "tojson") && !strings.Contains(src, "macro") {
+		return src
+	}
+	var out strings.Builder
+	out.Grow(len(src) + 64)
+	i := 0
+	for i < len(src) {
+		open := strings.IndexByte(src[i:], '{')
+		if open < 0 || i+open+1 >= len(src) {
+			out.WriteString(src[i:])
+			break
+		}
+		open += i
+		out.WriteString(src[i:open])
+		switch src[open+1] {
+		case '#':
+			end := strings.Index(src[open:], "#}")
+			if end < 0 {
+				out.WriteString(src[open:])
+				return out.String()
+			}
+			out.WriteString(src[open : open+end+2])
+			i = open + end + 2
+		case '{', '%':
+			closer := "}}"
+			if src[open+1] == '%' {
+				closer = "%}"
+			}
+			var tag strings.Builder
+			j := scanCode(src, open+2, closer, &tag, src[open:open+2])
+			out.WriteString(guardMacro(tag.String()))
+			if src[open+1] == '%' && isRawStart(src[open+2:j]) {
+				end := strings.Index(src[j:], "endraw")
+				if end < 0 {
+					out.WriteString(src[j:])
+					return out.String()
+				}
+				out.WriteString(src[j : j+end])
+				i = j + end
+				continue
+			}
+			i = j
+		default:
+			out.WriteByte('{')
+			i = open + 1
+		}
+	}
+	return out.String()
+}
+
+// scanCode copies the code of one tag from src[start:] up to and including
+// closer (outside string literals) into out, after prefix, renaming
+// tojson filters, and returns where it stopped.
+func scanCode(src string, start int, closer string, out *strings.Builder, prefix string) int {
+	out.WriteString(prefix)
+	lastNonSpace := byte(0)
+	i := start
+	for i < len(src) {
+		c := src[i]
+		switch {
+		case c == '\'' || c == '"':
+			j := i + 1
+			for j < len(src) && src[j] != c {
+				if src[j] == '\\' {
+					j++
+				}
+				j++
+			}
+			j = min(j+1, len(src))
+			out.WriteString(src[i:j])
+			lastNonSpace = c
+			i = j
+		case strings.HasPrefix(src[i:], closer):
+			out.WriteString(closer)
+			return i + len(closer)
+		case isIdentStart(c):
+			j := i
+			for j < len(src) && isIdent(src[j]) {
+				j++
+			}
+			word := src[i:j]
+			if word == "tojson" && lastNonSpace == '|' {
+				word = tojsonName
+			}
+			out.WriteString(word)
+			lastNonSpace = 'a'
+			i = j
+		default:
+			out.WriteByte(c)
+			if c != ' ' && c != '\t' && c != '\n' && c != '\r' {
+				lastNonSpace = c
+			}
+			i++
+		}
+	}
+	return i
+}
+
+// isRawStart reports whether a {% %} tag's code is "raw" (with optional
+// whitespace-control dashes).
+func isRawStart(code string) bool {
+	code = strings.TrimSuffix(code, "%}")
+	code = strings.Trim(code, "-+ \t\r\n")
+	return code == "raw"
+}
+
+func isIdentStart(c byte) bool {
+	return c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+}
+
+func isIdent(c byte) bool { return isIdentStart(c) || c >= '0' && c <= '9' }
+
+// guardMacro adds the counting parameter to a {% macro name(...) %} tag.
+func guardMacro(tag string) string {
+	code := strings.TrimLeft(tag[2:], "-+ \t\r\n")
+	if !strings.HasPrefix(tag, "{%") || !strings.HasPrefix(code, "macro") || len(code) == len("macro") || isIdent(code[len("macro")]) {
+		return tag
+	}
+	end := strings.LastIndexByte(tag, ')')
+	if end < 0 {
+		return tag // not a macro the engine compiles; let it say so
+	}
+	sep := ", "
+	if strings.TrimSpace(tag[strings.IndexByte(tag, '(')+1:end]) == "" {
+		sep = ""
+	}
+	return tag[:end] + sep + macroGuardParam + "=" + macroGuardName + "()" + tag[end:]
+}
