@@ -3,6 +3,7 @@ module github.com/kvindex/kvindex
 go 1.26.0
 
 require (
+	github.com/ardanlabs/jinja v1.8.0
 	github.com/dlclark/regexp2 v1.12.0
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/fxamacker/cbor/v2 v2.10.0
@@ -27,8 +28,6 @@ require (
 	sigs.k8s.io/kustomize/kyaml v0.21.2
 	sigs.k8s.io/yaml v1.6.0
 )
-
-require github.com/ardanlabs/jinja v1.8.0 // indirect
 
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.9.0-default-no-op // indirect
