@@ -5,10 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -33,38 +30,13 @@ import (
 // returns its URL.
 func natsServerProc(t *testing.T) string {
 	t.Helper()
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		t.Skip("nats-server is not installed (Debian: apt-get install nats-server; make test-deps installs it)")
-	}
-	port := testutil.FreePorts(t, 1)
-	out := &testutil.SyncBuffer{}
-	cmd := exec.Command(bin, "-js", "-sd", t.TempDir(), "-a", "127.0.0.1", "-p", strconv.Itoa(port))
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	url, out := testutil.NATSServer(t, t.Skip)
 	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
 		if t.Failed() {
 			t.Logf("nats-server output:\n%s", out.String())
 		}
 	})
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	deadline := time.Now().Add(e2eDeadline)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nats-server did not listen on %s: %v\n%s", addr, err, out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return "nats://" + addr
+	return url
 }
 
 // natsKeyFile writes the key every relay and replica of the tests shares.

@@ -4,12 +4,9 @@ import (
 	"context"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -171,33 +168,13 @@ func forgedSource(t *testing.T) {
 // returns its URL. Without it the row fails: make test-deps installs it.
 func natsServer(t *testing.T) string {
 	t.Helper()
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		t.Fatal("nats-server is not installed (Debian: apt-get install nats-server; make test-deps installs it)")
-	}
-	port := testutil.FreePorts(t, 1)
-	out := &testutil.SyncBuffer{}
-	cmd := exec.Command(bin, "-js", "-sd", t.TempDir(), "-a", "127.0.0.1", "-p", strconv.Itoa(port))
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	url, out := testutil.NATSServer(t, t.Fatal)
 	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
 		if t.Failed() && !*tableFlag {
 			t.Logf("nats-server:\n%s", out.String())
 		}
 	})
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	testutil.Await(t, awaitBound, "nats-server listening", func() bool {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
-	return "nats://" + addr
+	return url
 }
 
 var relayingLine = regexp.MustCompile(`msg=relaying http=(\S+)`)
