@@ -75,6 +75,9 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 		if fl != nil {
 			fl.done()
 		}
+		if body != nil {
+			putBody(body)
+		}
 	}()
 	for {
 		req, err := stream.Recv()
@@ -103,10 +106,19 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 				s.m.bad.WithLabelValues("too_large").Inc()
 				return stream.Send(immediate(typev3.StatusCode_PayloadTooLarge, "request body over "+strconv.Itoa(s.cfg.MaxBody)+" bytes"))
 			}
-			first := len(body) == 0
-			body = append(body, v.RequestBody.GetBody()...)
-			if first && v.RequestBody.GetEndOfStream() {
-				held.Size = int64(cap(body)) // the whole body in one frame: its size is known
+			frame := v.RequestBody.GetBody()
+			switch {
+			case body == nil && v.RequestBody.GetEndOfStream():
+				// The whole body in one frame: the frame is the body (the
+				// message was decoded into memory of its own), and its
+				// size is known.
+				body = frame
+				held.Size = int64(cap(body))
+			case body == nil:
+				body = getBody(bodyPresize(hdr["content-length"], len(frame), s.cfg.MaxBody), s.cfg.MaxBody)
+				fallthrough
+			default:
+				body = appendBody(body, frame, s.cfg.MaxBody)
 			}
 			// The buffer's capacity is what it holds in memory.
 			if grown := int64(cap(body)) - heldBytes; grown > 0 {
@@ -121,9 +133,18 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 				if resp == nil {
 					return nil // answered with an immediate response
 				}
-				// Routed: the body goes back to Envoy below and is not
-				// kept, so its bytes are free for other requests while
-				// the response streams through.
+				// Routed: the body goes back to Envoy now and is not
+				// kept (Send encodes it before returning, and nothing on
+				// the picker's gRPC servers keeps a sent message), so its
+				// buffer and bytes are free for other requests while the
+				// response streams through.
+				for _, r := range resp {
+					if err := stream.Send(r); err != nil {
+						return err
+					}
+				}
+				resp = nil
+				putBody(body)
 				body = nil
 				s.bodies.Give(&held)
 				heldBytes = 0
