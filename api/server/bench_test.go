@@ -42,7 +42,11 @@ var (
 	fleet     benchFleet
 )
 
-func loadFleet(b *testing.B) *benchFleet {
+func loadFleet(*testing.B) *benchFleet { return sharedFleet() }
+
+// sharedFleet builds the fleet once per process: the benchmarks' and a
+// benchmark server child's (servercpu_test.go), which has no testing.B.
+func sharedFleet() *benchFleet {
 	fleetOnce.Do(func() {
 		rng := rand.New(rand.NewPCG(1, 2))
 		shared := make([]uint64, benchSharedBlocks*testBlockSize)
@@ -61,7 +65,7 @@ func loadFleet(b *testing.B) *benchFleet {
 				toks[i] = uint64(rng.IntN(150_000))
 			}
 			fleet.prompts = append(fleet.prompts, toks)
-			keys := chainKeys(b, toks, nil)
+			keys := mustChainKeys(toks)
 			for k := range benchHolders {
 				e := (p + k*7) % benchEngines
 				depth := benchBlocks - k*benchBlocks/benchHolders
@@ -74,6 +78,19 @@ func loadFleet(b *testing.B) *benchFleet {
 		fleet.index = ix
 	})
 	return &fleet
+}
+
+// mustChainKeys is chainKeys for code without a testing.TB.
+func mustChainKeys(tokens []uint64) []uint64 {
+	hs, err := testHasher.Chain(nil, nil, 0, tokens, nil)
+	if err != nil {
+		panic(err)
+	}
+	keys := make([]uint64, len(hs))
+	for i := range hs {
+		keys[i] = hs[i].Key
+	}
+	return keys
 }
 
 // BenchmarkLongestPrefixGRPC measures LongestPrefix end to end over

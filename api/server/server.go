@@ -261,9 +261,26 @@ func (s *Server) MaxRecvMsgSize() int { return s.cfg.MaxTokens*10 + 1<<20 }
 // keepalive (idle connections closed, dead peers found, clients pinging
 // too often refused) and the message size (MaxRecvMsgSize).
 func (s *Server) NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
-	l := s.cfg.Limits
-	base := []grpc.ServerOption{
+	base := append(s.transportOptions(),
 		grpc.ForceServerCodecV2(poolingCodec{}),
+		grpc.ChainUnaryInterceptor(s.authUnary, s.metrics.unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.authStream),
+	)
+	if cfg := s.GRPCTLSConfig(); cfg != nil {
+		base = append(base, grpc.Creds(credentials.NewTLS(cfg)))
+	}
+	gs := grpc.NewServer(append(base, opts...)...)
+	s.Register(gs)
+	healthpb.RegisterHealthServer(gs, s.health)
+	reflection.Register(gs)
+	return gs
+}
+
+// transportOptions are the gRPC server's transport settings: buffers,
+// flow-control windows and the bounds from Config.Limits.
+func (s *Server) transportOptions() []grpc.ServerOption {
+	l := s.cfg.Limits
+	return []grpc.ServerOption{
 		experimental.BufferPool(wire.Buffers),   // see wire.BufferPool
 		grpc.InitialWindowSize(wire.WindowSize), // see wire.WindowSize
 		grpc.InitialConnWindowSize(wire.ConnWindowSize),
@@ -276,17 +293,7 @@ func (s *Server) NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 			MaxConnectionIdle: l.GRPCMaxConnIdle, Time: l.GRPCKeepaliveTime, Timeout: l.GRPCKeepaliveTimeout,
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.GRPCKeepaliveMinTime, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(s.authUnary, s.metrics.unaryInterceptor),
-		grpc.ChainStreamInterceptor(s.authStream),
 	}
-	if cfg := s.GRPCTLSConfig(); cfg != nil {
-		base = append(base, grpc.Creds(credentials.NewTLS(cfg)))
-	}
-	gs := grpc.NewServer(append(base, opts...)...)
-	s.Register(gs)
-	healthpb.RegisterHealthServer(gs, s.health)
-	reflection.Register(gs)
-	return gs
 }
 
 // Register registers the kvindex and indexer APIs on gs (without health,
