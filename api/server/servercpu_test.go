@@ -182,7 +182,9 @@ func (c floorCodec) Marshal(v any) (mem.BufferSlice, error) {
 	return poolingCodec{}.Marshal(v)
 }
 
-func (floorCodec) Unmarshal(data mem.BufferSlice, v any) error { return poolingCodec{}.Unmarshal(data, v) }
+func (floorCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return poolingCodec{}.Unmarshal(data, v)
+}
 
 // benchServer is a running benchmark server child and a client of it.
 type benchServer struct {
