@@ -153,8 +153,8 @@ func BenchmarkLongestPrefixGRPC(b *testing.B) {
 }
 
 // BenchmarkLongestPrefixServer measures the server's own work for the
-// same queries, without transport or encoding: the floor under the gRPC
-// numbers.
+// same queries (by token ids and by block hashes), without transport or
+// encoding: the floor under the gRPC numbers.
 func BenchmarkLongestPrefixServer(b *testing.B) {
 	fl := loadFleet(b)
 	srv, err := New(Config{Index: fl.index, BlockSize: testBlockSize, DefaultModel: testModel})
@@ -162,14 +162,28 @@ func BenchmarkLongestPrefixServer(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	runLoad(b, benchConcurrency, func(i int) error {
-		req := &kvindexv1.LongestPrefixRequest{Model: testModel, Prompt: client.TokensPrompt(fl.prompts[i%len(fl.prompts)])}
-		r, err := srv.longestPrefix(ctx, req)
-		if err == nil {
-			putPrefixResponse(r)
-		}
-		return err
-	})
+	hashes := make([][]uint64, len(fl.prompts))
+	for i, p := range fl.prompts {
+		hashes[i] = mustChainKeys(p)
+	}
+	for _, q := range []struct {
+		name   string
+		prompt func(i int) *kvindexv1.Prompt
+	}{
+		{"ids", func(i int) *kvindexv1.Prompt { return client.TokensPrompt(fl.prompts[i]) }},
+		{"hashes", func(i int) *kvindexv1.Prompt { return client.HashesPrompt(hashes[i]) }},
+	} {
+		b.Run(q.name, func(b *testing.B) {
+			runLoad(b, benchConcurrency, func(i int) error {
+				req := &kvindexv1.LongestPrefixRequest{Model: testModel, Prompt: q.prompt(i % len(fl.prompts))}
+				r, err := srv.longestPrefix(ctx, req)
+				if err == nil {
+					putPrefixResponse(r)
+				}
+				return err
+			})
+		})
+	}
 }
 
 // runLoad runs b.N calls of do from conc goroutines and reports
