@@ -22,9 +22,9 @@ type queryScratch struct {
 	next    []uint64
 	nz      []int32 // words of alive that are not zero
 	cand    []uint32
-	matched []int32 // by engine id
-	missGPU []int32 // by engine id: matched blocks not held in GPU
-	tiers   []int32 // by engine id * media + medium: matched blocks held there
+	matched []int32  // by engine id
+	missGPU []int32  // by engine id: matched blocks not held in GPU
+	tiers   []int32  // by engine id * media + medium: matched blocks held there
 	ex      []uint64 // detail holdings of alive engines in a medium other than GPU (countTiers)
 	// Stamps of countTiers' current block: tierSeen by engine id * media
 	// + medium, gpuSeen by engine id, hold stamp once that tier or that
@@ -32,10 +32,10 @@ type queryScratch struct {
 	stamp    uint32
 	tierSeen []uint32
 	gpuSeen  []uint32
-	hs      holderSet
-	hv      [walkWindow]uint64 // mixed keys of the window being walked
-	win     [walkWindow]windowRead
-	order   []uint64
+	hs       holderSet
+	hv       [walkWindow]uint64 // mixed keys of the window being walked
+	win      [walkWindow]windowRead
+	order    []uint64
 }
 
 // walkWindow is how many blocks' slots a walk loads ahead at once.
