@@ -16,11 +16,11 @@ import (
 // poolingCodec is the server's gRPC codec: protobuf with buffers from the
 // non-zeroing pool (wire.Marshal, wire.Unmarshal), except for the two
 // messages carrying prompts and the LongestPrefix response. The prompts'
-// token ids are decoded into pooled buffers, which protobuf-go cannot do
-// (it allocates a new slice for every packed field, whatever the capacity
-// at hand: most of the bytes allocated per request in
-// BenchmarkLongestPrefixGRPC). LongestPrefix responses are
-// encoded by hand (encode.go) and return to their pool once encoded (the
+// token ids and block hashes are decoded into pooled buffers, which
+// protobuf-go cannot do (it allocates a new slice for every packed field,
+// whatever the capacity at hand: most of the bytes allocated per request
+// in BenchmarkLongestPrefixGRPC). LongestPrefix responses are encoded by
+// hand (encode.go) and return to their pool once encoded (the
 // server has no stats handler or binary log that would look at them
 // later).
 //
@@ -152,7 +152,7 @@ func decodePrompt(b []byte, p *kvindexv1.Prompt) error {
 		case wire.PromptBlockHashes:
 			w, ok := p.Input.(*kvindexv1.Prompt_BlockHashes)
 			if !ok || w.BlockHashes == nil {
-				w = &kvindexv1.Prompt_BlockHashes{BlockHashes: new(kvindexv1.BlockHashes)}
+				w = &kvindexv1.Prompt_BlockHashes{BlockHashes: blockHashes.Get().(*kvindexv1.BlockHashes)}
 				p.Input = w
 			}
 			w.BlockHashes.Hashes, err = decodeIDs(v, w.BlockHashes.Hashes, &w.BlockHashes.ConfigDigest)

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -130,23 +131,26 @@ func FuzzPoolingCodec(f *testing.F) {
 }
 
 // Pooled buffers are reused: decoding the same request again allocates
-// no new id storage.
+// no new id or hash storage.
 func TestPoolingCodecReusesBuffers(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items under the race detector")
 	}
-	b, _ := proto.Marshal(&kvindexv1.LongestPrefixRequest{Model: "m", Prompt: client.TokensPrompt(testutil.Seq(0, 16384))})
-	data := mem.BufferSlice{mem.SliceBuffer(b)}
-	allocs := testing.AllocsPerRun(100, func() {
-		var m kvindexv1.LongestPrefixRequest
-		if err := (poolingCodec{}).Unmarshal(data, &m); err != nil {
-			t.Fatal(err)
+	for _, p := range []*kvindexv1.Prompt{client.TokensPrompt(testutil.Seq(0, 16384)), client.HashesPrompt(testutil.Seq(1<<60, 1024))} {
+		b, _ := proto.Marshal(&kvindexv1.LongestPrefixRequest{Model: "m", Prompt: p})
+		data := mem.BufferSlice{mem.SliceBuffer(b)}
+		allocs := testing.AllocsPerRun(100, func() {
+			var m kvindexv1.LongestPrefixRequest
+			if err := (poolingCodec{}).Unmarshal(data, &m); err != nil {
+				t.Fatal(err)
+			}
+			releaseRequestTokens(m.GetPrompt())
+			releaseRequestHashes(m.GetPrompt())
+		})
+		// The model string, the Prompt and its oneof wrapper; never the ids.
+		if allocs > 4 {
+			t.Errorf("%T: %v allocations per decode, want <= 4", p.GetInput(), allocs)
 		}
-		releaseRequestTokens(m.GetPrompt())
-	})
-	// The model string, the Prompt and its oneof wrapper; never the ids.
-	if allocs > 4 {
-		t.Errorf("%v allocations per decode, want <= 4", allocs)
 	}
 }
 
@@ -248,5 +252,19 @@ func TestPoolingCodecFollowsTable(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// An in-process caller keeps its block hashes: only requests the gRPC
+// server decoded give theirs to the pool.
+func TestInProcessHashesNotRecycled(t *testing.T) {
+	f := newFixture(t, nil)
+	keys := chainKeys(t, testutil.Seq(0, 4*testBlockSize), nil)
+	req := &kvindexv1.LongestPrefixRequest{Model: testModel, Prompt: client.HashesPrompt(keys)}
+	if _, err := f.srv.LongestPrefix(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if got := req.GetPrompt().GetBlockHashes().GetHashes(); len(got) == 0 || &got[0] != &keys[0] {
+		t.Error("the caller's hashes were taken for the pool")
 	}
 }

@@ -299,7 +299,7 @@ func (s *Server) transportOptions() []grpc.ServerOption {
 // Register registers the kvindex and indexer APIs on gs (without health,
 // reflection or the pooling codec; NewGRPCServer adds those).
 func (s *Server) Register(gs grpc.ServiceRegistrar) {
-	kvindexv1.RegisterIndexServiceServer(gs, s)
+	kvindexv1.RegisterIndexServiceServer(gs, grpcIndexService{s})
 	indexerv1.RegisterIndexerServiceServer(gs, s)
 }
 
@@ -526,6 +526,23 @@ func (s *Server) model(m string) (string, error) {
 		return s.cfg.DefaultModel, nil
 	}
 	return "", status.Error(codes.InvalidArgument, "model is required (this kvindex has no default model)")
+}
+
+// grpcIndexService is the kvindex.v1.IndexService a gRPC server calls.
+// Its requests are gRPC's own, dropped once answered, so their block
+// hashes, as well as their token ids, go back to the pools the codec
+// decodes into; Server's own methods recycle only token ids, as their
+// in-process callers' hashes may be held elsewhere.
+type grpcIndexService struct{ *Server }
+
+func (g grpcIndexService) LongestPrefix(ctx context.Context, req *kvindexv1.LongestPrefixRequest) (*kvindexv1.LongestPrefixResponse, error) {
+	defer releaseRequestHashes(req.GetPrompt())
+	return g.Server.LongestPrefix(ctx, req)
+}
+
+func (g grpcIndexService) Lookup(ctx context.Context, req *kvindexv1.LookupRequest) (*kvindexv1.LookupResponse, error) {
+	defer releaseRequestHashes(req.GetPrompt())
+	return g.Server.Lookup(ctx, req)
 }
 
 // LongestPrefix implements kvindex.v1.IndexService.

@@ -118,7 +118,7 @@ func runBenchServer(mode string, in io.Reader, out io.Writer) error {
 // cheapest decoding of a request there is here, so all of kvindex's
 // excess over the floor is its own work; protobuf-go's decoder, which
 // allocates every request's ids anew, would raise the floor by ~2x for
-// token ids), returns the ids to their pool, and answers with kvindex's
+// token ids), returns the ids or hashes to their pool, and answers with kvindex's
 // own answer to the fleet's first prompt (by token ids or by block
 // hashes, as asked), encoded once at start. Every answer of the fleet
 // lists the same engines, so that answer has the size of the one due.
@@ -161,6 +161,7 @@ func newFloorService(srv *Server, fl *benchFleet) (*floorService, error) {
 
 func (fs *floorService) LongestPrefix(_ context.Context, req *kvindexv1.LongestPrefixRequest) (*kvindexv1.LongestPrefixResponse, error) {
 	defer releaseRequestTokens(req.GetPrompt())
+	defer releaseRequestHashes(req.GetPrompt())
 	if req.GetPrompt().GetBlockHashes() != nil {
 		return fs.byHashes, nil
 	}
