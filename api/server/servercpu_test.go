@@ -114,17 +114,18 @@ func runBenchServer(mode string, in io.Reader, out io.Writer) error {
 // floorService is the floor a LongestPrefix server cannot go below on
 // this transport: registered as kvindex.v1.IndexService over the same
 // transport settings (transportOptions), it decodes each request into
-// the generated messages with the server's own codec (poolingCodec: the
-// cheapest decoding of a request there is here, so all of kvindex's
-// excess over the floor is its own work; protobuf-go's decoder, which
-// allocates every request's ids anew, would raise the floor by ~2x for
-// token ids), returns the ids or hashes to their pool, and answers with kvindex's
-// own answer to the fleet's first prompt (by token ids or by block
-// hashes, as asked), encoded once at start. Every answer of the fleet
-// lists the same engines, so that answer has the size of the one due.
-// None of kvindex's work is in it: no interceptors, model, health or
-// candidate checks, prompt resolution, index walk, or building and
-// encoding the answer.
+// the generated messages with the server's own codec, returns the ids or
+// hashes to their pool, and answers with kvindex's own answer to the
+// fleet's first prompt (by token ids or by block hashes, as asked),
+// encoded once at start. Every answer of the fleet lists the same
+// engines, so that answer has the size of the one due. None of kvindex's
+// work is in it: no interceptors, model, health or candidate checks,
+// prompt resolution, index walk, or building and encoding the answer.
+//
+// The decoding is poolingCodec's because it is the cheapest there is
+// here, so that all of kvindex's excess over the floor is its own work.
+// protobuf-go's decoder would raise the floor (most for token ids, which
+// it allocates anew for every request) and flatter the ratio.
 type floorService struct {
 	kvindexv1.UnimplementedIndexServiceServer
 	byTokens, byHashes *kvindexv1.LongestPrefixResponse
