@@ -100,6 +100,8 @@ type CheckResult struct {
 	Pos int
 	// Local and Engine are the ids each side gave (nil when it failed).
 	Local, Engine []uint64
+	// EngineURL is the engine last asked for the sample.
+	EngineURL string
 	// Err is why the sample was not compared: the local tokenizer's
 	// error, or the engine's.
 	Err error
@@ -109,10 +111,10 @@ type CheckResult struct {
 func (r CheckResult) String() string {
 	switch r.Verdict {
 	case Match:
-		return fmt.Sprintf("sample %q (%s): %d ids, the same", r.Sample, r.Form, len(r.Local))
+		return fmt.Sprintf("sample %q (%s): %d ids, the same as engine %s's", r.Sample, r.Form, len(r.Local), r.EngineURL)
 	case Mismatch:
-		return fmt.Sprintf("sample %q (%s): the ids differ first at position %d (local %d ids, engine %d): local %v, engine %v",
-			r.Sample, r.Form, r.Pos, len(r.Local), len(r.Engine), around(r.Local, r.Pos), around(r.Engine, r.Pos))
+		return fmt.Sprintf("sample %q (%s): the ids differ first at position %d (local %d ids, engine %s %d): local %v, engine %v",
+			r.Sample, r.Form, r.Pos, len(r.Local), r.EngineURL, len(r.Engine), around(r.Local, r.Pos), around(r.Engine, r.Pos))
 	}
 	return fmt.Sprintf("sample %q (%s): %s: %v", r.Sample, r.Form, r.Verdict, r.Err)
 }
@@ -180,8 +182,9 @@ func compareLocal(ctx context.Context, local Tokenizer, model string, s CheckSam
 }
 
 // compareEngine completes r, whose local ids are known, with engine's.
-func compareEngine(ctx context.Context, engine Tokenizer, model string, r CheckResult, in Input) CheckResult {
+func compareEngine(ctx context.Context, engine *HTTP, model string, r CheckResult, in Input) CheckResult {
 	ids, err := engine.Tokenize(ctx, model, in)
+	r.EngineURL = engine.URL()
 	if err != nil {
 		r.Err = err
 		var se *StatusError
