@@ -158,7 +158,7 @@ func (s *Service) CheckTokenizer(ctx context.Context, cfg tokenizer.CheckConfig)
 			s.log.Warn("picker: the engine refused to tokenize the check's sample: the local tokenizer is not verified for "+string(f)+" prompts, and tokenizes them", "check", r.String())
 		default: // Mismatch, LocalFailed
 			lt.forms[i].Store(formOff)
-			s.log.Warn("picker: the local tokenizer's ids differ from the engine's; "+string(f)+" prompts are tokenized by the index (the engine's /tokenize) instead", "check", r.String())
+			s.log.Warn("picker: the local tokenizer's ids differ from the engine's: "+string(f)+" prompts go to the index as text, for its tokenizer (the engine's /tokenize, with kvindex serve --tokenize-url)", "check", r.String())
 		}
 	}
 }
