@@ -38,10 +38,9 @@ type Local struct {
 
 	prefix, suffix []uint64 // post-processor tokens around the text
 
-	// chunkable is set when long segments may be cut into chunks for the
-	// segment cache: the first splitting pre-tokenizer step is one of
-	// chunkPatterns and nothing is prepended to the segment before it.
-	chunkable  bool
+	// chunks says where long segments may be cut into chunks for the
+	// segment cache, from the first splitting pre-tokenizer step.
+	chunks     boundaryRule
 	firstSplit string    // pattern of the first splitting step, "" when none
 	segs       *segCache // nil unless WithSegmentCache
 

@@ -26,23 +26,25 @@ import (
 // chat form; a long completion prompt is one segment that changes at its
 // end every time. Long segments are therefore cut further into chunks, at
 // positions p where encoding seg[:p] and seg[p:] separately provably gives
-// the ids of the whole (isChunkBoundary), and each chunk is cached. Cuts are
+// the ids of the whole (boundaryRule), and each chunk is cached. Cuts are
 // content-defined: the first boundary at least chunkMinBytes after the
 // previous cut, a choice that depends only on the text before the boundary
 // and the one character after it. A text that extends an earlier one thus
 // has the same cuts up to the earlier text's last chunk, and re-encodes only
 // that chunk and what follows.
 //
-// Why the boundary rule is exact. Let p be a position with seg[p-1] = '\n',
-// seg[p] an ASCII letter or digit, and the rune before the '\n' a letter,
-// mark, number, punctuation or symbol (so not white space in any regex
-// engine's sense: every White_Space character is in Z or Cc). Only the first
-// pre-tokenizer step that splits sees the whole segment: a Split step's
-// pieces, or the ByteLevel step's own GPT-2 split when there is no Split
-// step. Every later step (more Splits, ByteLevel's prefix space and split,
-// the BPE model) runs on each piece alone. So it suffices that the first
-// step's pieces of seg are its pieces of seg[:p] followed by those of
-// seg[p:], and that nothing is added to the start of seg[p:] that is not
+// Why the boundary rule is exact. A boundary is a position p with
+// seg[p-1] = '\n' and seg[p] an ASCII letter or digit; for GPT-2's pattern
+// also the rune before that '\n' must be a letter, mark, number,
+// punctuation or symbol (so not white space in any regex engine's sense:
+// every White_Space character is in Z or Cc).
+//
+// Only the first pre-tokenizer step that splits sees the whole segment: a
+// Split step's pieces, or the ByteLevel step's own GPT-2 split when there
+// is no Split step. Every later step (more Splits, ByteLevel's prefix space
+// and split, the BPE model) runs on each piece alone. So it suffices that
+// the first step's pieces of seg are its pieces of seg[:p] followed by those
+// of seg[p:], and that nothing is added to the start of seg[p:] that is not
 // added to a piece anyway: ByteLevel's add_prefix_space with no Split before
 // it adds a space to the segment's start only, so chunking is off for it.
 //
@@ -52,23 +54,30 @@ import (
 //
 //  1. No alternative matches a string holding '\n' followed by an ASCII
 //     letter or digit. Letters, digits and contractions exclude '\n'
-//     ([^\r\n\p{L}\p{N}]? in front, ` ?` in GPT-2's); the punctuation runs
+//     ([^\r\n\p{L}\p{N}]? in front, " ?" in GPT-2's); the punctuation runs
 //     exclude white space and end with at most [\r\n]* or [\r\n/]*, with
 //     nothing after; the white-space alternatives match white space only.
 //     So every match starting before p ends at or before p.
-//  2. A match attempt at s < p therefore reads text beyond p only to fail
+//  2. A match attempt at s < p therefore reads text from p on only to fail
 //     (a path that consumes seg[p] never completes) or in a look-ahead at
-//     p. The only look-ahead is (?!\S) after \s+, which at p means a
-//     white-space run ending at p; since the rune before seg[p-1] is not
-//     white space, that run is the '\n' alone and starts at p-1, where every
-//     alternative that matches at all matches exactly "\n" (the run cannot
-//     grow left, and cannot pass p by 1). The look-ahead decides only which
-//     alternative wins there, not the match. So matches starting before p
-//     are the same in seg and in seg[:p], and so are the failed attempts.
-//  3. At p an alternative matches (seg[p] is a letter or digit, which every
-//     pattern matches alone), so no text between matches spans p; from p on,
-//     attempts read only seg[p:], the same as in seg[p:] (no pattern looks
-//     behind).
+//     p. The only look-ahead is (?!\S) after \s+, so it is reached at p
+//     only by \s+ matching a white-space run from s to p.
+//     (a) cl100k, Qwen2 and o200k try \s*[\r\n]+ before it, which matches
+//     at every position of a white-space run ending with '\n' (up to p, in
+//     seg and in seg[:p] alike), and nothing before it matches there: those
+//     alternatives need a letter, digit, apostrophe or punctuation, at the
+//     position or after one space or other character that is not \r or \n,
+//     and in the run only p-1 is followed by such a character but holds
+//     '\n'. So the look-ahead is never tried at p.
+//     (b) GPT-2's pattern has no such alternative, hence its stricter rule:
+//     the run is the '\n' alone, from p-1, where every alternative that
+//     matches at all matches exactly "\n" (non-empty, ending by p); the
+//     look-ahead only decides which alternative that is.
+//     Either way the matches starting before p, and the failed attempts,
+//     are the same in seg and in seg[:p].
+//  3. At p an alternative matches (every pattern matches a letter or a
+//     digit alone), so no text between matches spans p; from p on, attempts
+//     read only seg[p:], the same as in seg[p:] (no pattern looks behind).
 //
 // Hence the pieces of seg are those of seg[:p] then those of seg[p:].
 // FuzzPreTokenizeChunks checks this for every pattern of chunkPatterns, and
@@ -77,27 +86,37 @@ import (
 // Normalisation does not enter: chunks are cut in normalised text. Added
 // tokens do not either: they are cut out before a segment exists.
 
+// boundaryRule says where a segment may be cut into chunks.
+type boundaryRule uint8
+
+const (
+	noChunks        boundaryRule = iota // pattern not analysed: cache whole segments
+	afterNewline                        // "\n" then an ASCII letter or digit
+	afterNonSpaceNL                     // the same, after a rune that is not white space
+)
+
 // chunkPatterns are the first-step pre-tokenizer regexes, as written in
-// tokenizer.json, whose matches isChunkBoundary provably respects (see
+// tokenizer.json, whose matches the boundary rules provably respect (see
 // above). Another pattern disables chunking: whole segments are still
 // cached.
-var chunkPatterns = map[string]string{
+var chunkPatterns = map[string]boundaryRule{
 	// ByteLevel with use_regex, HuggingFace's fixed pattern.
-	gpt2Pattern: "gpt2",
+	gpt2Pattern: afterNonSpaceNL,
 	// GPT-4's cl100k_base, as in Llama 3's tokenizer.json.
-	`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`: "cl100k",
+	`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`: afterNewline,
 	// Qwen2, 2.5 and 3: cl100k with single digits.
-	`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`: "qwen2",
+	`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`: afterNewline,
 	// GPT-4o's o200k_base.
-	`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`: "o200k",
+	`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`: afterNewline,
 }
 
-// isChunkBoundary reports whether seg may be cut before seg[p] (see the
-// proof above): seg[p] is an ASCII letter or digit, seg[p-1] is '\n', and
-// the rune before that is a letter, mark, number, punctuation or symbol.
-func isChunkBoundary(seg string, p int) bool {
-	if p < 2 || p >= len(seg) || seg[p-1] != '\n' || !isASCIIAlnum(seg[p]) {
+// isBoundary reports whether seg may be cut before seg[p] under rule.
+func (rule boundaryRule) isBoundary(seg string, p int) bool {
+	if rule == noChunks || p < 2 || p >= len(seg) || seg[p-1] != '\n' || !isASCIIAlnum(seg[p]) {
 		return false
+	}
+	if rule == afterNewline {
+		return true
 	}
 	r, _ := utf8.DecodeLastRuneInString(seg[:p-1])
 	return unicode.In(r, unicode.L, unicode.M, unicode.N, unicode.P, unicode.S)
@@ -115,7 +134,7 @@ const chunkMinBytes = 1024
 
 // nextCut returns the end of the chunk of seg that starts at from: the
 // first boundary at least minBytes after from, or len(seg).
-func nextCut(seg string, from, minBytes int) int {
+func (rule boundaryRule) nextCut(seg string, from, minBytes int) int {
 	p := from + max(minBytes, 2)
 	for p < len(seg) {
 		i := strings.IndexByte(seg[p-1:], '\n')
@@ -123,7 +142,7 @@ func nextCut(seg string, from, minBytes int) int {
 			break
 		}
 		p += i // seg[p-1] == '\n'
-		if isChunkBoundary(seg, p) {
+		if rule.isBoundary(seg, p) {
 			return p
 		}
 		p++
@@ -211,11 +230,11 @@ func (l *Local) cachedSegment(dst []uint64, seg string, s *encodeScratch) []uint
 	if len(seg) < l.segs.minSeg {
 		return l.preTokenize(dst, seg, s)
 	}
-	if !l.chunkable {
+	if l.chunks == noChunks {
 		return l.cachedChunk(dst, seg, s)
 	}
 	for from := 0; from < len(seg) && s.err == nil; {
-		to := nextCut(seg, from, l.segs.minChunk)
+		to := l.chunks.nextCut(seg, from, l.segs.minChunk)
 		dst = l.cachedChunk(dst, seg[from:to], s)
 		from = to
 	}

@@ -13,44 +13,53 @@ import (
 	"github.com/dlclark/regexp2"
 )
 
-// TestChunkBoundary pins the boundary rule on the cases it must refuse:
-// a cut is allowed only between "\n" and an ASCII letter or digit, after a
-// rune that is not white space.
+// TestChunkBoundary pins the boundary rules on the cases they must refuse:
+// a cut only between "\n" and an ASCII letter or digit, and for GPT-2's
+// pattern only after a rune that is not white space.
 func TestChunkBoundary(t *testing.T) {
 	cases := []struct {
 		name, before, after string // the cut is between them
-		want                bool
+		loose, strict       bool   // want, for afterNewline and afterNonSpaceNL
 	}{
-		{"letter", "end.\n", "Next", true},
-		{"digit", "x\n", "1. item", true},
-		{"after_letter", "word\n", "word", true},
-		{"after_cjk", "中文\n", "abc", true},
-		{"after_combining_mark", "e\u0301\n", "x", true},
-		{"after_emoji", "😀\n", "x", true},
-		{"after_symbol", "}\n", "func", true},
-		{"space_newline", "a \n", "b", false},
-		{"tab_newline", "a\t\n", "b", false},
-		{"crlf", "a\r\n", "b", false},
-		{"blank_line", "a\n\n", "b", false},
-		{"nbsp_newline", "a\u00a0\n", "b", false},
-		{"ideographic_space_newline", "a\u3000\n", "b", false},
-		{"nel_newline", "a\u0085\n", "b", false},
-		{"zwsp_newline", "a\u200b\n", "b", false}, // format character: refused too
-		{"indentation", "a\n", "  b", false},
-		{"tab_indent", "a\n", "\tb", false},
-		{"contraction", "a\n", "'s", false},
-		{"punctuation", "a\n", "-b", false},
-		{"non_ascii_letter", "a\n", "é", false},
-		{"combining_next", "a\n", "\u0301", false},
-		{"no_newline", "ab", "c", false},
-		{"start", "\n", "a", false},
-		{"end", "a\n", "", false},
-		{"carriage_return", "a\r", "b", false},
+		{"letter", "end.\n", "Next", true, true},
+		{"digit", "x\n", "1. item", true, true},
+		{"after_letter", "word\n", "word", true, true},
+		{"after_cjk", "中文\n", "abc", true, true},
+		{"after_combining_mark", "e\u0301\n", "x", true, true},
+		{"after_emoji", "😀\n", "x", true, true},
+		{"after_symbol", "}\n", "func", true, true},
+		{"space_newline", "a \n", "b", true, false},
+		{"tab_newline", "a\t\n", "b", true, false},
+		{"crlf", "a\r\n", "b", true, false},
+		{"blank_line", "a\n\n", "b", true, false},
+		{"nbsp_newline", "a\u00a0\n", "b", true, false},
+		{"ideographic_space_newline", "a\u3000\n", "b", true, false},
+		{"nel_newline", "a\u0085\n", "b", true, false},
+		{"zwsp_newline", "a\u200b\n", "b", true, false}, // format character: refused too
+		{"indentation", "a\n", "  b", false, false},
+		{"tab_indent", "a\n", "\tb", false, false},
+		{"contraction", "a\n", "'s", false, false},
+		{"punctuation", "a\n", "-b", false, false},
+		{"non_ascii_letter", "a\n", "é", false, false},
+		{"non_ascii_digit", "a\n", "①", false, false},
+		{"combining_next", "a\n", "\u0301", false, false},
+		{"no_newline", "ab", "c", false, false},
+		{"start", "\n", "a", false, false},
+		{"end", "a\n", "", false, false},
+		{"carriage_return", "a\r", "b", false, false},
+		{"vertical_tab", "a\v", "b", false, false},
+		{"line_separator", "a\u2028", "b", false, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := isChunkBoundary(tc.before+tc.after, len(tc.before)); got != tc.want {
-				t.Errorf("isChunkBoundary(%q|%q) = %v, want %v", tc.before, tc.after, got, tc.want)
+			text, p := tc.before+tc.after, len(tc.before)
+			for _, r := range []struct {
+				rule boundaryRule
+				want bool
+			}{{afterNewline, tc.loose}, {afterNonSpaceNL, tc.strict}, {noChunks, false}} {
+				if got := r.rule.isBoundary(text, p); got != r.want {
+					t.Errorf("rule %d: isBoundary(%q|%q) = %v, want %v", r.rule, tc.before, tc.after, got, r.want)
+				}
 			}
 		})
 	}
@@ -63,7 +72,7 @@ func TestNextCut(t *testing.T) {
 	seg := "aaaa\nbbbb\ncc \ndddd\n eeee\nffff"
 	var cuts []int
 	for from := 0; from < len(seg); {
-		from = nextCut(seg, from, 6)
+		from = afterNonSpaceNL.nextCut(seg, from, 6)
 		cuts = append(cuts, from)
 	}
 	// 10 (5 is too close), then 25: 14 is too close and follows " \n",
@@ -71,7 +80,7 @@ func TestNextCut(t *testing.T) {
 	if want := []int{10, 25, len(seg)}; !slices.Equal(cuts, want) {
 		t.Errorf("cuts %v, want %v", cuts, want)
 	}
-	if got := nextCut(seg[:12], 0, 6); got != 10 {
+	if got := afterNonSpaceNL.nextCut(seg[:12], 0, 6); got != 10 {
 		t.Errorf("prefix cut %d, want 10", got)
 	}
 }
@@ -82,23 +91,23 @@ func TestNextCut(t *testing.T) {
 // Qwen's serves them all), ByteLevel's own split with and without its
 // prefix space, a prefix space after a Split, and a pattern outside the set.
 var preTokenizers = []struct {
-	name      string
-	pre       string // pre_tokenizer JSON; "" keeps Qwen2.5's
-	chunkable bool
+	name string
+	pre  string // pre_tokenizer JSON; "" keeps Qwen2.5's
+	rule boundaryRule
 }{
-	{"qwen2", "", true},
-	{"cl100k", splitPre(`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`, false), true},
-	{"o200k", splitPre(`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`, false), true},
-	{"gpt2", `{"type":"ByteLevel","add_prefix_space":false,"use_regex":true}`, true},
-	{"split_prefix_space", splitPre(`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`, true), true},
+	{"qwen2", "", afterNewline},
+	{"cl100k", splitPre(`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`, false), afterNewline},
+	{"o200k", splitPre(`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`, false), afterNewline},
+	{"gpt2", `{"type":"ByteLevel","add_prefix_space":false,"use_regex":true}`, afterNonSpaceNL},
+	{"split_prefix_space", splitPre(`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`, true), afterNewline},
 	{"two_splits", `{"type":"Sequence","pretokenizers":[` +
 		`{"type":"Split","pattern":{"Regex":` + jsonString(gpt2Pattern) + `},"behavior":"Isolated"},` +
 		`{"type":"Split","pattern":{"Regex":"\\s+"},"behavior":"Isolated"},` +
-		`{"type":"ByteLevel","add_prefix_space":false,"use_regex":false}]}`, true},
-	{"gpt2_prefix_space", `{"type":"ByteLevel","add_prefix_space":true,"use_regex":true}`, false},
-	{"no_regex", `{"type":"ByteLevel","add_prefix_space":false,"use_regex":false}`, false},
-	{"unknown_pattern", splitPre(`[\s\S]{1,4}`, false), false}, // windows of 4 runes, which cuts would shift
-	{"string_pattern", `{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"String":"\n"},"behavior":"Isolated"},{"type":"ByteLevel","add_prefix_space":false,"use_regex":false}]}`, false},
+		`{"type":"ByteLevel","add_prefix_space":false,"use_regex":false}]}`, afterNonSpaceNL},
+	{"gpt2_prefix_space", `{"type":"ByteLevel","add_prefix_space":true,"use_regex":true}`, noChunks},
+	{"no_regex", `{"type":"ByteLevel","add_prefix_space":false,"use_regex":false}`, noChunks},
+	{"unknown_pattern", splitPre(`[\s\S]{1,4}`, false), noChunks}, // windows of 4 runes, which cuts would shift
+	{"string_pattern", `{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"String":"\n"},"behavior":"Isolated"},{"type":"ByteLevel","add_prefix_space":false,"use_regex":false}]}`, noChunks},
 }
 
 func splitPre(pattern string, prefixSpace bool) string {
@@ -151,8 +160,8 @@ func TestChunkable(t *testing.T) {
 	for _, p := range preTokenizers {
 		t.Run(p.name, func(t *testing.T) {
 			l := toks[p.name]
-			if l.chunkable != p.chunkable {
-				t.Fatalf("chunkable %v, want %v", l.chunkable, p.chunkable)
+			if l.chunks != p.rule {
+				t.Fatalf("boundary rule %d, want %d", l.chunks, p.rule)
 			}
 			c := l.WithSegmentCache(1 << 20)
 			c.segs.minChunk = 64
@@ -160,8 +169,8 @@ func TestChunkable(t *testing.T) {
 				t.Fatalf("cached ids differ:\n got %v\nwant %v", clip(got), clip(want))
 			}
 			entries := c.Stats().SegmentEntries
-			if p.chunkable && entries < 10 || !p.chunkable && entries != 1 {
-				t.Errorf("%d cache entries for a %d-byte segment (chunkable %v)", entries, len(text), p.chunkable)
+			if p.rule != noChunks && entries < 10 || p.rule == noChunks && entries != 1 {
+				t.Errorf("%d cache entries for a %d-byte segment (rule %d)", entries, len(text), p.rule)
 			}
 		})
 	}
@@ -362,73 +371,66 @@ func FuzzPreTokenizeChunks(f *testing.F) {
 	} {
 		f.Add(s)
 	}
-	res := map[string]*regexp2.Regexp{}
-	for pattern, name := range chunkPatterns {
-		re, err := compileHFRegex(pattern)
-		if err != nil {
-			f.Fatalf("%s: %v", name, err)
-		}
-		res[name] = re
-	}
+	res := compiledChunkPatterns(f)
 	f.Fuzz(func(t *testing.T, text string) {
 		if len(text) > 2000 {
 			return
 		}
-		var cuts []int
-		for p := range len(text) {
-			if isChunkBoundary(text, p) {
-				cuts = append(cuts, p)
-			}
-		}
-		if len(cuts) == 0 {
-			return
-		}
-		for name, re := range res {
-			whole := regexPieces(t, re, text)
-			var parts []string
-			prev := 0
-			for _, p := range append(cuts, len(text)) {
-				parts = append(parts, regexPieces(t, re, text[prev:p])...)
-				prev = p
-			}
-			if !slices.Equal(whole, parts) {
-				t.Fatalf("%s: %q cut at %v:\nwhole %q\nparts %q", name, text, cuts, whole, parts)
-			}
+		for pattern, re := range res {
+			checkPieces(t, re, chunkPatterns[pattern], text)
 		}
 	})
+}
+
+func compiledChunkPatterns(t testing.TB) map[string]*regexp2.Regexp {
+	res := map[string]*regexp2.Regexp{}
+	for pattern := range chunkPatterns {
+		re, err := compileHFRegex(pattern)
+		if err != nil {
+			t.Fatalf("%s: %v", pattern, err)
+		}
+		res[pattern] = re
+	}
+	return res
+}
+
+// checkPieces compares the pieces of text with those of its parts, cut at
+// every boundary of rule.
+func checkPieces(t *testing.T, re *regexp2.Regexp, rule boundaryRule, text string) {
+	t.Helper()
+	whole := regexPieces(t, re, text)
+	var parts []string
+	var cuts []int
+	prev := 0
+	for p := range len(text) + 1 {
+		if p == len(text) || rule.isBoundary(text, p) {
+			parts = append(parts, regexPieces(t, re, text[prev:p])...)
+			cuts = append(cuts, p)
+			prev = p
+		}
+	}
+	if !slices.Equal(whole, parts) {
+		t.Fatalf("rule %d, pattern %s:\n%q cut at %v:\nwhole %q\nparts %q", rule, re, text, cuts, whole, parts)
+	}
 }
 
 // TestPreTokenizeChunksRandom runs FuzzPreTokenizeChunks' check on random
 // fragment texts.
 func TestPreTokenizeChunksRandom(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	for _, pattern := range slices.Sorted(maps.Keys(chunkPatterns)) {
-		re, err := compileHFRegex(pattern)
-		if err != nil {
-			t.Fatal(err)
+	res := compiledChunkPatterns(t)
+	for range 300 {
+		data := make([]byte, 5+rng.IntN(60))
+		for i := range data {
+			if rng.IntN(3) == 0 {
+				data[i] = 9
+			} else {
+				data[i] = byte(rng.IntN(len(fragments)))
+			}
 		}
-		for range 300 {
-			data := make([]byte, 5+rng.IntN(60))
-			for i := range data {
-				if rng.IntN(3) == 0 {
-					data[i] = 9
-				} else {
-					data[i] = byte(rng.IntN(len(fragments)))
-				}
-			}
-			text, _ := fragmentText(data)
-			var whole, parts []string
-			whole = regexPieces(t, re, text)
-			prev := 0
-			for p := range len(text) + 1 {
-				if p == len(text) || isChunkBoundary(text, p) {
-					parts = append(parts, regexPieces(t, re, text[prev:p])...)
-					prev = p
-				}
-			}
-			if !slices.Equal(whole, parts) {
-				t.Fatalf("%s: %q:\nwhole %q\nparts %q", chunkPatterns[pattern], text, whole, parts)
-			}
+		text, _ := fragmentText(data)
+		for _, pattern := range slices.Sorted(maps.Keys(res)) {
+			checkPieces(t, res[pattern], chunkPatterns[pattern], text)
 		}
 	}
 }

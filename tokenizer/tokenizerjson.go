@@ -123,7 +123,7 @@ func build(f *fileJSON) (*Local, error) {
 	if !l.byteLevel {
 		return nil, unsupported("pre_tokenizer has no ByteLevel step: not a byte-level BPE tokenizer")
 	}
-	l.chunkable = l.firstSplit != "" && chunkPatterns[l.firstSplit] != ""
+	l.chunks = chunkPatterns[l.firstSplit]
 	if err := l.buildPostProcessor(f.PostProcessor); err != nil {
 		return nil, err
 	}
