@@ -19,8 +19,9 @@ import (
 // therefore a function of its (normalised) text alone, and are cached under
 // a keyed 128-bit hash of that text. Caching after normalisation, rather
 // than on the raw text, keeps the argument free of normaliser and added-token
-// rules; the normalisation check it repeats runs at memory speed on text
-// that is already normal.
+// rules, at the price of normalising (mostly: checking that the text is
+// already normal) the whole text on every call, which costs far less than
+// encoding it (BenchmarkChatTurn/normalize).
 //
 // Chunks. A chat message is one segment, so whole segments suffice for the
 // chat form; a long completion prompt is one segment that changes at its
@@ -150,17 +151,9 @@ func (rule boundaryRule) nextCut(seg string, from, minBytes int) int {
 	return len(seg)
 }
 
-// segMinBytes is the length from which a segment goes through the cache:
-// shorter ones (role names, "\n" between special tokens, short messages)
-// encode in less time than hashing and a locked lookup take, and would
-// fill the cache with entries whose overhead exceeds their ids.
-// BenchmarkSegmentThreshold measures the crossover.
-const segMinBytes = 64
-
 // segCache is a Local's cache of segment and chunk ids.
 type segCache struct {
-	minSeg   int // segMinBytes, lowered by tests to reach every path
-	minChunk int // chunkMinBytes, likewise
+	minChunk int // chunkMinBytes, lowered by tests to reach every path
 
 	keys   [2]maphash.Seed
 	ids    *idCache
@@ -173,7 +166,6 @@ func newSegCache(maxBytes int64) *segCache {
 	// enough never to bind first.
 	entries := int(min(maxBytes/entryOverhead+1, 1<<30))
 	return &segCache{
-		minSeg:   segMinBytes,
 		minChunk: chunkMinBytes,
 		keys:     [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
 		ids:      newIDCache(entries, maxBytes),
@@ -207,8 +199,8 @@ func (l *Local) Stats() LocalStats {
 }
 
 // WithSegmentCache returns a Local that shares l's tokenizer and keeps the
-// ids of the long segments it encodes (the text between added tokens, such
-// as one chat message, and chunks of long prompts) in an LRU cache of at
+// ids of the segments it encodes (the text between added tokens, such as
+// one chat message, and chunks of long ones) in an LRU cache of at
 // most maxBytes, so that text seen before is not encoded again: a
 // conversation resent with one more turn, or a prompt grown by appending,
 // costs about as much as its new part (BenchmarkChatTurn,
@@ -224,11 +216,13 @@ func (l *Local) WithSegmentCache(maxBytes int64) *Local {
 	return &c
 }
 
-// cachedSegment appends the ids of one normalised segment, through the
-// cache when it is long enough.
+// cachedSegment appends the ids of one normalised segment through the
+// cache. Every segment goes through it, however short: a hit costs less
+// than encoding even the "\n" between two chat messages, which pays for
+// the regex engine's setup (BenchmarkSegmentHit).
 func (l *Local) cachedSegment(dst []uint64, seg string, s *encodeScratch) []uint64 {
-	if len(seg) < l.segs.minSeg {
-		return l.preTokenize(dst, seg, s)
+	if len(seg) == 0 {
+		return dst
 	}
 	if l.chunks == noChunks {
 		return l.cachedChunk(dst, seg, s)
