@@ -1,7 +1,9 @@
 package tokenizer
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -433,4 +435,54 @@ func TestPreTokenizeChunksRandom(t *testing.T) {
 			checkPieces(t, res[pattern], chunkPatterns[pattern], text)
 		}
 	}
+}
+
+// TestSegmentCacheCancel: a segment whose encoding was cancelled midway is
+// not cached, so the next call encodes it whole.
+func TestSegmentCacheCancel(t *testing.T) {
+	tok, _ := qwen(t)
+	c := tok.WithSegmentCache(1 << 20)
+	text := strings.Repeat("word ", 5*ctxCheckEvery)
+	if _, err := c.Tokenize(&cancelAfter{context.Background(), 2}, "", Input{Prompt: text}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v, want cancellation midway", err)
+	}
+	if s := c.Stats(); s.SegmentEntries != 0 {
+		t.Fatalf("stats %+v: a cancelled segment was cached", s)
+	}
+	if got, want := c.Encode(text, false), tok.Encode(text, false); !slices.Equal(got, want) {
+		t.Fatalf("after cancel: %d ids, want %d", len(got), len(want))
+	}
+}
+
+// TestSegmentCacheConcurrent encodes overlapping texts from several
+// goroutines through one cache (run with -race).
+func TestSegmentCacheConcurrent(t *testing.T) {
+	tok, _ := qwen(t)
+	c := tok.WithSegmentCache(64 << 10)
+	c.segs.minChunk = 32
+	var texts []string
+	for i := range 8 {
+		var b strings.Builder
+		for j := range 40 {
+			fmt.Fprintf(&b, "Line %d of text %d.\n<|im_end|>\n", j, i%3)
+		}
+		texts = append(texts, b.String())
+	}
+	want := make([][]uint64, len(texts))
+	for i, s := range texts {
+		want[i] = tok.Encode(s, false)
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for k := range 20 {
+				i := (g + k) % len(texts)
+				if got := c.Encode(texts[i], false); !slices.Equal(got, want[i]) {
+					t.Errorf("goroutine %d, text %d: ids differ", g, i)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
