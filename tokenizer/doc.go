@@ -41,8 +41,8 @@
 // HuggingFace tokenizers 0.23.2, on Qwen2.5's tokenizer.json and on six
 // variants of it that switch on the features Qwen2.5 does not use itself.
 //
-// Local.WithSegmentCache adds a byte-bounded LRU of the ids of long text
-// segments, for callers that tokenize the same text again and again with a
+// Local.WithSegmentCache adds a byte-bounded LRU of the ids of the text
+// segments it encodes, for callers that tokenize the same text again and again with a
 // little more each time (an agent conversation resent every turn, a prompt
 // grown by appending). Tokenization never crosses an added token, so the
 // text between two of them (one chat message) encodes alone and is cached

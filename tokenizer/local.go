@@ -41,7 +41,7 @@ type Local struct {
 	// chunks says where long segments may be cut into chunks for the
 	// segment cache, from the first splitting pre-tokenizer step.
 	chunks     boundaryRule
-	firstSplit string    // pattern of the first splitting step, "" when none
+	firstSplit string    // pattern of the step that splits whole segments, "" when none or after a prefix space
 	segs       *segCache // nil unless WithSegmentCache
 
 	scratch *sync.Pool // *encodeScratch, shared by the Locals of one tokenizer
