@@ -143,6 +143,9 @@ type Stats struct {
 	Engines      int
 	Evictions    uint64
 	Models       int
+	// Budget is Options.MemoryBudget, the bound eviction keeps Bytes
+	// within (0: none), so that the two can be watched side by side.
+	Budget int64
 }
 
 // Index is the fleet-wide map from block key to holders. It is safe for
@@ -410,7 +413,7 @@ func compareEngineID(a, b kvevents.EngineID) int {
 // (tables, record arenas, reverse lists, engine state); the query memo is
 // bounded separately by Options.MemoEntries.
 func (ix *Index) Stats() Stats {
-	st := Stats{Evictions: ix.evictions.Load()}
+	st := Stats{Evictions: ix.evictions.Load(), Budget: ix.opts.MemoryBudget}
 	for _, ns := range *ix.models.Load() {
 		h, b := ns.counts()
 		st.HolderBlocks += h

@@ -159,6 +159,7 @@ var (
 	descMalformed      = newDesc("kvindex_engine_malformed_events_total", "Events ignored as invalid (lengths, sizes, fields).", engineLabels)
 	descRemoveMisses   = newDesc("kvindex_engine_remove_misses_total", "Removals of blocks the index did not hold.", engineLabels)
 	descIndexBytes     = newDesc("kvindex_index_bytes", "Estimated memory held by the index.", nil)
+	descIndexBudget    = newDesc("kvindex_index_budget_bytes", "The index's share of the memory budget: eviction keeps kvindex_index_bytes within it; 0: no budget.", nil)
 	descIndexHolders   = newDesc("kvindex_index_holder_blocks", "Block copies held, summed over engines.", nil)
 	descIndexBlocks    = newDesc("kvindex_index_blocks", "Distinct block keys in the index.", nil)
 	descIndexEngines   = newDesc("kvindex_index_engines", "Engines with entries in the index.", nil)
@@ -299,6 +300,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	st := s.index.Stats()
 	gauge(descIndexBytes, float64(st.Bytes))
+	gauge(descIndexBudget, float64(st.Budget))
 	gauge(descIndexHolders, float64(st.HolderBlocks))
 	gauge(descIndexBlocks, float64(st.Blocks))
 	gauge(descIndexEngines, float64(st.Engines))

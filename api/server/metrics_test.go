@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents"
 )
@@ -34,7 +35,7 @@ func TestMetrics(t *testing.T) {
 	})
 	ids := testutil.Seq(1, 32)
 	engineTok := engineTokenizer(t, vllmTokenize(t, ids, http.StatusOK).URL)
-	f := newFixture(t, func(c *Config) {
+	f := newFixtureIndex(t, indexer.Options{MemoryBudget: 1 << 20}, func(c *Config) {
 		c.Streams = streams
 		c.Tokenizers = []NamedTokenizer{{client.SourceEngine, engineTok}}
 	})
@@ -73,6 +74,7 @@ func TestMetrics(t *testing.T) {
 		`kvindex_index_blocks 4`,
 		`kvindex_index_engines 3`,
 		`kvindex_index_evictions_total 0`,
+		`kvindex_index_budget_bytes 1.048576e+06`,
 		`kvindex_query_duration_seconds_count{api="grpc",method="LongestPrefix"} 4`,
 		`kvindex_query_duration_seconds_count{api="http",method="longest-prefix"} 1`,
 		`kvindex_query_errors_total{api="grpc",code="InvalidArgument",method="LongestPrefix"} 1`,
