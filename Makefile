@@ -30,9 +30,10 @@ BENCH   ?= .
 # the golden-file generators, and nginx with its njs module for
 # deploy/nginx's end-to-end test (which runs its own nginx, unprivileged, on
 # free ports), and Debian's nats-server for the NATS mode's end-to-end test
-# (which runs its own server on a free port).
+# (which runs its own server on a free port), and Debian's prometheus for
+# promtool, which checks and unit-tests deploy/monitoring's alerting rules.
 DEB_BUILD_PKGS := gcc libzmq3-dev pkg-config
-DEB_TEST_PKGS  := $(DEB_BUILD_PKGS) python3-zmq python3-msgpack python3-cbor2 python3-xxhash nginx libnginx-mod-http-js nats-server
+DEB_TEST_PKGS  := $(DEB_BUILD_PKGS) python3-zmq python3-msgpack python3-cbor2 python3-xxhash nginx libnginx-mod-http-js nats-server prometheus
 
 # The packages that must build without cgo (no libzmq, no C compiler): the
 # core, the Go client and the server (only kvevents/zmqtransport needs libzmq),
@@ -67,6 +68,12 @@ deps test-deps:
 		case " $$missing " in *" nats-server "*) \
 			echo "stopping and disabling the nats-server system service the package started (the tests run their own)"; \
 			{ $$SUDO systemctl disable --now nats-server || $$SUDO service nats-server stop; } >/dev/null 2>&1 || true;; \
+		esac; \
+		case " $$missing " in *" prometheus "*) \
+			echo "stopping and disabling the prometheus and node exporter system services the package started (the tests need only promtool)"; \
+			for svc in prometheus prometheus-node-exporter; do \
+				{ $$SUDO systemctl disable --now $$svc || $$SUDO service $$svc stop; } >/dev/null 2>&1 || true; \
+			done;; \
 		esac; \
 	fi
 
