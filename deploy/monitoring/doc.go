@@ -7,9 +7,10 @@
 //     of alerts in deploy/README.md are generated from it (go test
 //     ./deploy/monitoring -run Generated -update), and the tests fail
 //     when they differ;
-//   - promtool (Debian's prometheus package) checks rules.yaml and runs
-//     the alerts' unit tests in testdata/rules_test.yaml; those tests
-//     skip, saying so, where promtool is not installed;
+//   - promtool (Debian's prometheus package) checks rules.yaml, runs the
+//     alerts' unit tests in testdata/rules_test.yaml and parses every
+//     dashboard query; those tests skip, saying so, where promtool is
+//     not installed;
 //   - every metric the rules' and the dashboard's PromQL select is one
 //     kvindex exports (found in its metric constructors), or one of the
 //     engines' own vLLM metrics listed in engineMetrics;

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -279,6 +280,36 @@ func TestPromtoolTestRules(t *testing.T) {
 	out, err := exec.Command(promtool(t), "test", "rules", rulesTestFile).CombinedOutput()
 	if err != nil {
 		t.Fatalf("promtool test rules: %v\n%s", err, out)
+	}
+}
+
+// grafanaIntervals are the interval variables Grafana substitutes in
+// queries, with a value for checking them.
+var grafanaIntervals = strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$__range", "6h")
+
+// TestPromtoolCheckDashboardQueries parses every dashboard query with
+// Prometheus' own parser: promtool checks them as recording rules, with
+// Grafana's interval variables given values.
+func TestPromtoolCheckDashboardQueries(t *testing.T) {
+	bin := promtool(t)
+	var rf ruleFile
+	g := ruleGroup{Name: "dashboard"}
+	for i, p := range allPanels(readDashboard(t).Panels) {
+		for j, tg := range p.Targets {
+			g.Rules = append(g.Rules, rule{Record: fmt.Sprintf("dashboard:panel%d_query%d", i, j), Expr: grafanaIntervals.Replace(tg.Expr)})
+		}
+	}
+	rf.Groups = append(rf.Groups, g)
+	b, err := yaml.Marshal(rf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "dashboard-queries.yaml")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "check", "rules", path).CombinedOutput(); err != nil {
+		t.Fatalf("promtool check rules on the dashboard's queries: %v\n%s", err, out)
 	}
 }
 
