@@ -370,7 +370,7 @@ func allPanels(ps []panel) []panel {
 
 // TestDashboard: the dashboard reads its data source from the variable
 // DS_PROMETHEUS everywhere, and its panels have unique ids, fit the
-// 24-column grid and query something.
+// 24-column grid without overlapping and query something.
 func TestDashboard(t *testing.T) {
 	d := readDashboard(t)
 	if d.Title == "" || d.UID == "" {
@@ -387,7 +387,14 @@ func TestDashboard(t *testing.T) {
 	}
 	const ds = "${DS_PROMETHEUS}"
 	ids := map[int]bool{}
-	for _, p := range allPanels(d.Panels) {
+	panels := allPanels(d.Panels)
+	for i, p := range panels {
+		for _, q := range panels[:i] {
+			a, b := p.GridPos, q.GridPos
+			if a.X < b.X+b.W && b.X < a.X+a.W && a.Y < b.Y+b.H && b.Y < a.Y+a.H {
+				t.Errorf("%q overlaps %q", p.Title, q.Title)
+			}
+		}
 		if ids[p.ID] {
 			t.Errorf("panel id %d twice", p.ID)
 		}
