@@ -22,14 +22,20 @@ type queryScratch struct {
 	next    []uint64
 	nz      []int32 // words of alive that are not zero
 	cand    []uint32
-	matched []int32 // by engine id
-	missGPU []int32 // by engine id: matched blocks not held in GPU
-	tiers   []int32 // by engine id * media + medium: matched blocks held there
-	ex      []uint64
-	hs      holderSet
-	hv      [walkWindow]uint64 // mixed keys of the window being walked
-	win     [walkWindow]windowRead
-	order   []uint64
+	matched []int32  // by engine id
+	missGPU []int32  // by engine id: matched blocks not held in GPU
+	tiers   []int32  // by engine id * media + medium: matched blocks held there
+	ex      []uint64 // detail holdings of alive engines in a medium other than GPU (countTiers)
+	// Stamps of countTiers' current block: tierSeen by engine id * media
+	// + medium, gpuSeen by engine id, hold stamp once that tier or that
+	// engine's missing GPU copy is counted for the block.
+	stamp    uint32
+	tierSeen []uint32
+	gpuSeen  []uint32
+	hs       holderSet
+	hv       [walkWindow]uint64 // mixed keys of the window being walked
+	win      [walkWindow]windowRead
+	order    []uint64
 }
 
 // walkWindow is how many blocks' slots a walk loads ahead at once.
@@ -297,8 +303,8 @@ func resize[T any](x []T, n int) []T {
 }
 
 // step sets s.next to the candidates still alive after a block: alive
-// engines holding key. Detail holdings of alive engines (other media,
-// groups, several references) go to s.ex for tier counting. Lock-free
+// engines holding key. Holdings of alive engines in media other than GPU
+// go to s.ex for tier counting. Lock-free
 // unless writers keep the shard busy.
 func (s *queryScratch) step(sh *shard, key, h uint64) {
 	for attempt := 0; attempt < readAttempts; attempt++ {
@@ -362,21 +368,26 @@ func (s *queryScratch) and1v(d *shardData, v, alive uint64) uint64 {
 				simple = atomic.LoadUint64(&p[j+1])
 			}
 		}
-		next := alive & simple
+		// gpu: alive engines holding the block in GPU, in any group or
+		// with several references; only the other media's holdings go
+		// to s.ex, marked when their engine is in gpu.
+		gpu := alive & simple
+		next := gpu
 		for j := 2 * np; j < len(p); j++ {
 			x := atomic.LoadUint64(&p[j])
 			e := hEngine(x)
 			if e >= 64 || alive&(1<<e) == 0 {
 				continue
 			}
-			var inS uint64
-			if simple&(1<<e) != 0 {
-				inS = 1
+			next |= 1 << e
+			if hMedium(x) == mediumGPU {
+				gpu |= 1 << e
+				continue
 			}
-			s.ex = append(s.ex, hSlot(x)|inS)
+			s.ex = append(s.ex, hSlot(x))
 		}
-		for _, x := range s.ex {
-			next |= 1 << hEngine(x)
+		for j, x := range s.ex {
+			s.ex[j] = x | gpu>>hEngine(x)&1
 		}
 		return next
 	}
@@ -419,16 +430,20 @@ func (s *queryScratch) andHolders(d *shardData, key, h uint64) {
 				next[w] = alive[w] & atomic.LoadUint64(&p[j+1])
 			}
 		}
+		// next holds the simple (GPU, group 0) holders: add the other
+		// GPU holders, then mark which other media's holdings (in s.ex)
+		// have their engine among them, then add those holders.
 		for j := 2 * np; j < len(p); j++ {
 			x := atomic.LoadUint64(&p[j])
 			e := hEngine(x)
 			if w := int(e >> 6); w < len(alive) && alive[w]&(1<<(e&63)) != 0 {
-				s.ex = append(s.ex, hSlot(x))
+				if hMedium(x) == mediumGPU {
+					next[w] |= 1 << (e & 63)
+				} else {
+					s.ex = append(s.ex, hSlot(x))
+				}
 			}
 		}
-		// next holds the simple (GPU, group 0) holders so far: mark
-		// which detail holdings' engines are among them, then add the
-		// detail holders.
 		for j, x := range s.ex {
 			e := hEngine(x)
 			if next[e>>6]&(1<<(e&63)) != 0 {
@@ -468,28 +483,30 @@ func (s *queryScratch) commit(i int, media int) bool {
 }
 
 // countTiers counts, for one matched block, the media of engines with
-// detail holdings: a medium other than GPU counts once per block however
-// many groups hold it there, and a block no group holds in GPU counts
-// against the GPU tier.
+// holdings in media other than GPU (s.ex, each marked in bit 0 when its
+// engine also holds the block in GPU): such a medium counts once per
+// block however many groups hold it there, and a block an engine holds
+// in no GPU group counts against its GPU tier. Stamps instead of a sort
+// find the repeats, as a sort of the holdings was most of a walk's time
+// (BenchmarkLongestPrefixServer).
 func (s *queryScratch) countTiers(media int) {
-	ex := s.ex
-	slices.Sort(ex) // by engine, then group, then medium
-	for i := 0; i < len(ex); {
-		e := hEngine(ex[i])
-		var seen [maxMedia / 64]uint64
-		gpu := false
-		for ; i < len(ex) && hEngine(ex[i]) == e; i++ {
-			m := hMedium(ex[i])
-			if ex[i]&1 != 0 || m == mediumGPU {
-				gpu = true
+	s.stamp++
+	if s.stamp == 0 { // wrapped: older stamps could come back
+		clear(s.tierSeen[:cap(s.tierSeen)])
+		clear(s.gpuSeen[:cap(s.gpuSeen)])
+		s.stamp = 1
+	}
+	st := s.stamp
+	for _, x := range s.ex {
+		e, m := int(hEngine(x)), hMedium(x)
+		if m != mediumGPU && m < media {
+			if t := e*media + m; s.tierSeen[t] != st {
+				s.tierSeen[t] = st
+				s.tiers[t]++
 			}
-			if m == mediumGPU || m >= media || seen[m>>6]&(1<<(m&63)) != 0 {
-				continue
-			}
-			seen[m>>6] |= 1 << (m & 63)
-			s.tiers[int(e)*media+m]++
 		}
-		if !gpu {
+		if x&1 == 0 && s.gpuSeen[e] != st {
+			s.gpuSeen[e] = st
 			s.missGPU[e]++
 		}
 	}
@@ -544,6 +561,8 @@ func (ix *Index) LongestPrefix(q *Query, res *Result) error {
 	s.matched = resize(s.matched, len(et.byID))
 	s.missGPU = resize(s.missGPU, len(et.byID))
 	s.tiers = resize(s.tiers, len(et.byID)*media)
+	s.tierSeen = resize(s.tierSeen, len(et.byID)*media)
+	s.gpuSeen = resize(s.gpuSeen, len(et.byID))
 	for _, id := range s.cand {
 		s.matched[id], s.missGPU[id] = 0, 0
 		clear(s.tiers[int(id)*media : int(id+1)*media])

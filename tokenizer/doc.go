@@ -44,6 +44,12 @@
 // Fallback chains backends: typically the engine first, the local file
 // when the engine is unreachable.
 //
+// CheckEngines compares a local tokenizer with the engines' /tokenize on
+// built-in samples of each form (CheckSamples), so that a tokenizer.json
+// or chat template that differs from what the engines run (a custom
+// --chat-template on vLLM) is found at start rather than as prefixes that
+// never match.
+//
 // All tokenizers also implement Appender, which appends to a caller's
 // buffer instead of allocating the result.
 //

@@ -42,7 +42,11 @@ var (
 	fleet     benchFleet
 )
 
-func loadFleet(b *testing.B) *benchFleet {
+func loadFleet(*testing.B) *benchFleet { return sharedFleet() }
+
+// sharedFleet builds the fleet once per process: the benchmarks' and a
+// benchmark server child's (servercpu_test.go), which has no testing.B.
+func sharedFleet() *benchFleet {
 	fleetOnce.Do(func() {
 		rng := rand.New(rand.NewPCG(1, 2))
 		shared := make([]uint64, benchSharedBlocks*testBlockSize)
@@ -61,7 +65,7 @@ func loadFleet(b *testing.B) *benchFleet {
 				toks[i] = uint64(rng.IntN(150_000))
 			}
 			fleet.prompts = append(fleet.prompts, toks)
-			keys := chainKeys(b, toks, nil)
+			keys := mustChainKeys(toks)
 			for k := range benchHolders {
 				e := (p + k*7) % benchEngines
 				depth := benchBlocks - k*benchBlocks/benchHolders
@@ -74,6 +78,19 @@ func loadFleet(b *testing.B) *benchFleet {
 		fleet.index = ix
 	})
 	return &fleet
+}
+
+// mustChainKeys is chainKeys for code without a testing.TB.
+func mustChainKeys(tokens []uint64) []uint64 {
+	hs, err := testHasher.Chain(nil, nil, 0, tokens, nil)
+	if err != nil {
+		panic(err)
+	}
+	keys := make([]uint64, len(hs))
+	for i := range hs {
+		keys[i] = hs[i].Key
+	}
+	return keys
 }
 
 // BenchmarkLongestPrefixGRPC measures LongestPrefix end to end over
@@ -136,8 +153,8 @@ func BenchmarkLongestPrefixGRPC(b *testing.B) {
 }
 
 // BenchmarkLongestPrefixServer measures the server's own work for the
-// same queries, without transport or encoding: the floor under the gRPC
-// numbers.
+// same queries (by token ids and by block hashes), without transport or
+// encoding: the floor under the gRPC numbers.
 func BenchmarkLongestPrefixServer(b *testing.B) {
 	fl := loadFleet(b)
 	srv, err := New(Config{Index: fl.index, BlockSize: testBlockSize, DefaultModel: testModel})
@@ -145,14 +162,28 @@ func BenchmarkLongestPrefixServer(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	runLoad(b, benchConcurrency, func(i int) error {
-		req := &kvindexv1.LongestPrefixRequest{Model: testModel, Prompt: client.TokensPrompt(fl.prompts[i%len(fl.prompts)])}
-		r, err := srv.longestPrefix(ctx, req)
-		if err == nil {
-			putPrefixResponse(r)
-		}
-		return err
-	})
+	hashes := make([][]uint64, len(fl.prompts))
+	for i, p := range fl.prompts {
+		hashes[i] = mustChainKeys(p)
+	}
+	for _, q := range []struct {
+		name   string
+		prompt func(i int) *kvindexv1.Prompt
+	}{
+		{"ids", func(i int) *kvindexv1.Prompt { return client.TokensPrompt(fl.prompts[i]) }},
+		{"hashes", func(i int) *kvindexv1.Prompt { return client.HashesPrompt(hashes[i]) }},
+	} {
+		b.Run(q.name, func(b *testing.B) {
+			runLoad(b, benchConcurrency, func(i int) error {
+				req := &kvindexv1.LongestPrefixRequest{Model: testModel, Prompt: q.prompt(i % len(fl.prompts))}
+				r, err := srv.longestPrefix(ctx, req)
+				if err == nil {
+					putPrefixResponse(r)
+				}
+				return err
+			})
+		})
+	}
 }
 
 // runLoad runs b.N calls of do from conc goroutines and reports

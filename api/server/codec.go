@@ -1,6 +1,8 @@
 package server
 
 import (
+	"encoding/binary"
+	"math/bits"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/mem"
@@ -14,11 +16,11 @@ import (
 // poolingCodec is the server's gRPC codec: protobuf with buffers from the
 // non-zeroing pool (wire.Marshal, wire.Unmarshal), except for the two
 // messages carrying prompts and the LongestPrefix response. The prompts'
-// token ids are decoded into pooled buffers, which protobuf-go cannot do
-// (it allocates a new slice for every packed field, whatever the capacity
-// at hand: most of the bytes allocated per request in
-// BenchmarkLongestPrefixGRPC). LongestPrefix responses are
-// encoded by hand (encode.go) and return to their pool once encoded (the
+// token ids and block hashes are decoded into pooled buffers, which
+// protobuf-go cannot do (it allocates a new slice for every packed field,
+// whatever the capacity at hand: most of the bytes allocated per request
+// in BenchmarkLongestPrefixGRPC). LongestPrefix responses are encoded by
+// hand (encode.go) and return to their pool once encoded (the
 // server has no stats handler or binary log that would look at them
 // later).
 //
@@ -150,7 +152,7 @@ func decodePrompt(b []byte, p *kvindexv1.Prompt) error {
 		case wire.PromptBlockHashes:
 			w, ok := p.Input.(*kvindexv1.Prompt_BlockHashes)
 			if !ok || w.BlockHashes == nil {
-				w = &kvindexv1.Prompt_BlockHashes{BlockHashes: new(kvindexv1.BlockHashes)}
+				w = &kvindexv1.Prompt_BlockHashes{BlockHashes: blockHashes.Get().(*kvindexv1.BlockHashes)}
 				p.Input = w
 			}
 			w.BlockHashes.Hashes, err = decodeIDs(v, w.BlockHashes.Hashes, &w.BlockHashes.ConfigDigest)
@@ -247,6 +249,12 @@ func appendPacked(dst []uint64, v []byte) ([]uint64, bool) {
 			x, v = uint64(v[0]&0x7f)|uint64(v[1])<<7, v[2:]
 		case len(v) >= 3 && v[2] < 0x80:
 			x, v = uint64(v[0]&0x7f)|uint64(v[1]&0x7f)<<7|uint64(v[2])<<14, v[3:]
+		case len(v) >= 10:
+			var n int
+			if x, n = wideVarint(v); n < 0 {
+				return dst, false
+			}
+			v = v[n:]
 		default:
 			var n int
 			if x, n = protowire.ConsumeVarint(v); n < 0 {
@@ -257,4 +265,34 @@ func appendPacked(dst []uint64, v []byte) ([]uint64, bool) {
 		dst = append(dst, x)
 	}
 	return dst, true
+}
+
+// wideVarint decodes the varint at the start of b (len(b) >= 10) from
+// two loads instead of a byte at a time, for block hashes: random 64-bit
+// values, nine or ten bytes each, which a byte loop decoded at a fraction
+// of the speed of token ids (BenchmarkDecodeIDs/hashes). It answers as
+// protowire.ConsumeVarint does, a negative length for a bad varint.
+func wideVarint(b []byte) (uint64, int) {
+	w := binary.LittleEndian.Uint64(b)
+	stops := ^w & 0x8080808080808080 // the high bit of each byte that ends the varint
+	n := 9
+	if stops != 0 {
+		n = bits.TrailingZeros64(stops)/8 + 1
+		w &= 1<<(8*n) - 1 // n < 9: the shift stays below 64
+	}
+	// Pack the eight 7-bit groups of w into 56 bits.
+	w &= 0x7f7f7f7f7f7f7f7f
+	w = w&0x007f007f007f007f | w&0x7f007f007f007f00>>1
+	w = w&0x00003fff00003fff | w&0x3fff00003fff0000>>2
+	w = w&0x000000000fffffff | w&0x0fffffff00000000>>4
+	if n < 9 {
+		return w, n
+	}
+	if b[8] < 0x80 {
+		return w | uint64(b[8])<<56, 9
+	}
+	if b[9] > 1 { // a tenth byte holds only bit 63
+		return 0, -1
+	}
+	return w | uint64(b[8]&0x7f)<<56 | uint64(b[9])<<63, 10
 }

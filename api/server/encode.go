@@ -1,6 +1,8 @@
 package server
 
 import (
+	"sync"
+
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 
@@ -23,9 +25,37 @@ func marshalPrefixResponse(r *kvindexv1.LongestPrefixResponse) (mem.BufferSlice,
 	if len(r.ProtoReflect().GetUnknown()) > 0 {
 		return wire.Marshal(r)
 	}
-	buf := wire.Buffers.Get(prefixResponseSize(r))
-	*buf = appendPrefixResponse((*buf)[:0], r)
+	e := prefixEncoders.Get().(*prefixEncoder)
+	buf := wire.Buffers.Get(e.size(r))
+	*buf = e.append((*buf)[:0], r)
+	e.release()
 	return mem.BufferSlice{mem.NewBuffer(buf, wire.Buffers)}, nil
+}
+
+// prefixEncoder encodes a LongestPrefixResponse in two passes, sizes then
+// bytes, reading each pod's tier map once: size keeps each pod's size
+// and tier entries for append (map iteration was most of the encoding,
+// BenchmarkEncodePrefixResponse).
+type prefixEncoder struct {
+	podSizes []int
+	tiers    []tierEntry // every pod's tier entries, in pod order
+	tierEnds []int       // tierEnds[i]: end of pod i's entries in tiers
+}
+
+type tierEntry struct {
+	medium string
+	blocks uint32
+}
+
+var prefixEncoders = sync.Pool{New: func() any { return new(prefixEncoder) }}
+
+func (e *prefixEncoder) release() {
+	if cap(e.podSizes) > maxPooledPods {
+		return
+	}
+	clear(e.tiers) // drop the strings
+	e.podSizes, e.tiers, e.tierEnds = e.podSizes[:0], e.tiers[:0], e.tierEnds[:0]
+	prefixEncoders.Put(e)
 }
 
 func sizeUint(num protowire.Number, v uint64) int {
@@ -62,37 +92,41 @@ func entrySize(k string, v uint32) int {
 	return protowire.SizeTag(wire.EntryKey) + protowire.SizeBytes(len(k)) + protowire.SizeTag(wire.EntryValue) + protowire.SizeVarint(uint64(v))
 }
 
-func podSize(p *kvindexv1.PodMatch) int {
-	n := sizeStr(wire.PodPod, p.Pod) + sizeUint(wire.PodDPRank, uint64(p.DpRank)) +
-		sizeUint(wire.PodMatchedBlocks, uint64(p.MatchedBlocks)) + sizeUint(wire.PodMatchedTokens, uint64(p.MatchedTokens)) +
-		sizeUint(wire.PodHashCheck, uint64(p.HashCheck)) + sizeUint(wire.PodHealth, uint64(p.Health))
-	for k, v := range p.Tiers {
-		n += protowire.SizeTag(wire.PodTiers) + protowire.SizeBytes(entrySize(k, v))
-	}
-	return n
-}
-
-func prefixResponseSize(r *kvindexv1.LongestPrefixResponse) int {
+// size returns the encoded size of r, keeping what append needs.
+func (e *prefixEncoder) size(r *kvindexv1.LongestPrefixResponse) int {
 	n := sizeUint(wire.ResponseBlocksTotal, uint64(r.BlocksTotal)) + sizeUint(wire.ResponseBlockSize, uint64(r.BlockSize)) +
 		sizeUint(wire.ResponsePromptTokens, uint64(r.PromptTokens)) + sizeStr(wire.ResponseTokenSource, r.TokenSource) +
 		sizeUint(wire.ResponseIndexSeq, r.IndexSeq)
+	e.podSizes, e.tiers, e.tierEnds = e.podSizes[:0], e.tiers[:0], e.tierEnds[:0]
 	for _, p := range r.Pods {
-		n += protowire.SizeTag(wire.ResponsePods) + protowire.SizeBytes(podSize(p))
+		ps := sizeStr(wire.PodPod, p.Pod) + sizeUint(wire.PodDPRank, uint64(p.DpRank)) +
+			sizeUint(wire.PodMatchedBlocks, uint64(p.MatchedBlocks)) + sizeUint(wire.PodMatchedTokens, uint64(p.MatchedTokens)) +
+			sizeUint(wire.PodHashCheck, uint64(p.HashCheck)) + sizeUint(wire.PodHealth, uint64(p.Health))
+		for k, v := range p.Tiers {
+			e.tiers = append(e.tiers, tierEntry{k, v})
+			ps += protowire.SizeTag(wire.PodTiers) + protowire.SizeBytes(entrySize(k, v))
+		}
+		e.podSizes = append(e.podSizes, ps)
+		e.tierEnds = append(e.tierEnds, len(e.tiers))
+		n += protowire.SizeTag(wire.ResponsePods) + protowire.SizeBytes(ps)
 	}
 	return n
 }
 
-func appendPrefixResponse(b []byte, r *kvindexv1.LongestPrefixResponse) []byte {
+// append appends r's encoding to b; size(r) must come first.
+func (e *prefixEncoder) append(b []byte, r *kvindexv1.LongestPrefixResponse) []byte {
 	b = appendUint(b, wire.ResponseBlocksTotal, uint64(r.BlocksTotal))
 	b = appendUint(b, wire.ResponseBlockSize, uint64(r.BlockSize))
-	for _, p := range r.Pods {
+	t := 0
+	for i, p := range r.Pods {
 		b = protowire.AppendTag(b, wire.ResponsePods, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(podSize(p)))
+		b = protowire.AppendVarint(b, uint64(e.podSizes[i]))
 		b = appendStr(b, wire.PodPod, p.Pod)
 		b = appendUint(b, wire.PodDPRank, uint64(p.DpRank))
 		b = appendUint(b, wire.PodMatchedBlocks, uint64(p.MatchedBlocks))
 		b = appendUint(b, wire.PodMatchedTokens, uint64(p.MatchedTokens))
-		for k, v := range p.Tiers {
+		for ; t < e.tierEnds[i]; t++ {
+			k, v := e.tiers[t].medium, e.tiers[t].blocks
 			b = protowire.AppendTag(b, wire.PodTiers, protowire.BytesType)
 			b = protowire.AppendVarint(b, uint64(entrySize(k, v)))
 			b = protowire.AppendString(protowire.AppendTag(b, wire.EntryKey, protowire.BytesType), k)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -14,9 +15,11 @@ import (
 // checks the other half.)
 func TestPrefixResponseEncoding(t *testing.T) {
 	for _, r := range []*kvindexv1.LongestPrefixResponse{wiretest.SampleResponse(), {}} {
-		b := appendPrefixResponse(nil, r)
-		if len(b) != prefixResponseSize(r) {
-			t.Errorf("size %d, wrote %d", prefixResponseSize(r), len(b))
+		var e prefixEncoder
+		n := e.size(r)
+		b := e.append(nil, r)
+		if len(b) != n {
+			t.Errorf("size %d, wrote %d", n, len(b))
 		}
 		var viaProto kvindexv1.LongestPrefixResponse
 		if err := proto.Unmarshal(b, &viaProto); err != nil || !proto.Equal(&viaProto, r) {
@@ -42,5 +45,26 @@ func TestPoolingCodecMarshalsResponse(t *testing.T) {
 	}
 	if len(r.GetPods()) != 0 || r.GetBlocksTotal() != 0 {
 		t.Error("the response was not reset for its pool")
+	}
+}
+
+// BenchmarkEncodePrefixResponse encodes the answer of
+// BenchmarkLongestPrefixGRPC's fleet: 32 pods, each with a GPU tier.
+func BenchmarkEncodePrefixResponse(b *testing.B) {
+	r := new(kvindexv1.LongestPrefixResponse)
+	r.BlocksTotal, r.BlockSize, r.PromptTokens, r.TokenSource = benchBlocks, testBlockSize, benchBlocks*testBlockSize, "tokens"
+	for i := range benchEngines {
+		r.Pods = append(r.Pods, &kvindexv1.PodMatch{
+			Pod: fmt.Sprintf("pod-%02d", i), MatchedBlocks: uint32(i * 30), MatchedTokens: uint32(i * 30 * testBlockSize),
+			Tiers: map[string]uint32{"GPU": uint32(i * 30)}, HashCheck: kvindexv1.HashCheck_HASH_CHECK_VERIFIED, Health: kvindexv1.EngineHealth_ENGINE_HEALTH_OK,
+		})
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		data, err := marshalPrefixResponse(r)
+		if err != nil {
+			b.Fatal(err)
+		}
+		data.Free()
 	}
 }

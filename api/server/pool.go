@@ -63,6 +63,25 @@ func putTokenIDs(t *kvindexv1.TokenIds) {
 	tokenIDs.Put(t)
 }
 
+var blockHashes = sync.Pool{New: func() any { return new(kvindexv1.BlockHashes) }}
+
+// releaseRequestHashes returns the block hashes of a finished request to
+// the pool. Only requests the gRPC server decoded may be released so
+// (grpcIndexService): an in-process caller's hashes may live on in the
+// caller (the picker's chain memo holds them).
+func releaseRequestHashes(p *kvindexv1.Prompt) {
+	w, ok := p.GetInput().(*kvindexv1.Prompt_BlockHashes)
+	if !ok || w.BlockHashes == nil || cap(w.BlockHashes.Hashes) > maxPooledTokens {
+		return
+	}
+	h := w.BlockHashes
+	w.BlockHashes = nil
+	hashes := h.Hashes[:0]
+	h.Reset()
+	h.Hashes = hashes
+	blockHashes.Put(h)
+}
+
 var prefixResponses = sync.Pool{New: func() any { return new(kvindexv1.LongestPrefixResponse) }}
 
 func getPrefixResponse() *kvindexv1.LongestPrefixResponse {

@@ -1,12 +1,16 @@
 package server
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -106,6 +110,7 @@ func FuzzPoolingCodec(f *testing.F) {
 		{Model: "m", Prompt: client.TokensPrompt([]uint64{1, 2, 3})},
 		{Prompt: client.TextPrompt("t")},
 		{Prompt: client.MessagesPrompt(&kvindexv1.ChatMessage{Role: "user", Content: "x"})},
+		{Prompt: client.HashesPrompt([]uint64{1<<64 - 1, 1 << 63, 1<<56 + 1, 1<<35 - 3, 5})},
 	} {
 		b, _ := proto.Marshal(m)
 		f.Add(b)
@@ -126,44 +131,95 @@ func FuzzPoolingCodec(f *testing.F) {
 }
 
 // Pooled buffers are reused: decoding the same request again allocates
-// no new id storage.
+// no new id or hash storage.
 func TestPoolingCodecReusesBuffers(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items under the race detector")
 	}
-	b, _ := proto.Marshal(&kvindexv1.LongestPrefixRequest{Model: "m", Prompt: client.TokensPrompt(testutil.Seq(0, 16384))})
-	data := mem.BufferSlice{mem.SliceBuffer(b)}
-	allocs := testing.AllocsPerRun(100, func() {
-		var m kvindexv1.LongestPrefixRequest
-		if err := (poolingCodec{}).Unmarshal(data, &m); err != nil {
-			t.Fatal(err)
+	for _, p := range []*kvindexv1.Prompt{client.TokensPrompt(testutil.Seq(0, 16384)), client.HashesPrompt(testutil.Seq(1<<60, 1024))} {
+		b, _ := proto.Marshal(&kvindexv1.LongestPrefixRequest{Model: "m", Prompt: p})
+		data := mem.BufferSlice{mem.SliceBuffer(b)}
+		allocs := testing.AllocsPerRun(100, func() {
+			var m kvindexv1.LongestPrefixRequest
+			if err := (poolingCodec{}).Unmarshal(data, &m); err != nil {
+				t.Fatal(err)
+			}
+			releaseRequestTokens(m.GetPrompt())
+			releaseRequestHashes(m.GetPrompt())
+		})
+		// The model string, the Prompt and its oneof wrapper; never the ids.
+		if allocs > 4 {
+			t.Errorf("%T: %v allocations per decode, want <= 4", p.GetInput(), allocs)
 		}
-		releaseRequestTokens(m.GetPrompt())
-	})
-	// The model string, the Prompt and its oneof wrapper; never the ids.
-	if allocs > 4 {
-		t.Errorf("%v allocations per decode, want <= 4", allocs)
 	}
 }
 
 // BenchmarkDecodeIDs measures the token-id decoding of a 16,384-token
 // prompt (ids below 150,000: 1 to 3 bytes each).
 func BenchmarkDecodeIDs(b *testing.B) {
-	ids := make([]uint64, 16384)
-	for i := range ids {
-		ids[i] = uint64(i*7919) % 150_000
+	tokens := make([]uint64, 16384)
+	for i := range tokens {
+		tokens[i] = uint64(i*7919) % 150_000
 	}
-	wire, _ := proto.Marshal(&kvindexv1.TokenIds{Ids: ids})
-	dst := make([]uint64, 0, len(ids))
-	b.SetBytes(int64(len(wire)))
-	b.ReportAllocs()
-	for b.Loop() {
-		var err error
-		if dst, err = decodeIDs(wire, dst[:0], nil); err != nil || len(dst) != len(ids) {
-			b.Fatal(err)
+	hashes := make([]uint64, 1024)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range hashes {
+		hashes[i] = rng.Uint64()
+	}
+	for _, bc := range []struct {
+		name string
+		ids  []uint64
+	}{{"tokens", tokens}, {"hashes", hashes}} {
+		b.Run(bc.name, func(b *testing.B) {
+			wire, _ := proto.Marshal(&kvindexv1.TokenIds{Ids: bc.ids})
+			dst := make([]uint64, 0, len(bc.ids))
+			b.SetBytes(int64(len(wire)))
+			b.ReportAllocs()
+			for b.Loop() {
+				var err error
+				if dst, err = decodeIDs(wire, dst[:0], nil); err != nil || len(dst) != len(bc.ids) {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(bc.ids)), "ns/id")
+		})
+	}
+}
+
+// wideVarint reads every length of varint as protowire does, bad ones
+// included: a run of continuation bytes, a tenth byte above 1.
+func TestWideVarint(t *testing.T) {
+	var cases [][]byte
+	for _, x := range []uint64{0, 1, 127, 128, 1<<14 - 1, 1 << 14, 1<<21 + 5, 1<<28 + 3, 1<<35 - 1, 1 << 42, 1<<49 + 7, 1<<56 - 1, 1 << 56, 1<<63 - 1, 1 << 63, 1<<64 - 1} {
+		cases = append(cases, protowire.AppendVarint(nil, x))
+	}
+	cases = append(cases,
+		[]byte{0x80, 0x00},                          // not minimal, still valid
+		bytes.Repeat([]byte{0xff}, 9),               // no end within ten bytes
+		append(bytes.Repeat([]byte{0xff}, 9), 0x02), // bit 64 and above
+		append(bytes.Repeat([]byte{0xff}, 9), 0x01),
+		append(bytes.Repeat([]byte{0x80}, 9), 0x00),
+	)
+	for _, c := range cases {
+		padded := append(slices.Clone(c), make([]byte, 10)...) // wideVarint needs ten bytes
+		for i := len(c); i < len(padded); i++ {
+			padded[i] = 0xff // the bytes after the varint must not matter
+		}
+		wantX, wantN := protowire.ConsumeVarint(padded)
+		if wantN < 0 {
+			wantX = 0
+		}
+		x, n := wideVarint(padded)
+		if n < 0 {
+			n = -1
+		}
+		if wantN < 0 {
+			wantN = -1
+		}
+		if x != wantX || n != wantN {
+			t.Errorf("% x: got %d (%d bytes), protowire %d (%d bytes)", c, x, n, wantX, wantN)
 		}
 	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ids)), "ns/id")
 }
 
 // The decoder reads every field wire.ServerDecodes declares for a request
@@ -196,5 +252,19 @@ func TestPoolingCodecFollowsTable(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// An in-process caller keeps its block hashes: only requests the gRPC
+// server decoded give theirs to the pool.
+func TestInProcessHashesNotRecycled(t *testing.T) {
+	f := newFixture(t, nil)
+	keys := chainKeys(t, testutil.Seq(0, 4*testBlockSize), nil)
+	req := &kvindexv1.LongestPrefixRequest{Model: testModel, Prompt: client.HashesPrompt(keys)}
+	if _, err := f.srv.LongestPrefix(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if got := req.GetPrompt().GetBlockHashes().GetHashes(); len(got) == 0 || &got[0] != &keys[0] {
+		t.Error("the caller's hashes were taken for the pool")
 	}
 }

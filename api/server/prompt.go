@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 
 	"google.golang.org/grpc/codes"
@@ -12,6 +11,7 @@ import (
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/promptinput"
 	"github.com/kvindex/kvindex/tokenizer"
 )
 
@@ -59,9 +59,9 @@ func (s *Server) resolvePrompt(ctx context.Context, p *kvindexv1.Prompt, model s
 		}
 		q.Tokens, r.source = ids, src
 	case *kvindexv1.Prompt_Messages:
-		chat, err := chatInput(in.Messages)
+		chat, err := promptinput.Chat(in.Messages)
 		if err != nil {
-			return r, err
+			return r, status.Error(codes.InvalidArgument, err.Error())
 		}
 		ids, src, err := s.tokenize(ctx, model, chat)
 		if err != nil {
@@ -82,42 +82,6 @@ func (s *Server) resolvePrompt(ctx context.Context, p *kvindexv1.Prompt, model s
 		q.Extras = x
 	}
 	return r, nil
-}
-
-// chatInput turns the API's conversation into the tokenizer's input: the
-// one place the API's ChatMessage and the tokenizer's Message meet (see
-// tokenizer.Message). The chat parameters are checked by the tokenizer,
-// which owns their list.
-func chatInput(c *kvindexv1.ChatMessages) (tokenizer.Input, error) {
-	msgs := c.GetMessages()
-	if len(msgs) == 0 {
-		return tokenizer.Input{}, status.Error(codes.InvalidArgument, "prompt.messages is empty")
-	}
-	tm := make([]tokenizer.Message, len(msgs))
-	for i, m := range msgs {
-		if raw := m.GetMessageJson(); raw != "" {
-			if m.GetRole() != "" || m.GetContent() != "" {
-				return tokenizer.Input{}, status.Errorf(codes.InvalidArgument,
-					"prompt.messages[%d] sets message_json and role or content: give the whole message in message_json, or role and content", i)
-			}
-			if !json.Valid([]byte(raw)) {
-				return tokenizer.Input{}, status.Errorf(codes.InvalidArgument, "prompt.messages[%d].message_json is not valid JSON", i)
-			}
-			if err := json.Unmarshal([]byte(raw), &tm[i]); err != nil {
-				return tokenizer.Input{}, status.Errorf(codes.InvalidArgument, "prompt.messages[%d].message_json: %v", i, err)
-			}
-		} else {
-			tm[i] = tokenizer.Message{Role: m.GetRole(), Content: m.GetContent()}
-		}
-		if tm[i].Role == "" {
-			return tokenizer.Input{}, status.Errorf(codes.InvalidArgument, "prompt.messages[%d] has no role", i)
-		}
-	}
-	in := tokenizer.Input{Messages: tm}
-	if p := c.GetChatParamsJson(); p != "" {
-		in.ChatParams = json.RawMessage(p)
-	}
-	return in, nil
 }
 
 // checkHashDigest refuses block hashes made with another hashing than the

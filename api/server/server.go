@@ -261,9 +261,26 @@ func (s *Server) MaxRecvMsgSize() int { return s.cfg.MaxTokens*10 + 1<<20 }
 // keepalive (idle connections closed, dead peers found, clients pinging
 // too often refused) and the message size (MaxRecvMsgSize).
 func (s *Server) NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
-	l := s.cfg.Limits
-	base := []grpc.ServerOption{
+	base := append(s.transportOptions(),
 		grpc.ForceServerCodecV2(poolingCodec{}),
+		grpc.ChainUnaryInterceptor(s.authUnary, s.metrics.unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.authStream),
+	)
+	if cfg := s.GRPCTLSConfig(); cfg != nil {
+		base = append(base, grpc.Creds(credentials.NewTLS(cfg)))
+	}
+	gs := grpc.NewServer(append(base, opts...)...)
+	s.Register(gs)
+	healthpb.RegisterHealthServer(gs, s.health)
+	reflection.Register(gs)
+	return gs
+}
+
+// transportOptions are the gRPC server's transport settings: buffers,
+// flow-control windows and the bounds from Config.Limits.
+func (s *Server) transportOptions() []grpc.ServerOption {
+	l := s.cfg.Limits
+	return []grpc.ServerOption{
 		experimental.BufferPool(wire.Buffers),   // see wire.BufferPool
 		grpc.InitialWindowSize(wire.WindowSize), // see wire.WindowSize
 		grpc.InitialConnWindowSize(wire.ConnWindowSize),
@@ -276,23 +293,13 @@ func (s *Server) NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 			MaxConnectionIdle: l.GRPCMaxConnIdle, Time: l.GRPCKeepaliveTime, Timeout: l.GRPCKeepaliveTimeout,
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.GRPCKeepaliveMinTime, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(s.authUnary, s.metrics.unaryInterceptor),
-		grpc.ChainStreamInterceptor(s.authStream),
 	}
-	if cfg := s.GRPCTLSConfig(); cfg != nil {
-		base = append(base, grpc.Creds(credentials.NewTLS(cfg)))
-	}
-	gs := grpc.NewServer(append(base, opts...)...)
-	s.Register(gs)
-	healthpb.RegisterHealthServer(gs, s.health)
-	reflection.Register(gs)
-	return gs
 }
 
 // Register registers the kvindex and indexer APIs on gs (without health,
 // reflection or the pooling codec; NewGRPCServer adds those).
 func (s *Server) Register(gs grpc.ServiceRegistrar) {
-	kvindexv1.RegisterIndexServiceServer(gs, s)
+	kvindexv1.RegisterIndexServiceServer(gs, grpcIndexService{s})
 	indexerv1.RegisterIndexerServiceServer(gs, s)
 }
 
@@ -519,6 +526,23 @@ func (s *Server) model(m string) (string, error) {
 		return s.cfg.DefaultModel, nil
 	}
 	return "", status.Error(codes.InvalidArgument, "model is required (this kvindex has no default model)")
+}
+
+// grpcIndexService is the kvindex.v1.IndexService a gRPC server calls.
+// Its requests are gRPC's own, dropped once answered, so their block
+// hashes, as well as their token ids, go back to the pools the codec
+// decodes into; Server's own methods recycle only token ids, as their
+// in-process callers' hashes may be held elsewhere.
+type grpcIndexService struct{ *Server }
+
+func (g grpcIndexService) LongestPrefix(ctx context.Context, req *kvindexv1.LongestPrefixRequest) (*kvindexv1.LongestPrefixResponse, error) {
+	defer releaseRequestHashes(req.GetPrompt())
+	return g.Server.LongestPrefix(ctx, req)
+}
+
+func (g grpcIndexService) Lookup(ctx context.Context, req *kvindexv1.LookupRequest) (*kvindexv1.LookupResponse, error) {
+	defer releaseRequestHashes(req.GetPrompt())
+	return g.Server.Lookup(ctx, req)
 }
 
 // LongestPrefix implements kvindex.v1.IndexService.

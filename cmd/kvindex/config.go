@@ -33,8 +33,7 @@ type serveFlags struct {
 	hash           hashFlags
 	memoryBudget   bytesize.Value
 	tokenizeURL    string
-	tokenizer      string
-	chatTemplate   string
+	tok            tokenizerFlags
 	maxQueryTokens int
 	readyGrace     time.Duration
 	pprof          bool
@@ -70,8 +69,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	memoryBudgetFlag(fs, &f.memoryBudget, "cap on the memory of the index, the event queues and the engines' state",
 		"The queues get up to 1/"+strconv.Itoa(memlimit.QueueShareDiv)+" of it, each engine rank "+bytesize.Format(memlimit.EngineBytes)+", the index the rest (at least half). ")
 	fs.StringVar(&f.tokenizeURL, "tokenize-url", "", "engine server root whose /tokenize tokenizes text and chat prompts, e.g. http://vllm:8000")
-	fs.StringVar(&f.tokenizer, "tokenizer", "", "local tokenizer.json (or .json.gz) for text prompts (and chat, with --chat-template)")
-	fs.StringVar(&f.chatTemplate, "chat-template", "", "the model's chat template (tokenizer_config.json or .jinja) with which --tokenizer renders chat prompts")
+	f.tok.register(fs)
 	fs.IntVar(&f.maxQueryTokens, "max-query-tokens", d.MaxQueryTokens, "largest prompt a query may carry, in tokens")
 	fs.DurationVar(&f.readyGrace, "ready-grace", d.ReadyGrace, "report ready after this long even if some engines never connected")
 	fs.BoolVar(&f.pprof, "pprof", false, "removed: Go profiles are served on the admin listener, see --admin-addr")
@@ -88,6 +86,14 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.snapshotKeep, "snapshot-keep", snapstore.DefaultKeep, "NATS mode: snapshots kept in the bucket; older ones are deleted (a newest one that cannot be read falls back to the one before)")
 	f.discover.register(fs, true, true)
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables, --config file, tokenizer file), print them and exit without listening or connecting")
+}
+
+// tokenizerFlags are --tokenizer and --chat-template, serve's and picker's.
+type tokenizerFlags struct{ file, chatTemplate string }
+
+func (f *tokenizerFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.file, "tokenizer", "", "local tokenizer.json (or .json.gz) for text prompts (and chat, with --chat-template)")
+	fs.StringVar(&f.chatTemplate, "chat-template", "", "the model's chat template (tokenizer_config.json or .jinja) with which --tokenizer renders chat prompts")
 }
 
 // memoryBudgetFlag declares --memory-budget, serve's and picker's: what

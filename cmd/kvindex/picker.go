@@ -23,6 +23,8 @@ type pickerFlags struct {
 	sec      clientSecurityFlags
 	discover discoverFlags
 	budget   bytesize.Value
+	tok      tokenizerFlags
+	tokModel string
 	log      logFlags
 	check    bool
 }
@@ -35,6 +37,8 @@ func (f *pickerFlags) register(fs *pflag.FlagSet) {
 	f.sec.register(fs, "--index")
 	f.discover.register(fs, false, true)
 	memoryBudgetFlag(fs, &f.budget, "memory the picker may use", "")
+	f.tok.register(fs)
+	fs.StringVar(&f.tokModel, "tokenizer-model", "", "with --tokenizer: the model it tokenizes for; other models' prompts go to the index as text (default: every model's)")
 	f.log.register(fs)
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables, --config file), print them and exit without listening or connecting")
 }
@@ -72,7 +76,13 @@ The index is asked within a deadline that grows with the prompt:
 count bytes / 4 as tokens; 2ms + 0.25ms per 1k by default: 6ms for 16k
 tokens). A request carrying token ids is sent as the block keys the
 picker computes with the index's own hashing (learnt from the index at
-each connection; token ids when it cannot). A request routed without its
+each connection; token ids when it cannot). With --tokenizer (and
+--chat-template) text and chat prompts are tokenized in the picker and go
+so too, not as text for the index to tokenize; a form (completion, chat)
+whose ids differ from an endpoint's /tokenize, checked at start, and
+requests the template cannot render exactly (content parts, their own
+chat_template) go as text (kvindex_picker_local_tokenize_total, WARN
+naming the first differing id). A request routed without its
 answer (by load and session) says why in the header x-kvindex-fallback:
 timeout, index_unreachable, unknown_model, tokenizer, overloaded or error.
 The picker starts without its index, reports not ready until it answers,
@@ -116,7 +126,8 @@ func (f *pickerFlags) options() (*service.PickerServiceOptions, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &service.PickerServiceOptions{HTTPAddr: f.httpAddr, Discover: disc, MemoryBudget: int64(f.budget)}
+	o := &service.PickerServiceOptions{HTTPAddr: f.httpAddr, Discover: disc, MemoryBudget: int64(f.budget),
+		TokenizerFile: f.tok.file, ChatTemplateFile: f.tok.chatTemplate, TokenizerModel: f.tokModel}
 	if err := f.pick.Options(disc != nil, &o.Picker); err != nil {
 		return nil, configUsage(err, serveFlagNames)
 	}

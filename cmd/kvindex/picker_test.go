@@ -10,6 +10,10 @@ import (
 // variables, --check, --log-level/--log-format, exit status 2 on a usage
 // error, and messages naming its own flags (--index, not --server).
 func TestPickerCommandLine(t *testing.T) {
+	const (
+		qwenTokenizer = "../../tokenizer/testdata/qwen2.5/tokenizer.json.gz"
+		qwenTemplate  = "../../tokenizer/chattemplate/testdata/templates/qwen2.5.json"
+	)
 	cfg := writeFile(t, "picker.yaml", "index: 127.0.0.1:1\nendpoint:\n  - pod-a=10.0.0.1:8000\nunknown-model: reject\n")
 	for _, tt := range []struct {
 		name     string
@@ -33,6 +37,12 @@ func TestPickerCommandLine(t *testing.T) {
 		{name: "token without TLS", args: []string{"picker", "--endpoint", "a=10.0.0.1:8000", "--token-file", cfg}, code: exitUsage, err: "--index https://HOST:PORT"},
 		{name: "bad config key", args: []string{"picker", "--config", writeFile(t, "bad.yaml", "server: x\n")}, code: exitUsage, err: `unknown key "server"`},
 		{name: "bad environment", args: []string{"picker", "--check"}, env: map[string]string{"KVINDEX_INDEX_TIMEOUT": "soon"}, code: exitUsage, err: "KVINDEX_INDEX_TIMEOUT"},
+		{name: "no tokenizer", args: []string{"picker", "--config", cfg, "--check"}, code: exitOK, out: "tokenizer: the index (text and chat prompts are sent as they are)"},
+		{name: "tokenizer", args: []string{"picker", "--config", cfg, "--check", "--tokenizer", qwenTokenizer, "--chat-template", qwenTemplate, "--tokenizer-model", "Qwen/Qwen2.5-7B"}, code: exitOK,
+			out: "tokenizer: local " + qwenTokenizer + " with chat template " + qwenTemplate + ", for model Qwen/Qwen2.5-7B (other models: the index), checked at start against an endpoint's /tokenize"},
+		{name: "tokenizer without template", args: []string{"picker", "--config", cfg, "--check", "--tokenizer", qwenTokenizer}, code: exitOK, out: "(chat prompts: the index)"},
+		{name: "bad tokenizer", args: []string{"picker", "--config", cfg, "--check", "--tokenizer", cfg}, code: exitUsage, err: "--tokenizer " + cfg},
+		{name: "template without tokenizer", args: []string{"picker", "--config", cfg, "--check", "--chat-template", qwenTemplate}, code: exitUsage, err: "--chat-template needs --tokenizer"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			for k, v := range tt.env {
@@ -57,7 +67,7 @@ func TestPickerHelp(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	help := stdout.String()
-	for _, flag := range []string{"--index", "--config", "--check", "--log-level", "--log-format", "--unknown-model", "x-kvindex-fallback", "/readyz"} {
+	for _, flag := range []string{"--index", "--config", "--check", "--log-level", "--log-format", "--unknown-model", "x-kvindex-fallback", "/readyz", "--tokenizer", "--chat-template", "--tokenizer-model"} {
 		if !strings.Contains(help, flag) {
 			t.Errorf("help lacks %s", flag)
 		}

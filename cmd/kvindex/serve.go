@@ -101,7 +101,7 @@ func (f *serveFlags) options() (*service.Options, error) {
 		Listen: zmqtransport.TCPEndpoint(f.listen), ListenRanks: f.listenRanks, TopicPattern: f.topicPattern, ReplayTemplate: f.replayTemplate,
 		MaxEngines: f.maxEngines, ForgetAfter: f.forgetAfter,
 		Index:       indexer.Options{Hasher: h, MemoryBudget: int64(f.memoryBudget)},
-		TokenizeURL: f.tokenizeURL, TokenizerFile: f.tokenizer, ChatTemplateFile: f.chatTemplate,
+		TokenizeURL: f.tokenizeURL, TokenizerFile: f.tok.file, ChatTemplateFile: f.tok.chatTemplate,
 		MaxQueryTokens: f.maxQueryTokens, ReadyGrace: f.readyGrace,
 		StateDir: f.stateDir, SnapshotInterval: f.snapshotEvery,
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/kvindex/kvindex/picker"
 	"github.com/kvindex/kvindex/picker/enginemetrics"
 	"github.com/kvindex/kvindex/picker/gateway"
+	"github.com/kvindex/kvindex/tokenizer"
 )
 
 // PickerOptions configure the endpoint picker, in the index service
@@ -241,6 +242,24 @@ type PickerServiceOptions struct {
 	// limit and bounds the request bodies buffered at once.
 	MemoryBudget int64
 	Discover     *DiscoverOptions // nil: the candidates are listed
+	// TokenizerFile and ChatTemplateFile, when set, are the picker's own
+	// tokenizer (loadLocalTokenizer, as kvindex serve's): it tokenizes
+	// text and chat prompts (gateway.Config.Tokenizer) for
+	// TokenizerModel's requests ("": every request's), checked at start
+	// against an endpoint's /tokenize (gateway.Service.CheckTokenizer).
+	TokenizerFile, ChatTemplateFile string
+	TokenizerModel                  string
+}
+
+// localTokenizer opens the picker's own tokenizer into its gateway
+// configuration; none without TokenizerFile.
+func (o *PickerServiceOptions) localTokenizer() error {
+	if o.TokenizerFile == "" && o.ChatTemplateFile == "" {
+		return nil
+	}
+	t, err := loadLocalTokenizer(o.TokenizerFile, o.ChatTemplateFile)
+	o.Picker.Gateway.Tokenizer, o.Picker.Gateway.TokenizerModel = t, o.TokenizerModel
+	return err
 }
 
 // PickerService is the endpoint picker on its own.
@@ -252,12 +271,16 @@ type PickerService struct {
 	hlis  net.Listener
 }
 
-// NewPicker builds the picker service; nothing connects or listens yet.
+// NewPicker builds the picker service, loading its tokenizer (into
+// o.Picker.Gateway); nothing connects or listens yet.
 func NewPicker(o *PickerServiceOptions, log *slog.Logger) (*PickerService, error) {
 	if o.Discover != nil {
 		if err := o.Discover.Validate(); err != nil {
 			return nil, err
 		}
+	}
+	if err := o.localTokenizer(); err != nil {
+		return nil, err
 	}
 	p := &PickerService{o: o, log: log}
 	reg := prometheus.NewRegistry()
@@ -291,6 +314,12 @@ func NewPicker(o *PickerServiceOptions, log *slog.Logger) (*PickerService, error
 			return o.Discover.candidateSetter(log, setCandidates(p.core.svc, p.core.sc, log))
 		}))
 	}
+	// Does not delay readiness: until an engine answers, the picker
+	// tokenizes unverified (CheckTokenizer).
+	g.Go("tokenizer check", func(ctx context.Context) error {
+		p.core.svc.CheckTokenizer(ctx, tokenizer.CheckConfig{})
+		return nil
+	})
 	g.Add(lifecycle.Part{
 		Name: "index warm-up",
 		// Logged and counted by Warm, which waits for the first warm-up

@@ -64,6 +64,9 @@ func CheckPicker(w io.Writer, o *PickerServiceOptions) error {
 			return err
 		}
 	}
+	if err := o.localTokenizer(); err != nil {
+		return err
+	}
 	cfg := o.Picker.Gateway
 	cfg.MemoryBudget = o.MemoryBudget
 	svc, err := gateway.New(cfg, gateway.Local{}) // checks the configuration; never asked
@@ -80,5 +83,21 @@ func CheckPicker(w io.Writer, o *PickerServiceOptions) error {
 	if d := o.Discover; d != nil {
 		fmt.Fprintf(w, "  discover pods %s in namespace %s, at %s\n", d.Selector, cmp.Or(d.Namespace, "(kvindex's own)"), d.Metrics)
 	}
+	fmt.Fprintf(w, "  tokenizer: %s\n", pickerTokenizerSummary(o))
 	return nil
+}
+
+// pickerTokenizerSummary says who tokenizes text and chat prompts.
+func pickerTokenizerSummary(o *PickerServiceOptions) string {
+	if o.TokenizerFile == "" {
+		return "the index (text and chat prompts are sent as they are)"
+	}
+	s := "local " + localTokenizerSummary(o.TokenizerFile, o.ChatTemplateFile)
+	if o.ChatTemplateFile == "" {
+		s += " (chat prompts: the index)"
+	}
+	if o.TokenizerModel != "" {
+		s += ", for model " + o.TokenizerModel + " (other models: the index)"
+	}
+	return s + ", checked at start against an endpoint's /tokenize"
 }

@@ -27,7 +27,6 @@ import (
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/tokenizer"
-	"github.com/kvindex/kvindex/tokenizer/chattemplate"
 )
 
 // Service is a built index service: index, event source, API server and,
@@ -47,6 +46,18 @@ type Service struct {
 	// Set while starting: the listeners and what serves on them.
 	grpcLis, httpLis, adminLis net.Listener
 	picker                     *embeddedPicker // nil without a picker
+
+	localTok tokenizer.Tokenizer // the local tokenizer; nil without one
+}
+
+// localTokenizer is the local tokenizer among toks, nil without one.
+func localTokenizer(toks []server.NamedTokenizer) tokenizer.Tokenizer {
+	for _, t := range toks {
+		if t.Source == client.SourceLocal {
+			return t.Tokenizer
+		}
+	}
+	return nil
 }
 
 // eventSource is where the service's events come from: the ZMQ
@@ -100,7 +111,7 @@ func build(o *Options, log *slog.Logger, restore bool) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{o: o, log: log, index: ix}
+	s := &Service{o: o, log: log, index: ix, localTok: localTokenizer(toks)}
 	var resume []kvevents.Position
 	if o.StateDir != "" {
 		if s.state, err = newStateDir(o, ix, log.With("component", "state")); err != nil {
@@ -236,6 +247,9 @@ func (s *Service) assemble() {
 			"max_query_tokens", o.MaxQueryTokens, "ready_grace", o.ReadyGrace.String())
 		return nil
 	}})
+	if o.TokenizeURL != "" && o.TokenizerFile != "" {
+		g.Go("tokenizer check", func(ctx context.Context) error { checkServeTokenizer(ctx, s.localTok, o, s.log); return nil })
+	}
 	for _, p := range s.src.parts() {
 		g.Add(p)
 	}
@@ -431,23 +445,12 @@ func buildTokenizers(o *Options) ([]server.NamedTokenizer, error) {
 		}
 		out = append(out, server.NamedTokenizer{Source: client.SourceEngine, Tokenizer: t})
 	}
-	if o.TokenizerFile != "" {
-		t, err := tokenizer.LoadFile(o.TokenizerFile)
+	if o.TokenizerFile != "" || o.ChatTemplateFile != "" {
+		local, err := loadLocalTokenizer(o.TokenizerFile, o.ChatTemplateFile)
 		if err != nil {
-			// The cause: the file is named already.
-			return nil, configerr.New("TokenizerFile", "%v %s: %w", configerr.Field("TokenizerFile"), o.TokenizerFile, cmp.Or(errors.Unwrap(err), err))
-		}
-		var local tokenizer.Tokenizer = t
-		if o.ChatTemplateFile != "" {
-			tmpl, err := chattemplate.Load(o.ChatTemplateFile, nil)
-			if err != nil {
-				return nil, configerr.New("ChatTemplateFile", "%v: %v", configerr.Field("ChatTemplateFile"), err)
-			}
-			local = &tokenizer.ChatLocal{Local: t, Template: tmpl}
+			return nil, err
 		}
 		out = append(out, server.NamedTokenizer{Source: client.SourceLocal, Tokenizer: local})
-	} else if o.ChatTemplateFile != "" {
-		return nil, configerr.New("ChatTemplateFile", "%v needs %v: the template renders the text that tokenizer encodes", configerr.Field("ChatTemplateFile"), configerr.Field("TokenizerFile"))
 	}
 	return out, nil
 }
@@ -459,10 +462,7 @@ func TokenizerSummary(o *Options) string {
 		parts = append(parts, "engine "+o.TokenizeURL)
 	}
 	if o.TokenizerFile != "" {
-		parts = append(parts, "local "+o.TokenizerFile)
-		if o.ChatTemplateFile != "" {
-			parts[len(parts)-1] += " with chat template " + o.ChatTemplateFile
-		}
+		parts = append(parts, "local "+localTokenizerSummary(o.TokenizerFile, o.ChatTemplateFile))
 	}
 	if len(parts) == 0 {
 		return "none (token ids only)"

@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"slices"
@@ -38,6 +39,13 @@ const (
 // tokenizer into n distinct prompts of benchTokens ids each: realistic
 // ids (and so JSON bytes) rather than counting numbers.
 func benchPrompts(b *testing.B, n int) [][]uint64 {
+	_, ids := benchConversations(b, n)
+	return ids
+}
+
+// benchConversations are benchPrompts' conversations: each one's text
+// (as its chat template renders it) and its first benchTokens ids.
+func benchConversations(b *testing.B, n int) (texts []string, prompts [][]uint64) {
 	tok, err := tokenizer.LoadFile("../../tokenizer/testdata/qwen2.5/tokenizer.json.gz")
 	if err != nil {
 		b.Fatal(err)
@@ -45,7 +53,6 @@ func benchPrompts(b *testing.B, n int) [][]uint64 {
 	para := "The user asked how the cluster should route long conversations, and the assistant " +
 		"explained that every turn repeats the earlier ones, so the pod that served the last turn " +
 		"already holds most of the prompt's KV cache in GPU memory. "
-	var out [][]uint64
 	for p := range n {
 		var sb strings.Builder
 		fmt.Fprintf(&sb, "<|im_start|>system\nConversation %d.<|im_end|>\n", p)
@@ -60,14 +67,14 @@ func benchPrompts(b *testing.B, n int) [][]uint64 {
 				ids = tok.Encode(sb.String(), false)
 			}
 		}
-		out = append(out, ids[:benchTokens])
+		texts, prompts = append(texts, sb.String()), append(prompts, ids[:benchTokens])
 	}
-	return out
+	return texts, prompts
 }
 
-// benchIndex is a kvindex server whose index holds each prompt on two
-// pods (one in full, one to half its depth).
-func benchIndex(b *testing.B, prompts [][]uint64) (*server.Server, []gateway.Endpoint) {
+// benchIndex is a kvindex server, tokenizing with toks, whose index
+// holds each prompt on two pods (one in full, one to half its depth).
+func benchIndex(b *testing.B, prompts [][]uint64, toks ...server.NamedTokenizer) (*server.Server, []gateway.Endpoint) {
 	h, err := blockhash.New(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "0", BlockSize: bs})
 	if err != nil {
 		b.Fatal(err)
@@ -102,7 +109,7 @@ func benchIndex(b *testing.B, prompts [][]uint64) (*server.Server, []gateway.End
 			seq[e]++
 		}
 	}
-	srv, err := server.New(server.Config{Index: ix, BlockSize: bs, Hasher: h, DefaultModel: testModel, Streams: streams, ReadyGrace: -1})
+	srv, err := server.New(server.Config{Index: ix, BlockSize: bs, Hasher: h, DefaultModel: testModel, Streams: streams, ReadyGrace: -1, Tokenizers: toks})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -379,6 +386,99 @@ func BenchmarkPickerQuery(b *testing.B) {
 			slices.Sort(lat)
 			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-us")
 			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-us")
+		})
+	}
+}
+
+// BenchmarkPickerTokenize is BenchmarkPickerQuery for a prompt sent as
+// text (benchConversations' conversations, about 16,400 tokens, as a
+// completion prompt), within the default index deadline (IndexBudget:
+// DefaultIndexTimeout + DefaultIndexTimeoutPer1K per 1,000 tokens):
+// Service.Pick, the index over loopback gRPC. In index-tokenizes the
+// picker sends the text, which the index tokenizes with its local
+// tokenizer (Qwen2.5's tokenizer.json; an engine's /tokenize would add a
+// round trip) within the deadline; in picker-tokenizes the picker
+// tokenizes it with the same tokenizer (Config.Tokenizer), before the
+// deadline starts, and sends the block keys it hashes. fallback-% is the
+// share of requests routed without the index's answer. One request at a
+// time.
+func BenchmarkPickerTokenize(b *testing.B) {
+	texts, prompts := benchConversations(b, 8)
+	tok, err := tokenizer.LoadFile("../../tokenizer/testdata/qwen2.5/tokenizer.json.gz")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv, eps := benchIndex(b, prompts, server.NamedTokenizer{Source: client.SourceLocal, Tokenizer: tok})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	gs := srv.NewGRPCServer()
+	go gs.Serve(lis)
+	b.Cleanup(gs.Stop)
+	c, err := client.Dial(context.Background(), lis.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	bodies := make([][]byte, len(texts))
+	for i, text := range texts {
+		body, err := json.Marshal(map[string]string{"model": testModel, "prompt": text})
+		if err != nil {
+			b.Fatal(err)
+		}
+		bodies[i] = body
+	}
+	for _, v := range []struct {
+		name  string
+		tok   tokenizer.Tokenizer
+		input string
+	}{{"index-tokenizes", nil, "text"}, {"picker-tokenizes", tok, "hashes"}} {
+		b.Run(v.name, func(b *testing.B) {
+			reg := prometheus.NewRegistry()
+			svc, err := gateway.New(gateway.Config{Endpoints: eps, Scorer: noSpeculation(), Tokenizer: v.tok, Registry: reg}, gateway.Remote{Client: c})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if err := svc.Warm(ctx, 0); err != nil {
+				b.Fatal(err)
+			}
+			pick := func(i int) {
+				r, err := gateway.ParseRequest(bodies[i%len(bodies)], func(string) string { return "" })
+				if err != nil {
+					b.Fatal(err)
+				}
+				d, done, err := svc.Pick(context.Background(), r, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				done()
+				if d.Fallback == "" && d.Endpoint != eps[i%len(bodies)%benchPods].Addr {
+					b.Fatalf("prompt %d went to %s", i%len(bodies), d.Endpoint)
+				}
+			}
+			for i := range bodies {
+				pick(i)
+			}
+			fb0 := fallbacks(b, reg)
+			lat := make([]time.Duration, 0, b.N)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				t0 := time.Now()
+				pick(i)
+				lat = append(lat, time.Since(t0))
+			}
+			b.StopTimer()
+			if n := mustVec(b, reg, "kvindex_picker_index_queries_total", v.input); n == 0 {
+				b.Fatalf("no query by %s", v.input)
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-us")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-us")
+			b.ReportMetric(100*(fallbacks(b, reg)-fb0)/float64(b.N), "fallback-%")
 		})
 	}
 }

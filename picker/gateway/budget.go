@@ -19,8 +19,9 @@ const BytesPerToken = 4
 //
 // (kvindex picker's --index-timeout and --index-timeout-per-1k; 2 ms +
 // 0.25 ms per 1,000 tokens by default: 2.5 ms for 2k tokens, 6 ms for
-// 16k). tokens are the prompt's token ids, or for text and chat, its
-// bytes of text / BytesPerToken. A long prompt is worth waiting for: its
+// 16k). tokens are the prompt's token ids (the caller's, or the
+// picker's tokenizer's), or for text and chat, its bytes of text /
+// BytesPerToken. A long prompt is worth waiting for: its
 // prefill on a pod without its prefix costs far more than the wait, and
 // the index's own work grows with it.
 func IndexBudget(base, per1K time.Duration, tokens int) time.Duration {

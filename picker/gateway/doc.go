@@ -40,8 +40,10 @@
 // learnt the index's hashing (GetHashConfig, at each warm-up of a remote
 // index, checked by digest; a chain memo hashes only a conversation's new
 // blocks), and sent as ids otherwise; text and chat messages go to
-// kvindex, which tokenizes them
-// (the engine's /tokenize or a local tokenizer). Headers: x-session-id
+// kvindex, which tokenizes them (the engine's /tokenize or a local
+// tokenizer), unless the picker has a tokenizer of its own
+// (Config.Tokenizer): what it tokenizes then goes the ids' way, checked
+// at start against an engine's /tokenize (CheckTokenizer). Headers: x-session-id
 // names the conversation (else the Responses API's previous_response_id
 // does); x-request-priority: background marks a turn nobody waits on.
 //

@@ -11,8 +11,9 @@ import (
 // the picker's own keys, not the index's: they only match one request's
 // blocks against earlier requests' speculative entries, so any
 // prefix-chained hash will do, and this one needs no model
-// configuration. Prompts given as text or messages have no ids here, so
-// they get no speculative entries (the index tokenizes them).
+// configuration. Prompts given as text or messages have no ids here
+// unless Config.Tokenizer gave them some; without, they get no
+// speculative entries (the index tokenizes them).
 func blockKeys(ids []uint64, blockSize int) []uint64 {
 	n := len(ids) / blockSize
 	if n == 0 {

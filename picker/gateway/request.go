@@ -50,9 +50,11 @@ type Request struct {
 	Model string
 	// Prompt is the prompt for kvindex's LongestPrefix: the caller's
 	// token ids, the completion text, or the chat messages (kvindex
-	// tokenizes the last two). Nil for a request without a prompt.
+	// tokenizes the last two, unless the picker does: Config.Tokenizer).
+	// Nil for a request without a prompt.
 	Prompt *kvindexv1.Prompt
-	// Tokens are the caller's token ids, when it sent ids.
+	// Tokens are the caller's token ids, when it sent ids (or the
+	// picker's tokenizer's, once Pick has tokenized the prompt).
 	Tokens   []uint64
 	Session  string
 	Priority picker.Priority

@@ -16,6 +16,7 @@ import (
 	"github.com/kvindex/kvindex/internal/inflight"
 	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/picker"
+	"github.com/kvindex/kvindex/tokenizer"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -107,6 +108,18 @@ type Config struct {
 	// index does not know (UnknownModelRoute if ""); /v1/pick always
 	// answers it 404.
 	UnknownModel UnknownModel
+	// Tokenizer, if set, tokenizes the prompts given as text or chat
+	// messages in the picker (kvindex picker --tokenizer), so that they
+	// go the token ids' way (hashed into the index's block keys here)
+	// rather than to the index as text, which the index must tokenize
+	// within the query's deadline (the engine's /tokenize, for chat). A
+	// prompt it declines (tokenizer.ErrChatUnsupported,
+	// ErrChatTemplate) or fails, and a form CheckTokenizer turned off,
+	// go to the index as text, as without it.
+	Tokenizer tokenizer.Tokenizer
+	// TokenizerModel, if set, is the model Tokenizer tokenizes for: the
+	// other models' prompts go to the index as text.
+	TokenizerModel string
 	// Metrics, if set, gives the engines' scraped load metrics.
 	Metrics MetricsSource
 	// Outcomes, if set, hears what each ext_proc pick predicted and the
@@ -145,6 +158,7 @@ type Service struct {
 	// hash is the index's hashing as the picker learnt it (learnHashing);
 	// nil while it is not known: queries then send token ids.
 	hash atomic.Pointer[hashing]
+	lt   *localTokenizer // nil without Config.Tokenizer
 }
 
 // endpointSet is the candidates, replaced whole by SetEndpoints so that a
@@ -243,6 +257,9 @@ func New(cfg Config, src Source) (*Service, error) {
 	if s.m, err = newMetrics(cfg.Registry, s.bodies.InFlight); err != nil {
 		return nil, err
 	}
+	if s.lt, err = newLocalTokenizer(&cfg); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -273,7 +290,9 @@ var ErrNoEndpoint = picker.ErrNoCandidates
 // Pick chooses an endpoint for r among the candidates (only those in
 // subset when it is not nil: the gateway's hint, by address or pod). The
 // chosen endpoint counts the request as in flight until done is called
-// (done is idempotent). r may be nil for a request without a body.
+// (done is idempotent). r may be nil for a request without a body. With
+// Config.Tokenizer, a text or chat prompt it tokenizes is replaced by its
+// ids (r.Prompt and r.Tokens).
 //
 // When the index's answer is missing the request is routed by load and
 // session, and d.Fallback says why. A model the index does not know is
@@ -292,6 +311,9 @@ func (s *Service) pick(ctx context.Context, r *Request, subset []string, rejectU
 		return d, nil, fmt.Errorf("%w: the subset hint is empty", ErrNoEndpoint)
 	}
 	preq := &picker.Request{Subset: subset}
+	if r != nil && s.lt != nil {
+		s.lt.tokenize(ctx, s, r)
+	}
 	if r != nil {
 		preq.Model, preq.Session, preq.Priority, preq.TieBreak = r.Model, r.Session, r.Priority, r.BodyHash
 		preq.Keys = blockKeys(r.Tokens, s.cfg.Scorer.BlockSize)

@@ -1,0 +1,67 @@
+package service
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/kvindex/kvindex/internal/configerr"
+	"github.com/kvindex/kvindex/tokenizer"
+	"github.com/kvindex/kvindex/tokenizer/chattemplate"
+)
+
+// loadLocalTokenizer opens a local tokenizer: the tokenizer.json at
+// file, with the chat template at chatTemplate when set (for chat
+// prompts too). Its errors name the options TokenizerFile and
+// ChatTemplateFile, kvindex serve's and kvindex picker's alike.
+func loadLocalTokenizer(file, chatTemplate string) (tokenizer.Tokenizer, error) {
+	if file == "" {
+		return nil, configerr.New("ChatTemplateFile", "%v needs %v: the template renders the text that tokenizer encodes", configerr.Field("ChatTemplateFile"), configerr.Field("TokenizerFile"))
+	}
+	t, err := tokenizer.LoadFile(file)
+	if err != nil {
+		// The cause: the file is named already.
+		return nil, configerr.New("TokenizerFile", "%v %s: %w", configerr.Field("TokenizerFile"), file, cmp.Or(errors.Unwrap(err), err))
+	}
+	if chatTemplate == "" {
+		return t, nil
+	}
+	tmpl, err := chattemplate.Load(chatTemplate, nil)
+	if err != nil {
+		return nil, configerr.New("ChatTemplateFile", "%v: %v", configerr.Field("ChatTemplateFile"), err)
+	}
+	return &tokenizer.ChatLocal{Local: t, Template: tmpl}, nil
+}
+
+// localTokenizerSummary says what loadLocalTokenizer opens.
+func localTokenizerSummary(file, chatTemplate string) string {
+	if chatTemplate == "" {
+		return file
+	}
+	return file + " with chat template " + chatTemplate
+}
+
+// checkServeTokenizer compares kvindex serve's local tokenizer, its
+// fallback, with the engine's /tokenize (tokenizer.CheckEngines), once
+// the engine answers, and logs the verdict of each form: a local
+// tokenizer that differs would give, while the engine is unreachable,
+// ids that match none of the engines' blocks.
+func checkServeTokenizer(ctx context.Context, local tokenizer.Tokenizer, o *Options, log *slog.Logger) {
+	rs, err := tokenizer.CheckEngines(ctx, local, func() []string { return []string{o.TokenizeURL} }, tokenizer.CheckConfig{Model: o.Model, Logger: log})
+	if err != nil {
+		return // stopped first
+	}
+	for _, f := range tokenizer.Forms {
+		r, _ := tokenizer.FormResult(rs, f)
+		switch r.Verdict {
+		case tokenizer.Match, tokenizer.LocalDeclined:
+			log.Info("tokenizer check: the local tokenizer against the engine's /tokenize", "form", f, "verdict", r.Verdict.String(), "check", r.String())
+		case tokenizer.EngineRefused:
+			log.Warn("tokenizer check: the engine refused the check's sample; the local tokenizer is not verified", "form", f, "check", r.String())
+		default:
+			log.Warn("tokenizer check: the local tokenizer (the fallback when the engine's /tokenize fails) does not give the engine's ids: its queries would match nothing",
+				"form", f, "verdict", r.Verdict.String(), "check", r.String())
+		}
+	}
+}
