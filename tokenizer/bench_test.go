@@ -4,11 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
+
+	"github.com/kvindex/kvindex/tokenizer/chattemplate"
 )
 
 // longPrompt returns the ~8k-token text of the golden corpus and its ids.
@@ -151,6 +156,231 @@ func BenchmarkLocalHostile(b *testing.B) {
 				n += len(tok.Encode(text, false))
 			}
 			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "tokens/s")
+		})
+	}
+}
+
+// conversation is a ~16k-token chat (prose, code and CJK from the golden
+// corpus's long text, in user and assistant turns of ~500 tokens) and the
+// text its turns are cut from.
+func conversation(b *testing.B) ([]Message, string) {
+	text, _ := longPrompt(b)
+	var msgs []Message
+	var cur strings.Builder
+	for i, para := range strings.Split(text+"\n\n"+text, "\n\n") {
+		cur.WriteString(para)
+		cur.WriteString("\n\n")
+		if cur.Len() >= 2000 || i == 0 {
+			role := "user"
+			if len(msgs)%2 == 1 {
+				role = "assistant"
+			}
+			msgs = append(msgs, Message{Role: role, Content: strings.TrimSpace(cur.String())})
+			cur.Reset()
+		}
+	}
+	if len(msgs)%2 == 1 {
+		msgs = msgs[:len(msgs)-1] // end on an assistant turn
+	}
+	return msgs, text
+}
+
+// nextTurn is the i'th distinct next turn after msgs: an assistant reply
+// and a user message of ~150 tokens each.
+func nextTurn(msgs []Message, text string, i int) []Message {
+	at := (i * 997) % (len(text) - 1300)
+	for !utf8.RuneStart(text[at]) {
+		at++
+	}
+	part := func(n int) string {
+		end := at + n
+		for !utf8.RuneStart(text[end]) {
+			end++
+		}
+		s := text[at:end]
+		at = end
+		return s
+	}
+	next := append(slices.Clip(msgs), Message{Role: "assistant", Content: fmt.Sprintf("Reply %d. %s", i, part(600))})
+	return append(next, Message{Role: "user", Content: fmt.Sprintf("Question %d. %s", i, part(600))})
+}
+
+// BenchmarkChatTurn tokenizes the next turn of a ~16k-token conversation
+// with the Qwen2.5 chat template, each iteration a different turn adding
+// ~300 tokens: whole (no cache) and incremental (segment cache warm with
+// the conversation so far), and, on the same input, the parts that stay
+// proportional to the whole conversation: render (the template), split
+// (the added-token scan), normalize (NFC check of the text between added
+// tokens) and hash (the cache keys of the segments).
+func BenchmarkChatTurn(b *testing.B) {
+	tok, _ := qwen(b)
+	tmpl, err := chattemplate.Load("chattemplate/testdata/templates/qwen2.5.json", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	msgs, text := conversation(b)
+	whole := &ChatLocal{Local: tok, Template: tmpl}
+	ctx := context.Background()
+	// warm returns a ChatLocal whose cache holds the conversation so far,
+	// a new one per run so that no run finds the turns of an earlier one.
+	warm := func(b *testing.B) (*ChatLocal, []uint64) {
+		c := &ChatLocal{Local: tok.WithSegmentCache(256 << 20), Template: tmpl}
+		ids, err := c.Tokenize(ctx, "", Input{Messages: msgs})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return c, ids
+	}
+	incr, prev := warm(b)
+	first, err := whole.Tokenize(ctx, "", Input{Messages: nextTurn(msgs, text, 0)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if got, _ := incr.Tokenize(ctx, "", Input{Messages: nextTurn(msgs, text, 0)}); !slices.Equal(got, first) {
+		b.Fatal("incremental ids differ from whole")
+	}
+	report := func(b *testing.B) {
+		b.ReportMetric(float64(len(first)), "tokens/op")
+		b.ReportMetric(float64(len(first)-len(prev)), "new-tokens/op")
+		b.ReportMetric(float64(len(first))*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+	}
+	for _, name := range []string{"whole", "incremental"} {
+		b.Run(name, func(b *testing.B) {
+			c := whole
+			if name == "incremental" {
+				c, _ = warm(b)
+			}
+			b.ReportAllocs()
+			buf := make([]uint64, 0, 2*len(first))
+			i := 1
+			for b.Loop() {
+				if buf, err = c.AppendTokenize(ctx, buf[:0], "", Input{Messages: nextTurn(msgs, text, i)}); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			report(b)
+		})
+	}
+	in := Input{Messages: nextTurn(msgs, text, 1)}
+	b.Run("render", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, err := whole.Render(in); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	rendered, _, _ := whole.Render(in)
+	spans := tok.raw.split(nil, rendered)
+	b.Run("split", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			spans = tok.raw.split(spans[:0], rendered)
+		}
+	})
+	b.Run("normalize", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			for _, sp := range spans {
+				if sp.tok < 0 {
+					tok.normalize(rendered[sp.start:sp.end])
+				}
+			}
+		}
+	})
+	b.Run("hash", func(b *testing.B) {
+		for b.Loop() {
+			for _, sp := range spans {
+				if sp.tok < 0 {
+					incr.segs.key(rendered[sp.start:sp.end])
+				}
+			}
+		}
+	})
+}
+
+// BenchmarkGrowingPrompt tokenizes a ~16k-token completion prompt grown by
+// a different ~300-token suffix each iteration: whole (no cache) and
+// incremental (cache warm with the prompt), the latter for several chunk
+// sizes (chunkMinBytes is the one used).
+func BenchmarkGrowingPrompt(b *testing.B) {
+	tok, _ := qwen(b)
+	text, _ := longPrompt(b)
+	base := text + "\n" + text
+	suffix := func(i int) string {
+		at := (i * 997) % (len(text) - 1300)
+		for !utf8.RuneStart(text[at]) {
+			at++
+		}
+		end := at + 1200
+		for !utf8.RuneStart(text[end]) {
+			end++
+		}
+		return fmt.Sprintf("\nAppended %d. %s", i, text[at:end])
+	}
+	want := tok.Encode(base+suffix(0), true)
+	nBase := len(tok.Encode(base, true))
+	run := func(b *testing.B, l *Local) {
+		if got := l.Encode(base+suffix(0), true); !slices.Equal(got, want) {
+			b.Fatal("ids differ from whole")
+		}
+		ctx := context.Background()
+		buf := make([]uint64, 0, 2*len(want))
+		b.ReportAllocs()
+		i := 1
+		for b.Loop() {
+			var err error
+			if buf, err = l.AppendTokenize(ctx, buf[:0], "", Input{Prompt: base + suffix(i)}); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+		b.ReportMetric(float64(len(want)), "tokens/op")
+		b.ReportMetric(float64(len(want)-nBase), "new-tokens/op")
+		b.ReportMetric(float64(len(want))*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+	}
+	b.Run("whole", func(b *testing.B) { run(b, tok) })
+	for _, chunk := range []int{256, chunkMinBytes, 4096} {
+		name := "incremental"
+		if chunk != chunkMinBytes {
+			name = fmt.Sprintf("incremental/chunk=%d", chunk)
+		}
+		b.Run(name, func(b *testing.B) {
+			l := tok.WithSegmentCache(256 << 20)
+			l.segs.minChunk = chunk
+			l.Encode(base, true)
+			run(b, l)
+		})
+	}
+}
+
+// BenchmarkSegmentHit compares encoding a segment with a cache hit for it,
+// from the "\n" between two chat messages up.
+func BenchmarkSegmentHit(b *testing.B) {
+	tok, _ := qwen(b)
+	text, _ := longPrompt(b)
+	for _, n := range []int{1, 5, 16, 64, 256, 1024} {
+		seg := strings.ToValidUTF8(text[1000:1000+n], "")
+		switch n {
+		case 1:
+			seg = "\n" // between <|im_end|> and <|im_start|>
+		case 5:
+			seg = "user\n"
+		}
+		c := tok.WithSegmentCache(1 << 20)
+		s := &encodeScratch{}
+		buf := make([]uint64, 0, 1024)
+		b.Run(fmt.Sprintf("bytes=%d/encode", n), func(b *testing.B) {
+			for b.Loop() {
+				buf = tok.preTokenize(buf[:0], seg, s)
+			}
+		})
+		b.Run(fmt.Sprintf("bytes=%d/hit", n), func(b *testing.B) {
+			buf = c.cachedSegment(buf[:0], seg, s)
+			for b.Loop() {
+				buf = c.cachedSegment(buf[:0], seg, s)
+			}
 		})
 	}
 }

@@ -41,6 +41,23 @@
 // HuggingFace tokenizers 0.23.2, on Qwen2.5's tokenizer.json and on six
 // variants of it that switch on the features Qwen2.5 does not use itself.
 //
+// Local.WithSegmentCache adds a byte-bounded LRU of the ids of the text
+// segments it encodes, for callers that tokenize the same text again and again with a
+// little more each time (an agent conversation resent every turn, a prompt
+// grown by appending). Tokenization never crosses an added token, so the
+// text between two of them (one chat message) encodes alone and is cached
+// under a keyed 128-bit hash of its normalised text. Long segments are also
+// cut into chunks at positions where the pre-tokenizer provably splits the
+// same way on the parts as on the whole: after a newline and before an
+// ASCII letter or digit, for the GPT-2, cl100k (Llama 3), Qwen2 and o200k
+// patterns only (segcache.go has the proof, FuzzSegmentCache and
+// FuzzPreTokenizeChunks check it); other pre-tokenizers cache whole
+// segments. Cuts depend only on the text before them, so a text that
+// extends another re-encodes only its last chunk and what is new. The ids
+// are those of encoding without the cache; Local.Stats counts hits and
+// misses. ChatLocal inherits the cache of its Local; it still renders the
+// whole conversation with the template each time.
+//
 // Fallback chains backends: typically the engine first, the local file
 // when the engine is unreachable.
 //
@@ -79,7 +96,9 @@
 // # Performance
 //
 // BenchmarkLocalTokenize (encoding an 8k-token prompt), BenchmarkLoad,
-// BenchmarkHTTPCached and BenchmarkLocalHostile measure this package;
+// BenchmarkHTTPCached, BenchmarkLocalHostile, BenchmarkChatTurn and
+// BenchmarkGrowingPrompt (a 16k-token conversation or prompt growing by
+// ~300 tokens, with and without the segment cache) measure this package;
 // README.md's Performance section holds their figures. The merge loop is
 // O(n log n) in the length of a pre-tokenized piece, so hostile input (one
 // long whitespace run) costs time proportional to its size, not quadratic

@@ -6,6 +6,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 
 	"github.com/kvindex/kvindex/tokenizer"
 )
@@ -81,4 +82,24 @@ func ExampleFallback() {
 	ids, err := tok.Tokenize(context.Background(), "Qwen/Qwen2.5-7B-Instruct", tokenizer.Input{Prompt: "Hello world"})
 	fmt.Println(ids, err)
 	// Output: [9707 1879] <nil>
+}
+
+// A Local with a segment cache re-encodes only what is new when the same
+// conversation comes back with one more turn.
+func ExampleLocal_WithSegmentCache() {
+	local, err := tokenizer.LoadFile("testdata/qwen2.5/tokenizer.json.gz")
+	if err != nil {
+		log.Fatal(err)
+	}
+	tok := local.WithSegmentCache(64 << 20)
+	turn1 := "<|im_start|>user\nWhat is a KV cache?<|im_end|>\n<|im_start|>assistant\n"
+	turn2 := turn1 + "The attention keys and values of earlier tokens.<|im_end|>\n<|im_start|>user\nThanks<|im_end|>\n<|im_start|>assistant\n"
+	a := tok.Encode(turn1, false)
+	b := tok.Encode(turn2, false)
+	fmt.Println(len(a), len(b), slices.Equal(b, local.Encode(turn2, false)))
+	s := tok.Stats()
+	fmt.Println("hits:", s.SegmentHits, "misses:", s.SegmentMisses)
+	// Output:
+	// 14 34 true
+	// hits: 5 misses: 5
 }

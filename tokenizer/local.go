@@ -38,7 +38,13 @@ type Local struct {
 
 	prefix, suffix []uint64 // post-processor tokens around the text
 
-	scratch sync.Pool // *encodeScratch
+	// chunks says where long segments may be cut into chunks for the
+	// segment cache, from the first splitting pre-tokenizer step.
+	chunks     boundaryRule
+	firstSplit string    // pattern of the step that splits whole segments, "" when none or after a prefix space
+	segs       *segCache // nil unless WithSegmentCache
+
+	scratch *sync.Pool // *encodeScratch, shared by the Locals of one tokenizer
 }
 
 // maxTokenizerFile bounds what LoadFile and Load read (after
@@ -178,7 +184,7 @@ func (l *Local) encode(ctx context.Context, dst []uint64, text string, addSpecia
 		}
 		seg := l.normalize(text[sp.start:sp.end])
 		if l.normAdded == nil {
-			dst = l.preTokenize(dst, seg, s)
+			dst = l.segment(dst, seg, s)
 			continue
 		}
 		s.spans2 = l.normAdded.split(s.spans2[:0], seg)
@@ -186,7 +192,7 @@ func (l *Local) encode(ctx context.Context, dst []uint64, text string, addSpecia
 			if sp2.tok >= 0 {
 				dst = append(dst, uint64(l.normAdded.tokens[sp2.tok].id))
 			} else {
-				dst = l.preTokenize(dst, seg[sp2.start:sp2.end], s)
+				dst = l.segment(dst, seg[sp2.start:sp2.end], s)
 			}
 		}
 	}
@@ -210,6 +216,15 @@ func (l *Local) normalize(s string) string {
 		}
 	}
 	return s
+}
+
+// segment appends the ids of one normalised segment: text between added
+// tokens, which tokenization never crosses.
+func (l *Local) segment(dst []uint64, seg string, s *encodeScratch) []uint64 {
+	if l.segs != nil {
+		return l.cachedSegment(dst, seg, s)
+	}
+	return l.preTokenize(dst, seg, s)
 }
 
 // preTokenize runs the pre-tokenizer over one normalised segment and the

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/dlclark/regexp2"
 	"golang.org/x/text/unicode/norm"
@@ -109,7 +110,7 @@ func build(f *fileJSON) (*Local, error) {
 	if f.Model == nil {
 		return nil, errors.New("no \"model\" section (is this a tokenizer.json?)")
 	}
-	l := &Local{}
+	l := &Local{scratch: new(sync.Pool)}
 	if err := l.buildModel(f.Model); err != nil {
 		return nil, err
 	}
@@ -122,6 +123,7 @@ func build(f *fileJSON) (*Local, error) {
 	if !l.byteLevel {
 		return nil, unsupported("pre_tokenizer has no ByteLevel step: not a byte-level BPE tokenizer")
 	}
+	l.chunks = chunkPatterns[l.firstSplit]
 	if err := l.buildPostProcessor(f.PostProcessor); err != nil {
 		return nil, err
 	}
@@ -266,6 +268,11 @@ func (l *Local) buildPreTokenizer(raw json.RawMessage) error {
 		l.byteLevel = true
 		// HuggingFace's defaults when the fields are absent.
 		l.addPrefixSpace = p.AddPrefixSpace == nil || *p.AddPrefixSpace
+		// Without a Split step before it, ByteLevel splits the whole
+		// segment first, after prepending its space to the segment only.
+		if len(l.splits) == 0 && !l.addPrefixSpace && (p.UseRegex == nil || *p.UseRegex) {
+			l.firstSplit = gpt2Pattern
+		}
 		if p.UseRegex == nil || *p.UseRegex {
 			re, err := compileHFRegex(gpt2Pattern)
 			if err != nil {
@@ -292,6 +299,9 @@ func (l *Local) buildPreTokenizer(raw json.RawMessage) error {
 		re, err := compileHFRegex(pattern)
 		if err != nil {
 			return unsupported("pre_tokenizer Split regex %q: %v", pattern, err)
+		}
+		if len(l.splits) == 0 {
+			l.firstSplit = pattern
 		}
 		l.splits = append(l.splits, re)
 	default:

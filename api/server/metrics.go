@@ -183,6 +183,7 @@ var (
 	descTokHits        = newDesc("kvindex_tokenizer_cache_hits_total", "Tokenizations answered from the tokenizer's cache, by backend.", []string{"source"})
 	descTokRequests    = newDesc("kvindex_tokenizer_backend_requests_total", "Requests sent to the engine's /tokenize, by backend.", []string{"source"})
 	descTokErrors      = newDesc("kvindex_tokenizer_backend_errors_total", "Tokenizer calls that failed, by backend.", []string{"source"})
+	descTokSegments    = newDesc("kvindex_tokenizer_segments_total", "Text segments the local tokenizer encoded (miss) or found in its segment cache (hit): the text between special tokens, or a chunk of it, so that a conversation's next turn encodes only what is new.", []string{"source", "result"})
 	descTokEntries     = newDesc("kvindex_tokenizer_cache_entries", "Entries in the tokenizer's cache, by backend.", []string{"source"})
 	descTokBytes       = newDesc("kvindex_tokenizer_cache_bytes", "Accounted bytes of the tokenizer's cache, by backend.", []string{"source"})
 )
@@ -320,14 +321,49 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descHTTPRefused, s.conns.refused.Load())
 	counter(descHTTPTimeouts, s.conns.timeouts.Load())
 	gauge(descReady, b2f(s.Ready()))
-	for _, t := range s.cfg.Tokenizers {
-		if hs, ok := t.Tokenizer.(httpTokenizerStats); ok {
-			st := hs.Stats()
-			counter(descTokHits, st.CacheHits, t.Source)
-			counter(descTokRequests, st.Requests, t.Source)
-			counter(descTokErrors, st.Errors, t.Source)
-			gauge(descTokEntries, float64(st.CacheEntries), t.Source)
-			gauge(descTokBytes, float64(st.CacheBytes), t.Source)
+	TokenizerMetrics(s.cfg.Tokenizers).Collect(ch)
+}
+
+// localTokenizerStats is implemented by the local tokenizer
+// (*tokenizer.Local, *tokenizer.ChatLocal), whose segment cache's
+// counters are exported.
+type localTokenizerStats interface {
+	Stats() tokenizer.LocalStats
+}
+
+// TokenizerMetrics collects the tokenizers' counters (their caches', the
+// engine backend's requests) as kvindex_tokenizer_* metrics labelled by
+// source: the server's and, with the same names, kvindex picker's own
+// tokenizer's.
+type TokenizerMetrics []NamedTokenizer
+
+// Describe implements prometheus.Collector; it is unchecked (it sends
+// nothing), as the server's state collector is.
+func (TokenizerMetrics) Describe(chan<- *prometheus.Desc) {}
+
+// Collect implements prometheus.Collector.
+func (ts TokenizerMetrics) Collect(ch chan<- prometheus.Metric) {
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for _, t := range ts {
+		switch st := t.Tokenizer.(type) {
+		case httpTokenizerStats:
+			s := st.Stats()
+			counter(descTokHits, s.CacheHits, t.Source)
+			counter(descTokRequests, s.Requests, t.Source)
+			counter(descTokErrors, s.Errors, t.Source)
+			gauge(descTokEntries, float64(s.CacheEntries), t.Source)
+			gauge(descTokBytes, float64(s.CacheBytes), t.Source)
+		case localTokenizerStats:
+			s := st.Stats()
+			counter(descTokSegments, s.SegmentHits, t.Source, "hit")
+			counter(descTokSegments, s.SegmentMisses, t.Source, "miss")
+			gauge(descTokEntries, float64(s.SegmentEntries), t.Source)
+			gauge(descTokBytes, float64(s.SegmentBytes), t.Source)
 		}
 	}
 }

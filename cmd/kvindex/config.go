@@ -66,8 +66,8 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.maxEngines, "max-engines", d.MaxEngines, "bind mode: most engine ranks admitted by a glob --engine-allow rule (or by none) to follow; engines named by an exact rule, by discovery or by their own IP address are never refused; further topics are refused and counted (kvindex_listener_refused_engines_total); 0: as many as 1/"+strconv.Itoa(memlimit.EngineShareDiv)+" of --memory-budget holds at "+bytesize.Format(memlimit.EngineBytes)+" each, one per "+bytesize.Format(memlimit.EngineShareDiv*memlimit.EngineBytes)+" (at most "+strconv.Itoa(zmqtransport.DefaultMaxEngines)+", the number without a budget)")
 	fs.DurationVar(&f.forgetAfter, "forget-after", d.ForgetAfter, "bind mode: forget an engine whose connection has been gone this long (its entries dropped, counted in kvindex_listener_forgotten_engines_total); it returns as new if it publishes again; 0: never")
 	f.hash.register(fs)
-	memoryBudgetFlag(fs, &f.memoryBudget, "cap on the memory of the index, the event queues and the engines' state",
-		"The queues get up to 1/"+strconv.Itoa(memlimit.QueueShareDiv)+" of it, each engine rank "+bytesize.Format(memlimit.EngineBytes)+", the index the rest (at least half). ")
+	memoryBudgetFlag(fs, &f.memoryBudget, "cap on the memory of the index, the event queues, the engines' state and the tokenizers' caches",
+		"The queues get up to 1/"+strconv.Itoa(memlimit.QueueShareDiv)+" of it, each engine rank "+bytesize.Format(memlimit.EngineBytes)+", the tokenizers' caches 1/"+strconv.Itoa(memlimit.TokenShareDiv)+" (at most "+bytesize.Format(memlimit.DefaultTokenCacheBytes)+"), the index the rest (at least half). ")
 	fs.StringVar(&f.tokenizeURL, "tokenize-url", "", "engine server root whose /tokenize tokenizes text and chat prompts, e.g. http://vllm:8000")
 	f.tok.register(fs)
 	fs.IntVar(&f.maxQueryTokens, "max-query-tokens", d.MaxQueryTokens, "largest prompt a query may carry, in tokens")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"os/signal"
+	"strconv"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/internal/bytesize"
+	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/internal/service"
 )
 
@@ -36,7 +38,7 @@ func (f *pickerFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.httpAddr, "http-addr", ":9003", "address of the HTTP server: POST /v1/pick, /metrics, /healthz and /readyz (ready once the index answers); empty: none")
 	f.sec.register(fs, "--index")
 	f.discover.register(fs, false, true)
-	memoryBudgetFlag(fs, &f.budget, "memory the picker may use", "")
+	memoryBudgetFlag(fs, &f.budget, "memory the picker may use", "Its tokenizer's cache gets 1/"+strconv.Itoa(memlimit.TokenShareDiv)+" of it (at most "+bytesize.Format(memlimit.DefaultTokenCacheBytes)+"). ")
 	f.tok.register(fs)
 	fs.StringVar(&f.tokModel, "tokenizer-model", "", "with --tokenizer: the model it tokenizes for; other models' prompts go to the index as text (default: every model's)")
 	f.log.register(fs)

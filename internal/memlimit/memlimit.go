@@ -112,6 +112,27 @@ type Shares struct {
 	// Engines is the engines' state beyond their entries: EngineBytes a
 	// stream.
 	Engines int64
+	// Tokens is the tokenizers' caches together (TokenCacheBytes), when
+	// the process has any.
+	Tokens int64
+}
+
+// TokenShareDiv: the tokenizers' caches (the engine /tokenize backend's
+// answers, the local tokenizer's segments) get budget/TokenShareDiv
+// together, at most DefaultTokenCacheBytes.
+const TokenShareDiv = 16
+
+// DefaultTokenCacheBytes bounds the tokenizers' caches together without
+// a budget: the ids of about a thousand 16k-token conversations.
+const DefaultTokenCacheBytes = 64 << 20
+
+// TokenCacheBytes is what the tokenizers' caches of a process with memory
+// budget budget (0 or less: none) may hold together.
+func TokenCacheBytes(budget int64) int64 {
+	if budget <= 0 {
+		return DefaultTokenCacheBytes
+	}
+	return min(budget/TokenShareDiv, DefaultTokenCacheBytes)
 }
 
 // Split partitions a memory budget (bytes; 0 or less: none, and the zero
@@ -133,6 +154,8 @@ type Shares struct {
 //     tie to pods (two per pod and listen port), as those engines'
 //     state is, and, with discovery's rules, which are not checked at
 //     the handshake, every connection beyond MaxEngines;
+//   - Tokens: with tokenCaches, the tokenizers' caches
+//     (TokenCacheBytes), less what the queues' floors need of it;
 //   - Index: the rest, at least budget/minIndexDiv.
 //
 // So the index evicts to stay within its share, and the budget covers the
@@ -141,23 +164,29 @@ type Shares struct {
 // leaves them: the budget is too small for that many streams, and the
 // error names the budget that would do (the Shares are then the floors,
 // and the index keeps its minimum).
-func Split(budget int64, streams int) (Shares, error) {
+func Split(budget int64, streams int, tokenCaches bool) (Shares, error) {
 	if budget <= 0 {
 		return Shares{}, nil
 	}
 	n := int64(max(streams, 1))
 	hwm := min(max(budget/QueueShareDiv/n/queueMsgBytes, minRcvHWM), MaxRcvHWM)
-	// What the queues may take beside the engines and the index's least.
+	// What the queues may take beside the engines and the index's least,
+	// less the tokenizers' caches, which yield to the queues' floors.
 	room := budget - budget/minIndexDiv - n*EngineBytes
+	var tokens int64
+	if tokenCaches {
+		tokens = min(TokenCacheBytes(budget), max(room-n*minRcvHWM*queueMsgBytes, 0))
+		room -= tokens
+	}
 	hwm = min(hwm, room/n/queueMsgBytes)
 	if hwm < minRcvHWM {
 		per := int64(EngineBytes + minRcvHWM*queueMsgBytes)
-		s := Shares{Index: budget / minIndexDiv, Queues: n * minRcvHWM * queueMsgBytes, RcvHWM: minRcvHWM, Engines: n * EngineBytes}
+		s := Shares{Index: budget / minIndexDiv, Queues: n * minRcvHWM * queueMsgBytes, RcvHWM: minRcvHWM, Engines: n * EngineBytes, Tokens: tokens}
 		return s, fmt.Errorf("a memory budget of %s holds the state and event queues of at most %d engine ranks (%s each, beside an index of half the budget); %d need %s or more",
 			bytesize.Format(budget), (budget-budget/minIndexDiv)/per, bytesize.Format(per), n, bytesize.Format(n*per*minIndexDiv))
 	}
-	s := Shares{Queues: n * hwm * queueMsgBytes, RcvHWM: int(hwm), Engines: n * EngineBytes}
-	s.Index = budget - s.Queues - s.Engines
+	s := Shares{Queues: n * hwm * queueMsgBytes, RcvHWM: int(hwm), Engines: n * EngineBytes, Tokens: tokens}
+	s.Index = budget - s.Queues - s.Engines - s.Tokens
 	return s, nil
 }
 
@@ -206,7 +235,7 @@ func FromBudget(budget int64, streams int) Limits {
 	if budget <= 0 {
 		return Limits{}
 	}
-	s, _ := Split(budget, streams)
+	s, _ := Split(budget, streams, false) // the queues do not depend on the tokenizers
 	return Limits{
 		GoLimit: goLimit(ProcessBound(budget), s.Queues),
 		RcvHWM:  s.RcvHWM,

@@ -36,39 +36,64 @@ func TestFromBudget(t *testing.T) {
 // the number of streams it can hold; beyond that it says so, naming a
 // budget that does hold them.
 func TestSplit(t *testing.T) {
-	for _, budget := range []int64{1 << 20, 2 << 20, 16 << 20, 100 << 20, 1 << 30, 64 << 30} {
-		for _, streams := range []int{0, 1, 3, 4, 64, 1000, 8000, MaxEngines(budget, 8000)} {
-			s, err := Split(budget, streams)
-			if err != nil {
-				if streams <= MaxEngines(budget, 8000) {
-					t.Errorf("Split(%d, %d): %v, though bind mode admits that many", budget, streams, err)
+	for _, tokens := range []bool{false, true} {
+		for _, budget := range []int64{1 << 20, 2 << 20, 16 << 20, 100 << 20, 1 << 30, 64 << 30} {
+			for _, streams := range []int{0, 1, 3, 4, 64, 1000, 8000, MaxEngines(budget, 8000)} {
+				s, err := Split(budget, streams, tokens)
+				if err != nil {
+					if streams <= MaxEngines(budget, 8000) {
+						t.Errorf("Split(%d, %d, %v): %v, though bind mode admits that many", budget, streams, tokens, err)
+					}
+					continue
 				}
-				continue
-			}
-			if sum := s.Index + s.Queues + s.Engines; sum > budget || s.Index < budget/2 {
-				t.Errorf("Split(%d, %d) = %+v: adds up to %d", budget, streams, s, sum)
-			}
-			n := int64(max(streams, 1))
-			if s.Queues != n*int64(s.RcvHWM)*queueMsgBytes || s.Engines != n*EngineBytes ||
-				s.RcvHWM < minRcvHWM || s.RcvHWM > MaxRcvHWM {
-				t.Errorf("Split(%d, %d) = %+v", budget, streams, s)
+				if sum := s.Index + s.Queues + s.Engines + s.Tokens; sum > budget || s.Index < budget/2 {
+					t.Errorf("Split(%d, %d, %v) = %+v: adds up to %d", budget, streams, tokens, s, sum)
+				}
+				n := int64(max(streams, 1))
+				if s.Queues != n*int64(s.RcvHWM)*queueMsgBytes || s.Engines != n*EngineBytes ||
+					s.RcvHWM < minRcvHWM || s.RcvHWM > MaxRcvHWM {
+					t.Errorf("Split(%d, %d, %v) = %+v", budget, streams, tokens, s)
+				}
+				// The tokenizers' caches get their share, less what the
+				// queues' floors need of it.
+				if !tokens && s.Tokens != 0 || s.Tokens > TokenCacheBytes(budget) || (tokens && budget >= 16<<20 && streams <= 64 && s.Tokens != TokenCacheBytes(budget)) {
+					t.Errorf("Split(%d, %d, %v): tokenizer caches %d of %d", budget, streams, tokens, s.Tokens, TokenCacheBytes(budget))
+				}
 			}
 		}
 	}
-	if s, _ := Split(0, 4); s != (Shares{}) {
+	if s, _ := Split(0, 4, true); s != (Shares{}) {
 		t.Errorf("no budget: %+v, want no shares", s)
 	}
 	// A budget too small for its streams names one that holds them.
-	_, err := Split(1<<20, 100)
+	_, err := Split(1<<20, 100, false)
 	if err == nil || !strings.Contains(err.Error(), "at most 5 engine ranks") || !strings.Contains(err.Error(), "100 need 18.75MiB or more") {
 		t.Fatalf("1 MiB for 100 streams: %v", err)
 	}
-	if _, err := Split(19<<20, 100); err != nil {
+	if _, err := Split(19<<20, 100, false); err != nil {
 		t.Errorf("the budget the error named: %v", err)
 	}
+	// The tokenizers' caches yield to the streams: the same budget holds
+	// the same streams with them.
+	if s, err := Split(19<<20, 100, true); err != nil || s.Tokens == 0 {
+		t.Errorf("19 MiB for 100 streams and tokenizer caches: %+v, %v", s, err)
+	}
 	// The bind-mode default always fits, connect mode's few engines too.
-	if _, err := Split(1<<20, 3+MaxEngines(1<<20, 8000)); err != nil {
+	if _, err := Split(1<<20, 3+MaxEngines(1<<20, 8000), true); err != nil {
 		t.Errorf("1 MiB, 3 engines and bind mode: %v", err)
+	}
+}
+
+func TestTokenCacheBytes(t *testing.T) {
+	for _, tt := range []struct{ budget, want int64 }{
+		{0, DefaultTokenCacheBytes},
+		{-1, DefaultTokenCacheBytes},
+		{16 << 20, 1 << 20},
+		{1 << 30, DefaultTokenCacheBytes},
+	} {
+		if got := TokenCacheBytes(tt.budget); got != tt.want {
+			t.Errorf("TokenCacheBytes(%d) = %d, want %d", tt.budget, got, tt.want)
+		}
 	}
 }
 

@@ -148,17 +148,21 @@ func (o *Options) maxEngines() int {
 	return memlimit.MaxEngines(o.Index.MemoryBudget, zmqtransport.DefaultMaxEngines)
 }
 
+// hasLocalTokenizer: the settings name a local tokenizer (or only its
+// chat template, which loadLocalTokenizer refuses).
+func (o *Options) hasLocalTokenizer() bool { return o.TokenizerFile != "" || o.ChatTemplateFile != "" }
+
 // shares is how the memory budget is split between the index, the event
-// queues and the engines' state (memlimit.Split).
+// queues, the engines' state and the tokenizers' caches (memlimit.Split).
 func (o *Options) shares() memlimit.Shares {
-	s, _ := memlimit.Split(o.Index.MemoryBudget, o.streams())
+	s, _ := memlimit.Split(o.Index.MemoryBudget, o.streams(), o.TokenizeURL != "" || o.hasLocalTokenizer())
 	return s
 }
 
 // splitErr says that the memory budget cannot hold the streams' state and
 // queues beside the index (memlimit.Split).
 func (o *Options) splitErr() error {
-	_, err := memlimit.Split(o.Index.MemoryBudget, o.streams())
+	_, err := memlimit.Split(o.Index.MemoryBudget, o.streams(), o.TokenizeURL != "" || o.hasLocalTokenizer())
 	return err
 }
 

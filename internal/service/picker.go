@@ -257,7 +257,7 @@ func (o *PickerServiceOptions) localTokenizer() error {
 	if o.TokenizerFile == "" && o.ChatTemplateFile == "" {
 		return nil
 	}
-	t, err := loadLocalTokenizer(o.TokenizerFile, o.ChatTemplateFile)
+	t, err := loadLocalTokenizer(o.TokenizerFile, o.ChatTemplateFile, memlimit.TokenCacheBytes(o.MemoryBudget))
 	o.Picker.Gateway.Tokenizer, o.Picker.Gateway.TokenizerModel = t, o.TokenizerModel
 	return err
 }

@@ -436,17 +436,24 @@ func logNotConnected(log *slog.Logger, streams []kvevents.StreamStats) {
 
 // buildTokenizers opens the configured tokenizer backends: the engine's
 // /tokenize first (exact, with chat templates), then a local file.
+//
+// Their caches share the memory budget's (memlimit.Split's Tokens, or
+// memlimit.TokenCacheBytes without a budget) equally.
 func buildTokenizers(o *Options) ([]server.NamedTokenizer, error) {
 	var out []server.NamedTokenizer
+	cacheBytes := cmp.Or(o.shares().Tokens, memlimit.TokenCacheBytes(0))
+	if o.TokenizeURL != "" && o.hasLocalTokenizer() {
+		cacheBytes /= 2
+	}
 	if o.TokenizeURL != "" {
-		t, err := tokenizer.NewHTTP(tokenizer.HTTPConfig{BaseURL: o.TokenizeURL})
+		t, err := tokenizer.NewHTTP(tokenizer.HTTPConfig{BaseURL: o.TokenizeURL, CacheBytes: max(cacheBytes, 1)})
 		if err != nil {
 			return nil, configerr.New("TokenizeURL", "%v: %v", configerr.Field("TokenizeURL"), err)
 		}
 		out = append(out, server.NamedTokenizer{Source: client.SourceEngine, Tokenizer: t})
 	}
-	if o.TokenizerFile != "" || o.ChatTemplateFile != "" {
-		local, err := loadLocalTokenizer(o.TokenizerFile, o.ChatTemplateFile)
+	if o.hasLocalTokenizer() {
+		local, err := loadLocalTokenizer(o.TokenizerFile, o.ChatTemplateFile, cacheBytes)
 		if err != nil {
 			return nil, err
 		}

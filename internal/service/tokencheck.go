@@ -13,9 +13,12 @@ import (
 
 // loadLocalTokenizer opens a local tokenizer: the tokenizer.json at
 // file, with the chat template at chatTemplate when set (for chat
-// prompts too). Its errors name the options TokenizerFile and
-// ChatTemplateFile, kvindex serve's and kvindex picker's alike.
-func loadLocalTokenizer(file, chatTemplate string) (tokenizer.Tokenizer, error) {
+// prompts too), keeping the ids of the text between special tokens in a
+// segment cache of cacheBytes (tokenizer.Local.WithSegmentCache), so
+// that a conversation's next turn encodes only what is new. Its errors
+// name the options TokenizerFile and ChatTemplateFile, kvindex serve's
+// and kvindex picker's alike.
+func loadLocalTokenizer(file, chatTemplate string, cacheBytes int64) (tokenizer.Tokenizer, error) {
 	if file == "" {
 		return nil, configerr.New("ChatTemplateFile", "%v needs %v: the template renders the text that tokenizer encodes", configerr.Field("ChatTemplateFile"), configerr.Field("TokenizerFile"))
 	}
@@ -24,6 +27,7 @@ func loadLocalTokenizer(file, chatTemplate string) (tokenizer.Tokenizer, error) 
 		// The cause: the file is named already.
 		return nil, configerr.New("TokenizerFile", "%v %s: %w", configerr.Field("TokenizerFile"), file, cmp.Or(errors.Unwrap(err), err))
 	}
+	t = t.WithSegmentCache(cacheBytes)
 	if chatTemplate == "" {
 		return t, nil
 	}

@@ -69,7 +69,7 @@ func TestFloodRSS(t *testing.T) {
 	}
 	// The index and the queues get their shares of a 16 MiB budget, as
 	// kvindex serve gives them.
-	shares, err := memlimit.Split(16<<20, floodPubs)
+	shares, err := memlimit.Split(16<<20, floodPubs, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/internal/promptinput"
 	"github.com/kvindex/kvindex/tokenizer"
 )
@@ -49,7 +51,9 @@ func newLocalTokenizer(cfg *Config) (*localTokenizer, error) {
 	for _, r := range []string{localOK, localUnsupported, localDisabled, localError} {
 		lt.results.WithLabelValues(r)
 	}
-	cs := []prometheus.Collector{lt.results}
+	// The tokenizer's own counters (its segment cache), named as kvindex
+	// serve names its local tokenizer's.
+	cs := []prometheus.Collector{lt.results, server.TokenizerMetrics{{Source: client.SourceLocal, Tokenizer: cfg.Tokenizer}}}
 	for i, f := range tokenizer.Forms {
 		lt.forms[i].Store(formUnchecked)
 		cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -303,3 +303,25 @@ func TestLocalTokenizerScope(t *testing.T) {
 		t.Errorf("the tokenizer for another model was given %v prompts; want none", n)
 	}
 }
+
+// The picker exports its tokenizer's segment cache under the names
+// kvindex serve gives its own: a chat sent again is encoded from the
+// cache, segment by segment.
+func TestLocalTokenizerSegmentMetrics(t *testing.T) {
+	cl := chatLocal(t, qwenTokenizer(t), "qwen2.5.json")
+	cl.Local = cl.Local.WithSegmentCache(1 << 20)
+	st := newTokenizingSetup(t, cl, "")
+	st.pick(t, chatBody)
+	misses := mustVec(t, st.reg, "kvindex_tokenizer_segments_total", "miss")
+	hits := mustVec(t, st.reg, "kvindex_tokenizer_segments_total", "hit") // segments repeated within the chat
+	if misses == 0 {
+		t.Fatal("first chat: no segment encoded")
+	}
+	st.pick(t, chatBody)
+	if h, m := mustVec(t, st.reg, "kvindex_tokenizer_segments_total", "hit"), mustVec(t, st.reg, "kvindex_tokenizer_segments_total", "miss"); h != 2*hits+misses || m != misses {
+		t.Errorf("the same chat again: %v segments from the cache and %v encoded in all; want %v and %v", h, m, 2*hits+misses, misses)
+	}
+	if b := gauge(t, st.reg, "kvindex_tokenizer_cache_bytes", "local"); b <= 0 || b > 1<<20 {
+		t.Errorf("segment cache bytes %v; want within (0, 1 MiB]", b)
+	}
+}
