@@ -130,8 +130,14 @@ func loadTokenizer(path string) (*tokenizer.Local, error) {
 	if err != nil {
 		return nil, configerr.New(fieldTokenizer, "%v %s: %w", fieldTokenizer, path, err)
 	}
-	return tok, nil
+	// The engines tokenize every turn of every conversation: with a
+	// segment cache a turn costs what it adds, so that simulated engines
+	// sharing cores with kvindex take little of them.
+	return tok.WithSegmentCache(simTokenCacheBytes), nil
 }
+
+// simTokenCacheBytes bounds the simulated engines' shared segment cache.
+const simTokenCacheBytes = 64 << 20
 
 // Plan returns the sim's plan.
 func (s *Sim) Plan() *Plan { return s.plan }

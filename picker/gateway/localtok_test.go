@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -323,5 +325,59 @@ func TestLocalTokenizerSegmentMetrics(t *testing.T) {
 	}
 	if b := gauge(t, st.reg, "kvindex_tokenizer_cache_bytes", "local"); b <= 0 || b > 1<<20 {
 		t.Errorf("segment cache bytes %v; want within (0, 1 MiB]", b)
+	}
+}
+
+// concurrencyProbe is a tokenizer that records how many of its calls run
+// at once, each call held until release is closed.
+type concurrencyProbe struct {
+	tokenizer.Tokenizer
+	mu        sync.Mutex
+	now, most int
+	entered   chan struct{}
+	release   chan struct{}
+}
+
+func (c *concurrencyProbe) Tokenize(ctx context.Context, model string, in tokenizer.Input) ([]uint64, error) {
+	c.mu.Lock()
+	c.now++
+	c.most = max(c.most, c.now)
+	c.mu.Unlock()
+	c.entered <- struct{}{}
+	<-c.release
+	c.mu.Lock()
+	c.now--
+	c.mu.Unlock()
+	return c.Tokenizer.Tokenize(ctx, model, in)
+}
+
+// Prompts are tokenized at most one fewer at once than the cores Go runs
+// on (at least one): picks beyond wait their turn, so that tokenizing
+// never takes every core from the index queries under way.
+func TestLocalTokenizerSlots(t *testing.T) {
+	probe := &concurrencyProbe{Tokenizer: qwenTokenizer(t), entered: make(chan struct{}, 64), release: make(chan struct{})}
+	st := newTokenizingSetup(t, probe, "")
+	slots := max(runtime.GOMAXPROCS(0)-1, 1)
+	const picks = 8
+	var wg sync.WaitGroup
+	for range picks {
+		wg.Go(func() { st.pick(t, textBody) })
+	}
+	for range slots {
+		<-probe.entered
+	}
+	// The slots are taken; no further call may enter while they are held.
+	select {
+	case <-probe.entered:
+		t.Fatalf("a tokenization beyond the %d slots started", slots)
+	case <-time.After(50 * time.Millisecond): // a bounded look for what must not happen
+	}
+	close(probe.release)
+	for range picks - slots {
+		<-probe.entered
+	}
+	wg.Wait()
+	if probe.most != slots {
+		t.Errorf("at most %d tokenizations ran at once, want %d", probe.most, slots)
 	}
 }
