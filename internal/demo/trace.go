@@ -94,9 +94,10 @@ func (t *traceTokens) append(dst []uint64, n int) []uint64 {
 
 // tracePlan is what reading a trace gives a run.
 type tracePlan struct {
-	w    *Workload
-	info TraceInfo
-	hits []int // per request: the tokens the unlimited cache serves
+	w      *Workload
+	info   TraceInfo
+	hits   []int // per request: the tokens the unlimited cache serves
+	blocks bool  // some prompt is given as block ids
 }
 
 // readTrace reads the trace o names and turns it into requests: arrivals
@@ -173,6 +174,7 @@ func (o *Options) readTrace(h *blockhash.Hasher) (*tracePlan, error) {
 		w.Span = r.Planned
 		w.MaxBlocks = max(w.MaxBlocks, (rec.Input+rec.Output+engineBlockSize-1)/engineBlockSize)
 		tp.info.PromptTokens += int64(rec.Input)
+		tp.blocks = tp.blocks || rec.Blocks != nil
 		w.Requests = append(w.Requests, r)
 	}
 	tp.info.File, tp.info.Format, tp.info.BlockTokens = o.Trace, rd.Format(), o.TraceBlock
@@ -307,8 +309,12 @@ func (o *Options) planTrace(h *blockhash.Hasher) (*runPlan, error) {
 		}
 		limit += ")"
 	}
-	setup = append(setup, fmt.Sprintf("trace: %s, %s format (detected), %d requests%s, %s, block ids of %d tokens; %s prompt tokens",
-		info.File, format, info.Requests, limit, sess, info.BlockTokens, kTokens(float64(info.PromptTokens))))
+	blocks := ""
+	if tp.blocks {
+		blocks = fmt.Sprintf(", block ids of %d tokens", info.BlockTokens)
+	}
+	setup = append(setup, fmt.Sprintf("trace: %s, %s format (detected): %s requests%s, %s%s; %s prompt tokens",
+		info.File, format, commas(info.Requests), limit, sess, blocks, kTokens(float64(info.PromptTokens))))
 	capacity := o.Capacity
 	if capacity == 0 {
 		capacity = tokensPerGPU / bs
@@ -339,10 +345,10 @@ func (o *Options) planTrace(h *blockhash.Hasher) (*runPlan, error) {
 	perReq := work / time.Duration(max(len(w.Requests), 1))
 	if w.Span > 0 {
 		info.Load = round(work.Seconds()/(w.Span.Seconds()*float64(o.Pods)), 3)
-		setup = append(setup, fmt.Sprintf("traffic: %d requests over %.1fs (timestamps x %g), %.1f/s: load %.2g of the fleet's throughput with ideal caching (%s per request)",
-			len(w.Requests), w.Span.Seconds(), o.TimeScale, float64(len(w.Requests)-1)/w.Span.Seconds(), info.Load, perReq.Round(time.Millisecond)))
+		setup = append(setup, fmt.Sprintf("traffic: %s requests over %.1fs (timestamps x %g), %.1f/s: load %.2g of the fleet's throughput with ideal caching (%s per request)",
+			commas(len(w.Requests)), w.Span.Seconds(), o.TimeScale, float64(len(w.Requests)-1)/w.Span.Seconds(), info.Load, perReq.Round(time.Millisecond)))
 	} else {
-		setup = append(setup, fmt.Sprintf("traffic: %d requests, all at once (%s per request with ideal caching)", len(w.Requests), perReq.Round(time.Millisecond)))
+		setup = append(setup, fmt.Sprintf("traffic: %s requests, all at once (%s per request with ideal caching)", commas(len(w.Requests)), perReq.Round(time.Millisecond)))
 	}
 	setup = append(setup, fmt.Sprintf("ceiling: one unlimited cache would serve %s of the prompt tokens (full blocks of %d whose whole prefix an earlier request sent)",
 		pct(info.Ceiling), bs))

@@ -3,8 +3,10 @@ package trace
 import (
 	"bytes"
 	"cmp"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -14,7 +16,7 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata/conversations.jsonl from its generator")
 
-// ConversationsFile is the trace the repository ships: "kvindex demo
+// conversationsFile is the trace the repository ships: "kvindex demo
 // --trace" replays it in README.md.
 const conversationsFile = "testdata/conversations.jsonl"
 
@@ -43,11 +45,11 @@ func TestShippedTrace(t *testing.T) {
 	n := 0
 	for {
 		_, err := rd.Next()
-		if err != nil {
-			if err.Error() != "EOF" {
-				t.Fatal(err)
-			}
+		if errors.Is(err, io.EOF) {
 			break
+		}
+		if err != nil {
+			t.Fatal(err)
 		}
 		n++
 	}
