@@ -39,7 +39,9 @@ type TraceInfo struct {
 	// Ceiling is the cached fraction of one unlimited cache: the share of
 	// the prompt tokens, in full engine blocks, whose whole prefix an
 	// earlier request of the trace sent. No router can serve more from
-	// cache than this on a fleet of any size.
+	// cache than this on a fleet of any size, unless a session's turns,
+	// each held back until the previous answer, arrive out of the
+	// trace's order.
 	Ceiling float64 `json:"ceiling_cached_fraction"`
 }
 
