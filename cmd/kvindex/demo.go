@@ -32,6 +32,11 @@ func newDemoCmd() *cobra.Command {
 			if err := cfg.Validate(); err != nil {
 				return configUsage(err, flagNames(cmd.Flags()))
 			}
+			for _, name := range demo.GeneratedOnly {
+				if cfg.Trace != "" && cmd.Flags().Changed(name) {
+					return usagef("--%s shapes the generated workload, which --trace replaces (its timestamps and --time-scale set the arrivals, --capacity the engines)", name)
+				}
+			}
 			if outDir != "" {
 				// Before the simulation, not after it.
 				if err := checkWritableDir(outDir); err != nil {

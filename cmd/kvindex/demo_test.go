@@ -211,6 +211,7 @@ func TestDemoBadTrace(t *testing.T) {
 		{[]string{"--trace", path}, "--trace " + path + `: line 2: negative "input_length" -600`},
 		{[]string{"--trace", path, "--scenario", "churn"}, "--scenario churn and --trace"},
 		{[]string{"--trace", path, "--trace-block", "100"}, "--trace-block must be a multiple of 16"},
+		{[]string{"--trace", path, "--load", "0.9"}, "--load shapes the generated workload, which --trace replaces"},
 	} {
 		_, errOut, code := runCLI(t, append([]string{"demo"}, tc.args...)...)
 		if code != exitUsage || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {

@@ -211,3 +211,15 @@ func asFlags(err error) string {
 	}
 	return ce.Render(func(f configerr.Field) string { return "--" + string(f) })
 }
+
+// TestGeneratedOnlyAreFlags checks that GeneratedOnly names flags.
+func TestGeneratedOnlyAreFlags(t *testing.T) {
+	c := Defaults()
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	c.RegisterFlags(fs)
+	for _, name := range GeneratedOnly {
+		if fs.Lookup(name) == nil {
+			t.Errorf("GeneratedOnly names %q, not a flag", name)
+		}
+	}
+}

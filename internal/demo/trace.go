@@ -18,6 +18,11 @@ import (
 // ScenarioTrace is the scenario a report of a replayed trace names.
 const ScenarioTrace = "trace"
 
+// GeneratedOnly lists the flags that shape the generated workload, which
+// a trace replaces: "kvindex demo" refuses them with --trace rather than
+// ignore them.
+var GeneratedOnly = []string{"sessions", "turns", "requests", "load", "capacity-factor"}
+
 // TraceInfo describes a replayed trace and its ceiling. Its JSON form is
 // part of the report's contract.
 type TraceInfo struct {
