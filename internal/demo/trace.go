@@ -123,6 +123,8 @@ func (o *Options) readTrace(h *blockhash.Hasher) (*tracePlan, error) {
 		if err != nil {
 			return nil, configerr.New("tokenizer", "%v %s: %w", configerr.Field("tokenizer"), o.Tokenizer, err)
 		}
+		// With the special tokens, as an OpenAI completions endpoint
+		// tokenizes a prompt by default.
 		opt.Tokenize = func(text string) ([]uint64, error) { return tok.Encode(text, true), nil }
 	}
 	vocab := uint64(DefaultWorkload(ScenarioAgents).Vocab)
