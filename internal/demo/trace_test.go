@@ -112,7 +112,12 @@ func TestTraceSinglePodUnlimitedReachesTheCeiling(t *testing.T) {
 				path = writeTrace(t, tc.lines...)
 			}
 			o := traceOptions(path)
-			o.Pods, o.Capacity, o.TraceRequests = 1, 1<<17, tc.limit
+			o.Pods, o.TraceRequests = 1, tc.limit
+			p, err := o.plan()
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.Capacity = unlimitedCapacity(p.w)
 			rep, err := Run(context.Background(), o)
 			if err != nil {
 				t.Fatal(err)
@@ -277,4 +282,20 @@ func TestTraceErrors(t *testing.T) {
 	if _, err := Run(context.Background(), o); !strings.HasPrefix(asFlags(err), "--trace: open ") {
 		t.Fatalf("missing file: %v", asFlags(err))
 	}
+}
+
+// unlimitedCapacity is a capacity, in blocks, under which an engine that
+// serves the whole workload never evicts: every distinct block of the
+// prompts, plus the blocks each request's output can add.
+func unlimitedCapacity(w *Workload) int {
+	distinct := map[uint64]bool{}
+	n := 0
+	for i := range w.Requests {
+		r := &w.Requests[i]
+		for _, k := range r.Keys {
+			distinct[k] = true
+		}
+		n += r.Output()/engineBlockSize + 2
+	}
+	return n + len(distinct)
 }
