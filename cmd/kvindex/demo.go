@@ -29,13 +29,8 @@ func newDemoCmd() *cobra.Command {
 		Long:  demo.Help(),
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := cfg.Validate(); err != nil {
+			if err := cfg.ValidateGiven(cmd.Flags().Changed); err != nil {
 				return configUsage(err, flagNames(cmd.Flags()))
-			}
-			for _, name := range demo.GeneratedOnly {
-				if cfg.Trace != "" && cmd.Flags().Changed(name) {
-					return usagef("--%s shapes the generated workload, which --trace replaces (its timestamps and --time-scale set the arrivals, --capacity the engines)", name)
-				}
 			}
 			if outDir != "" {
 				// Before the simulation, not after it.

@@ -212,14 +212,30 @@ func asFlags(err error) string {
 	return ce.Render(func(f configerr.Field) string { return "--" + string(f) })
 }
 
-// TestGeneratedOnlyAreFlags checks that GeneratedOnly names flags.
-func TestGeneratedOnlyAreFlags(t *testing.T) {
+// TestValidateGivenRefusesGeneratedFlags checks that, with a trace, each
+// flag of the generated workload that was given is refused by its name,
+// and that generatedOnly names flags.
+func TestValidateGivenRefusesGeneratedFlags(t *testing.T) {
 	c := Defaults()
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	c.RegisterFlags(fs)
-	for _, name := range GeneratedOnly {
+	for _, name := range generatedOnly {
 		if fs.Lookup(name) == nil {
-			t.Errorf("GeneratedOnly names %q, not a flag", name)
+			t.Fatalf("generatedOnly names %q, not a flag", name)
 		}
+		given := func(f string) bool { return f == name }
+		if err := c.ValidateGiven(given); err != nil {
+			t.Errorf("--%s without --trace: %v", name, err)
+		}
+		c.Trace = "t.jsonl"
+		want := "--" + name + " shapes the generated workload, which --trace replaces"
+		if got := asFlags(c.ValidateGiven(given)); !strings.HasPrefix(got, want) {
+			t.Errorf("--%s with --trace: %q, want %q...", name, got, want)
+		}
+		c.Trace = ""
+	}
+	c.Trace = "t.jsonl"
+	if err := c.ValidateGiven(func(f string) bool { return f == "pods" || f == "capacity" }); err != nil {
+		t.Errorf("--pods and --capacity with --trace: %v", err)
 	}
 }

@@ -18,10 +18,26 @@ import (
 // ScenarioTrace is the scenario a report of a replayed trace names.
 const ScenarioTrace = "trace"
 
-// GeneratedOnly lists the flags that shape the generated workload, which
-// a trace replaces: "kvindex demo" refuses them with --trace rather than
-// ignore them.
-var GeneratedOnly = []string{"sessions", "turns", "requests", "load", "capacity-factor"}
+// generatedOnly lists the flags that shape the generated workload, which
+// a trace replaces.
+var generatedOnly = []string{"sessions", "turns", "requests", "load", "capacity-factor"}
+
+// ValidateGiven is Validate for a command line, where given reports
+// whether a flag was set: with a trace it also refuses, rather than
+// ignores, the flags that shape the generated workload.
+func (c *Config) ValidateGiven(given func(flag string) bool) error {
+	if err := c.Validate(); err != nil || c.Trace == "" {
+		return err
+	}
+	for _, name := range generatedOnly {
+		if given(name) {
+			f := configerr.Field(name)
+			return configerr.New(f, "%v shapes the generated workload, which %v replaces (its timestamps and %v set the arrivals, %v the engines)",
+				f, configerr.Field("trace"), configerr.Field("time-scale"), configerr.Field("capacity"))
+		}
+	}
+	return nil
+}
 
 // TraceInfo describes a replayed trace and its ceiling. Its JSON form is
 // part of the report's contract.
