@@ -387,12 +387,13 @@ func (f durationFlag) Set(s string) error {
 
 func (durationFlag) Type() string { return "float64" }
 
-// durationTextFlag reads and shows a duration as Go writes one: 90s, 10m.
+// durationTextFlag reads and shows a duration as Go writes one: 90s, 10m
+// (0 for none).
 type durationTextFlag struct{ p *time.Duration }
 
 func (f durationTextFlag) String() string {
-	if f.p == nil {
-		return "0s"
+	if f.p == nil || *f.p == 0 {
+		return "0" // as pflag writes an unset default: not at all
 	}
 	return f.p.String()
 }

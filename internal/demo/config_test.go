@@ -45,7 +45,7 @@ func TestFlagsDefaultToDefaults(t *testing.T) {
 		"capacity": "0", "capacity-factor": "1.5", "load": "0.6", "seed": "1",
 		"prefix-weight": "0.7", "load-weight": "0.3", "approx-blocks": "0", "hash-prefix": "0", "vnodes": "100",
 		"delay-ms": "20", "prefill-us": "100", "decode-ms": "2", "overhead-ms": "10",
-		"trace": "", "trace-block": "512", "trace-requests": "0", "trace-window": "0s", "time-scale": "1", "tokenizer": "",
+		"trace": "", "trace-block": "512", "trace-requests": "0", "trace-window": "0", "time-scale": "1", "tokenizer": "",
 	} {
 		f := fs.Lookup(name)
 		if f == nil {
