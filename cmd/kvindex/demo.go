@@ -29,7 +29,7 @@ func newDemoCmd() *cobra.Command {
 		Long:  demo.Help(),
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := cfg.Validate(); err != nil {
+			if err := cfg.ValidateGiven(cmd.Flags().Changed); err != nil {
 				return configUsage(err, flagNames(cmd.Flags()))
 			}
 			if outDir != "" {

@@ -146,3 +146,76 @@ func TestDemoNewScenarios(t *testing.T) {
 		})
 	}
 }
+
+// shippedTrace is the conversation trace the repository ships.
+const shippedTrace = "../../internal/trace/testdata/conversations.jsonl"
+
+// TestDemoTrace replays the shipped trace's first requests: the table
+// states the format, the load and the ceiling; --json carries them.
+func TestDemoTrace(t *testing.T) {
+	args := []string{"demo", "--trace", shippedTrace, "--trace-requests", "120", "--pods", "4"}
+	out, errOut, code := runCLI(t, args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"kvindex demo: trace " + shippedTrace, "Mooncake format (detected): 120 requests (the first 120)",
+		"load ", "ceiling: one unlimited cache would serve", "of ceiling", "precise(load=0)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	out, errOut, code = runCLI(t, append(args, "--json")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var rep struct {
+		Scenario string `json:"scenario"`
+		Trace    struct {
+			Format   string   `json:"format"`
+			Requests int      `json:"requests"`
+			Load     *float64 `json:"load"`
+			Ceiling  *float64 `json:"ceiling_cached_fraction"`
+		} `json:"trace"`
+		Routers []struct {
+			Name      string   `json:"name"`
+			Cached    float64  `json:"fleet_cached_fraction"`
+			OfCeiling *float64 `json:"of_ceiling"`
+		} `json:"routers"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if rep.Scenario != "trace" || rep.Trace.Format != "mooncake" || rep.Trace.Requests != 120 || rep.Trace.Load == nil || rep.Trace.Ceiling == nil {
+		t.Fatalf("trace section %+v", rep.Trace)
+	}
+	for _, r := range rep.Routers {
+		if r.OfCeiling == nil || *r.OfCeiling <= 0 || r.Cached > *rep.Trace.Ceiling {
+			t.Errorf("%s: cached %v, of ceiling %v, ceiling %v", r.Name, r.Cached, r.OfCeiling, *rep.Trace.Ceiling)
+		}
+	}
+}
+
+// TestDemoBadTrace checks that a bad trace is one line of error naming
+// the flag, the file and the line.
+func TestDemoBadTrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bad.jsonl")
+	data := `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}` + "\n" +
+		`{"timestamp": 1, "input_length": -600, "output_length": 5, "hash_ids": [1, 2]}` + "\n"
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--trace", path}, "--trace " + path + `: line 2: negative "input_length" -600`},
+		{[]string{"--trace", path, "--scenario", "churn"}, "--scenario churn and --trace"},
+		{[]string{"--trace", path, "--trace-block", "100"}, "--trace-block must be a multiple of 16"},
+		{[]string{"--trace", path, "--load", "0.9"}, "--load shapes the generated workload, which --trace replaces"},
+	} {
+		_, errOut, code := runCLI(t, append([]string{"demo"}, tc.args...)...)
+		if code != exitUsage || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("%v: exit %d, stderr %q: want exit %d and one line with %q", tc.args, code, errOut, exitUsage, tc.want)
+		}
+	}
+}

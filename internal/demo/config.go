@@ -10,7 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/internal/configerr"
+	"github.com/kvindex/kvindex/internal/trace"
 )
 
 // Config holds the settings of a demo run that a person chooses: each
@@ -47,6 +49,24 @@ type Config struct {
 	// blocks of each prompt; 0: the whole prompt.
 	ApproxBlocks int
 	Cost         CostModel
+
+	// Trace, if set, is a trace file (package trace: Mooncake's format or
+	// kvindex's) replayed instead of the generated workload.
+	Trace string
+	// TraceBlock is the number of tokens each of the trace's block ids
+	// stands for.
+	TraceBlock int
+	// TraceRequests and TraceWindow take the trace's first requests: at
+	// most TraceRequests (0: no limit), arriving within TraceWindow of the
+	// first (0: no limit).
+	TraceRequests int
+	TraceWindow   time.Duration
+	// TimeScale multiplies the trace's timestamps: 0.5 replays it twice
+	// as fast.
+	TimeScale float64
+	// Tokenizer is the tokenizer.json a kvindex trace's text prompts are
+	// tokenized with.
+	Tokenizer string
 }
 
 // Defaults returns the default settings: the run README.md and "make
@@ -64,11 +84,16 @@ func Defaults() Config {
 		Weights:        DefaultWeights,
 		VNodes:         100,
 		Cost:           DefaultCost(),
+		TraceBlock:     trace.MooncakeBlockTokens,
+		TimeScale:      1,
 	}
 }
 
 // DefaultDelay is the default simulated event propagation delay.
 const DefaultDelay = 20 * time.Millisecond
+
+// engineBlockSize is the simulated engines' block size in tokens.
+const engineBlockSize = blockhash.DefaultBlockSize
 
 // maxRequests and maxCapacity bound a run's size, whether given or
 // computed: a simulated engine allocates its whole block pool up front.
@@ -99,6 +124,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Weights == (Weights{}) {
 		return configerr.New("prefix-weight", "%v and %v must not both be 0", configerr.Field("prefix-weight"), configerr.Field("load-weight"))
+	}
+	if c.Trace != "" && c.Scenario != ScenarioAgents {
+		return configerr.New("scenario", "%v %s and %v: a trace replaces the generated workload", configerr.Field("scenario"), c.Scenario, configerr.Field("trace"))
+	}
+	if c.Trace == "" && c.Tokenizer != "" {
+		return configerr.New("tokenizer", "%v tokenizes the text prompts of a %v, and none is given", configerr.Field("tokenizer"), configerr.Field("trace"))
+	}
+	if c.Trace != "" {
+		return nil // --requests and its default do not apply
 	}
 	if c.Requests == 0 && c.requests() > maxRequests {
 		return configerr.New("requests", "%v 0 means 4 x %v x %v = %d, over the limit of %d",
@@ -149,7 +183,7 @@ func (c *Config) settings() []setting {
 			numFlag[float64]{&c.Weights.Load}, from(&c.Weights.Load, 0, 1000)},
 		{"approx-blocks", "approximate: leading blocks of a prompt it tracks (0: all; the Gateway API Inference Extension's default is 256)",
 			numFlag[int]{&c.ApproxBlocks}, intAtLeast(&c.ApproxBlocks, 0)},
-		{"hash-prefix", "consistent-hash: leading prompt tokens hashed (0: the shared prefix + 256)",
+		{"hash-prefix", "consistent-hash: leading prompt tokens hashed (0: the shared prefix + 256; with --trace, one --trace-block)",
 			numFlag[int]{&c.HashPrefix}, intAtLeast(&c.HashPrefix, 0)},
 		{"vnodes", "consistent-hash: virtual nodes per pod on the ring",
 			numFlag[int]{&c.VNodes}, inRange(&c.VNodes, 1, 10_000)},
@@ -161,6 +195,23 @@ func (c *Config) settings() []setting {
 			durationFlag{&c.Cost.DecodePerToken, time.Millisecond}, durationFrom(&c.Cost.DecodePerToken, time.Millisecond, false)},
 		{"overhead-ms", "fixed cost per request, ms",
 			durationFlag{&c.Cost.Overhead, time.Millisecond}, durationFrom(&c.Cost.Overhead, time.Millisecond, false)},
+		{"trace", "replay this trace (JSONL: Mooncake's format or kvindex's, detected) instead of the generated workload",
+			(*stringFlag)(&c.Trace), func() error { return nil }},
+		{"trace-block", "tokens each block id of the trace stands for (Mooncake: 512); a multiple of the engines' 16",
+			numFlag[int]{&c.TraceBlock}, multipleOf(&c.TraceBlock, engineBlockSize, 1<<20)},
+		{"trace-requests", "replay the trace's first N requests (0: all)",
+			numFlag[int]{&c.TraceRequests}, inRange(&c.TraceRequests, 0, maxRequests)},
+		{"trace-window", "replay the trace's requests arriving within this duration of its first, e.g. 10m (0: all)",
+			durationTextFlag{&c.TraceWindow}, func() error {
+				if c.TraceWindow < 0 {
+					return fmt.Errorf("must be >= 0 (got %v)", c.TraceWindow)
+				}
+				return nil
+			}},
+		{"time-scale", "multiplies the trace's timestamps: 0.5 replays it twice as fast",
+			numFlag[float64]{&c.TimeScale}, above(&c.TimeScale, 0, 1000)},
+		{"tokenizer", "tokenizer.json (or .json.gz) for a kvindex trace's text prompts",
+			(*stringFlag)(&c.Tokenizer), func() error { return nil }},
 	}
 }
 
@@ -180,6 +231,15 @@ func inRange(p *int, lo, hi int) func() error {
 	return func() error {
 		if *p < lo || *p > hi {
 			return fmt.Errorf("must be in %d..%d (got %d)", lo, hi, *p)
+		}
+		return nil
+	}
+}
+
+func multipleOf(p *int, unit, hi int) func() error {
+	return func() error {
+		if *p < unit || *p > hi || *p%unit != 0 {
+			return fmt.Errorf("must be a multiple of %d in %d..%d (got %d)", unit, unit, hi, *p)
 		}
 		return nil
 	}
@@ -326,6 +386,28 @@ func (f durationFlag) Set(s string) error {
 }
 
 func (durationFlag) Type() string { return "float64" }
+
+// durationTextFlag reads and shows a duration as Go writes one: 90s, 10m
+// (0 for none).
+type durationTextFlag struct{ p *time.Duration }
+
+func (f durationTextFlag) String() string {
+	if f.p == nil || *f.p == 0 {
+		return "0" // as pflag writes an unset default: not at all
+	}
+	return f.p.String()
+}
+
+func (f durationTextFlag) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("not a duration (e.g. 90s, 10m)")
+	}
+	*f.p = d
+	return nil
+}
+
+func (durationTextFlag) Type() string { return "duration" }
 
 // numError drops strconv's function name and input, which the flag
 // package already reports.

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvindex/kvindex/internal/configerr"
 )
@@ -44,6 +45,7 @@ func TestFlagsDefaultToDefaults(t *testing.T) {
 		"capacity": "0", "capacity-factor": "1.5", "load": "0.6", "seed": "1",
 		"prefix-weight": "0.7", "load-weight": "0.3", "approx-blocks": "0", "hash-prefix": "0", "vnodes": "100",
 		"delay-ms": "20", "prefill-us": "100", "decode-ms": "2", "overhead-ms": "10",
+		"trace": "", "trace-block": "512", "trace-requests": "0", "trace-window": "0", "time-scale": "1", "tokenizer": "",
 	} {
 		f := fs.Lookup(name)
 		if f == nil {
@@ -70,7 +72,9 @@ func TestEveryFieldHasAFlag(t *testing.T) {
 		"--scenario", ScenarioChurn, "--pods", "3", "--sessions", "5", "--turns", "7", "--requests", "99",
 		"--capacity", "4000", "--capacity-factor", "2.5", "--load", "0.4", "--seed", "9",
 		"--prefix-weight", "0.5", "--load-weight", "0.2", "--approx-blocks", "256", "--hash-prefix", "512", "--vnodes", "50",
-		"--delay-ms", "0.5", "--prefill-us", "50", "--decode-ms", "1.5", "--overhead-ms", "0")
+		"--delay-ms", "0.5", "--prefill-us", "50", "--decode-ms", "1.5", "--overhead-ms", "0",
+		"--trace", "t.jsonl", "--trace-block", "256", "--trace-requests", "10", "--trace-window", "90s", "--time-scale", "0.5",
+		"--tokenizer", "tokenizer.json")
 	var walk func(path string, a, b reflect.Value)
 	walk = func(path string, a, b reflect.Value) {
 		if a.Kind() == reflect.Struct {
@@ -84,6 +88,9 @@ func TestEveryFieldHasAFlag(t *testing.T) {
 		}
 	}
 	walk("Config", reflect.ValueOf(got), reflect.ValueOf(Defaults()))
+	if got.TraceWindow != 90*time.Second {
+		t.Errorf("--trace-window 90s gave %v", got.TraceWindow)
+	}
 	if got.Delay.String() != "500µs" || got.Cost.PrefillPerToken.String() != "50µs" || got.Cost.DecodePerToken.String() != "1.5ms" {
 		t.Errorf("units: delay %v, prefill %v, decode %v", got.Delay, got.Cost.PrefillPerToken, got.Cost.DecodePerToken)
 	}
@@ -123,6 +130,13 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{[]string{"--prefill-us", "0"}, "--prefill-us must be > 0 (got 0)"},
 		{[]string{"--decode-ms", "-0.5"}, "--decode-ms must be >= 0 (got -0.5)"},
 		{[]string{"--overhead-ms", "-2"}, "--overhead-ms must be >= 0 (got -2)"},
+		{[]string{"--trace-block", "500"}, "--trace-block must be a multiple of 16 in 16..1048576 (got 500)"},
+		{[]string{"--trace-block", "0"}, "--trace-block must be a multiple of 16 in 16..1048576 (got 0)"},
+		{[]string{"--trace-requests", "-1"}, "--trace-requests must be in 0..1000000 (got -1)"},
+		{[]string{"--trace-window", "-1s"}, "--trace-window must be >= 0 (got -1s)"},
+		{[]string{"--time-scale", "0"}, "--time-scale must be > 0 (got 0)"},
+		{[]string{"--trace", "t.jsonl", "--scenario", "churn"}, "--scenario churn and --trace: a trace replaces the generated workload"},
+		{[]string{"--tokenizer", "tokenizer.json"}, "--tokenizer tokenizes the text prompts of a --trace, and none is given"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			c := parse(t, tc.args...)
@@ -145,6 +159,7 @@ func TestValidAtTheLimits(t *testing.T) {
 		{"--pods", "1"}, {"--pods", "256"}, {"--requests", "1000000"}, {"--capacity", "0"},
 		{"--delay-ms", "0"}, {"--decode-ms", "0"}, {"--overhead-ms", "0"},
 		{"--prefix-weight", "0"}, {"--load-weight", "0"}, {"--load", "100"}, {"--capacity-factor", "100"},
+		{"--trace-block", "16"}, {"--trace-block", "1048576"}, {"--trace-window", "0"},
 	} {
 		c := parse(t, args...)
 		if err := c.Validate(); err != nil {
@@ -156,6 +171,7 @@ func TestValidAtTheLimits(t *testing.T) {
 func TestFlagParseErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"--pods", "x"}, {"--pods", "1.5"}, {"--seed", "-1"}, {"--load", "lots"}, {"--delay-ms", "1e300"},
+		{"--trace-window", "10"},
 	} {
 		c := Defaults()
 		fs := flag.NewFlagSet("demo", flag.ContinueOnError)
@@ -194,4 +210,32 @@ func asFlags(err error) string {
 		return fmt.Sprintf("not a configuration error: %v", err)
 	}
 	return ce.Render(func(f configerr.Field) string { return "--" + string(f) })
+}
+
+// TestValidateGivenRefusesGeneratedFlags checks that, with a trace, each
+// flag of the generated workload that was given is refused by its name,
+// and that generatedOnly names flags.
+func TestValidateGivenRefusesGeneratedFlags(t *testing.T) {
+	c := Defaults()
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	c.RegisterFlags(fs)
+	for _, name := range generatedOnly {
+		if fs.Lookup(name) == nil {
+			t.Fatalf("generatedOnly names %q, not a flag", name)
+		}
+		given := func(f string) bool { return f == name }
+		if err := c.ValidateGiven(given); err != nil {
+			t.Errorf("--%s without --trace: %v", name, err)
+		}
+		c.Trace = "t.jsonl"
+		want := "--" + name + " shapes the generated workload, which --trace replaces"
+		if got := asFlags(c.ValidateGiven(given)); !strings.HasPrefix(got, want) {
+			t.Errorf("--%s with --trace: %q, want %q...", name, got, want)
+		}
+		c.Trace = ""
+	}
+	c.Trace = "t.jsonl"
+	if err := c.ValidateGiven(func(f string) bool { return f == "pods" || f == "capacity" }); err != nil {
+		t.Errorf("--pods and --capacity with --trace: %v", err)
+	}
 }

@@ -60,6 +60,9 @@ type Report struct {
 	CapacityBlocks int            `json:"capacity_blocks"`
 	Routers        []RouterResult `json:"routers"`
 	Extra          []RouterResult `json:"extra_routers,omitempty"`
+	// Trace describes the replayed trace and its ceiling (scenario
+	// "trace"); each router's of_ceiling is its cached fraction over it.
+	Trace *TraceInfo `json:"trace,omitempty"`
 
 	// Setup explains the run's sizing, one line each (capacity arithmetic,
 	// traffic, fleet events).
@@ -140,17 +143,21 @@ type runPlan struct {
 	engines  int          // engines to start (churn adds one)
 	fleet    []fleetEvent // scheduled fleet changes
 	setup    []string     // the sizing, explained
+	trace    *TraceInfo   // the replayed trace; nil: a generated workload
 }
 
 // plan builds the run's workload, capacity and fleet events from o
 // without running anything.
 func (o *Options) plan() (*runPlan, error) {
-	h, err := blockhash.New(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: blockhash.DefaultSeed, BlockSize: blockhash.DefaultBlockSize})
+	h, err := blockhash.New(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: blockhash.DefaultSeed, BlockSize: engineBlockSize})
 	if err != nil {
 		return nil, err
 	}
 	if err := o.validate(); err != nil {
 		return nil, err
+	}
+	if o.Trace != "" {
+		return o.planTrace(h)
 	}
 	wc := DefaultWorkload(o.Scenario)
 	wc.Seed, wc.Conversations, wc.Turns, wc.Requests = o.Seed, o.Sessions, o.Turns, o.requests()
@@ -257,7 +264,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	rep := &Report{
 		Scenario: o.Scenario, Pods: o.Pods, Seed: o.Seed, Sessions: o.Sessions,
-		Requests: len(p.w.Requests), CapacityBlocks: p.capacity, Setup: p.setup,
+		Requests: len(p.w.Requests), CapacityBlocks: p.capacity, Setup: p.setup, Trace: p.trace,
+	}
+	if p.trace != nil {
+		rep.Scenario, rep.Sessions = ScenarioTrace, p.trace.Sessions
 	}
 	for _, fe := range p.fleet {
 		i, _ := slices.BinarySearchFunc(p.w.Requests, fe.At, func(r Request, at time.Duration) int { return cmp.Compare(r.Planned, at) })
@@ -268,8 +278,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		rep.marks = append(rep.marks, mark{request: i, label: label})
 	}
 	names := slices.Clone(o.Routers)
-	if extra := scenarioExtra[o.Scenario]; extra != "" && !slices.Contains(names, extra) {
-		names = append(names, extra)
+	for _, extra := range o.extras(p) {
+		if !slices.Contains(names, extra) {
+			names = append(names, extra)
+		}
 	}
 	results := make([]RouterResult, len(names))
 	errs := make([]error, len(names))
@@ -309,6 +321,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	for _, r := range results {
+		if p.trace != nil && p.trace.Ceiling > 0 {
+			share := round(r.CachedFraction/p.trace.Ceiling, 4)
+			r.OfCeiling = &share
+		}
 		if slices.Contains(Routers, r.Name) {
 			rep.Routers = append(rep.Routers, r)
 		} else {
@@ -316,6 +332,23 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 	}
 	return rep, nil
+}
+
+// extras returns the rows a run adds to the standard routers: its
+// scenario's, or for a trace every other router: precise with load weight
+// 0, and session-affinity if the trace has sessions.
+func (o *Options) extras(p *runPlan) []string {
+	if p.trace == nil {
+		if x := scenarioExtra[o.Scenario]; x != "" {
+			return []string{x}
+		}
+		return nil
+	}
+	x := []string{PreciseNoLoad}
+	if p.trace.Sessions > 0 {
+		x = append(x, RouterSessionAffinity)
+	}
+	return x
 }
 
 // runRouter replays the plan's workload against one router and a fresh
@@ -350,7 +383,10 @@ func (o *Options) runRouter(ctx context.Context, name string, p *runPlan, progre
 			return leastLoaded{}, nil
 		case RouterConsistentHash:
 			k := o.HashPrefix
-			if k == 0 {
+			switch {
+			case k == 0 && p.trace != nil:
+				k = p.trace.BlockTokens
+			case k == 0:
 				k = w.Config.SharedTokens + 256
 			}
 			return newConsistentHash(f.names, k, o.VNodes), nil

@@ -68,6 +68,24 @@
 // session; a fork is a session of its own) goes to the pod its id hashes
 // to on a ring, as gateways' ring-hash balancing on a session header does.
 //
+// # Traces
+//
+// Config.Trace replaces the generated workload with a trace (package
+// trace: Mooncake's JSONL or kvindex's). Each block id stands for
+// TraceBlock tokens drawn from a PCG stream seeded by the id alone, so
+// equal ids are equal tokens and equal engine block hashes, and a prompt is
+// its blocks' tokens cut at its length; the tokens are made when an engine
+// needs them, as a whole trace's would not fit in memory, and each block's
+// engine keys are hashed once (keyMemo). Timestamps times TimeScale are the
+// arrivals, a session's requests are a conversation's turns (the next waits
+// for the previous answer), output lengths set the decode time. Each
+// engine holds Capacity blocks, by default one GPU's worth (tokensPerGPU).
+// The run also replays the trace through one cache that never evicts: its
+// cached fraction is the ceiling (TraceInfo.Ceiling), and every router's
+// result is also given as a share of it. Every router runs, with
+// precise(load=0) and, if the trace has sessions, session-affinity as
+// extra rows.
+//
 // # Capacity
 //
 // A KV cache holds far fewer tokens than people expect: a 32B model in

@@ -125,32 +125,51 @@ func newFleet(h *blockhash.Hasher, n, capacity int, events bool, timeout time.Du
 	return f, nil
 }
 
-// waitLive makes sure every engine's stream reaches the delay line before
-// the simulation starts. A PUB socket drops what it sends before a
+// waitLive makes sure every engine's live stream reaches the delay line
+// before the simulation starts. A PUB socket drops what it sends before a
 // subscription has reached it, and a stream whose only batch was dropped
 // would stall the first flush, so each engine publishes an
-// AllBlocksCleared (harmless on an empty cache) until one arrives; the
-// subscriber recovers any dropped earlier ones by replay, because a
-// stream's first batch with seq > 0 makes it replay from 0. The probes
-// count as published before simulated time 0.
+// AllBlocksCleared (harmless on an empty cache) until one arrives live.
+// Arriving is not enough: the subscriber replays from 0 when it connects,
+// which can deliver a probe that the PUB socket dropped while the
+// subscription was still on its way; the next batch, sent right after,
+// would then be lost with nothing behind it to reveal the gap. So a probe
+// counts only if every probe so far has arrived and no replay brought it.
+// The probes count as published before simulated time 0.
 func (f *fleet) waitLive(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for i, e := range f.sims {
 		id := e.EngineID()
-		for {
+		for sent := 1; ; sent++ {
+			replays := f.replays(id)
 			if err := e.Clear(); err != nil {
 				return fmt.Errorf("engine %s: %w", f.names[i], err)
 			}
 			f.line.publish(id, -1, 1)
-			if f.line.waitReceived(id, 1, 20*time.Millisecond) {
+			if f.line.waitReceived(id, sent, 20*time.Millisecond) && f.replays(id) == replays {
 				break
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("event path: no batch of %s reached the subscriber within %v", f.names[i], timeout)
+				return fmt.Errorf("event path: no batch of %s reached the subscriber live within %v", f.names[i], timeout)
 			}
 		}
 	}
 	return f.line.flush(-1)
+}
+
+// replays returns how many replays the subscriber has run or started for
+// engine id.
+func (f *fleet) replays(id kvevents.EngineID) uint64 {
+	for _, st := range f.sub.Streams() {
+		if st.Engine == id {
+			n := st.ReplaysOK + st.ReplaysFailed
+			if st.Replaying {
+				n++
+			}
+			return n
+		}
+	}
+	return 0
 }
 
 // waitReceived waits up to d for engine e to have delivered n batches.

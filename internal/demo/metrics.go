@@ -23,6 +23,9 @@ type RouterResult struct {
 	// EngineHitRate is the mean, over engines that served requests, of
 	// each engine's cached over prompt tokens.
 	EngineHitRate float64 `json:"engine_hit_rate"`
+	// OfCeiling is CachedFraction over the replayed trace's ceiling
+	// (TraceInfo.Ceiling); absent for a generated workload.
+	OfCeiling *float64 `json:"of_ceiling,omitempty"`
 
 	// Timeline is the cached fraction of consecutive windows of requests
 	// (in arrival-plan order), for the chart.
@@ -47,7 +50,7 @@ func score(name string, w *Workload, out []outcome, pods int, cost CostModel) Ro
 	var totCached, totPrompt int64
 	for i := range out {
 		o, r := &out[i], &w.Requests[i]
-		n := int64(len(r.Prompt))
+		n := int64(r.PromptLen())
 		c := int64(o.Cached)
 		totCached += c
 		totPrompt += n

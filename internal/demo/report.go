@@ -6,6 +6,7 @@ import (
 	"html"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -23,16 +24,31 @@ func WriteJSON(w io.Writer, rep *Report) error {
 // WriteTable writes the run's setup and one row per router.
 func WriteTable(w io.Writer, rep *Report) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "kvindex demo: scenario %s, %d pods, seed %d\n", rep.Scenario, rep.Pods, rep.Seed)
+	if rep.Trace != nil {
+		fmt.Fprintf(&b, "kvindex demo: trace %s, %d pods, seed %d\n", rep.Trace.File, rep.Pods, rep.Seed)
+	} else {
+		fmt.Fprintf(&b, "kvindex demo: scenario %s, %d pods, seed %d\n", rep.Scenario, rep.Pods, rep.Seed)
+	}
 	for _, s := range rep.Setup {
 		fmt.Fprintf(&b, "  %s\n", s)
 	}
 	b.WriteByte('\n')
 	head := []string{"router", "cached", "prefill tokens", "TTFT p50", "TTFT p90", "imbalance", "engine hit"}
+	if rep.Trace != nil {
+		head = slices.Insert(head, 2, "of ceiling")
+	}
 	table := [][]string{head}
 	for _, r := range rep.rows() {
-		table = append(table, []string{r.Name, pct(r.CachedFraction), commas(int(r.PrefillTokens)),
-			msText(r.TTFTP50), msText(r.TTFTP90), strconv.FormatFloat(r.Imbalance, 'f', 2, 64), pct(r.EngineHitRate)})
+		row := []string{r.Name, pct(r.CachedFraction), commas(int(r.PrefillTokens)),
+			msText(r.TTFTP50), msText(r.TTFTP90), strconv.FormatFloat(r.Imbalance, 'f', 2, 64), pct(r.EngineHitRate)}
+		if rep.Trace != nil {
+			share := "-"
+			if r.OfCeiling != nil {
+				share = pct(*r.OfCeiling)
+			}
+			row = slices.Insert(row, 2, share)
+		}
+		table = append(table, row)
 	}
 	width := make([]int, len(head))
 	for _, row := range table {
@@ -67,6 +83,10 @@ func summary(rep *Report) string {
 		pct(p.CachedFraction), pct(rr.CachedFraction), commas(int(rr.PrefillTokens-p.PrefillTokens)), msText(p.TTFTP90), msText(rr.TTFTP90))
 	if o != nil {
 		s += fmt.Sprintf(" The oracle, the same policy on the engines' true state, served %s.", pct(o.CachedFraction))
+	}
+	if rep.Trace != nil && p.OfCeiling != nil {
+		s += fmt.Sprintf(" One unlimited cache would serve %s: precise reaches %s of that ceiling, round-robin %s.",
+			pct(rep.Trace.Ceiling), pct(*p.OfCeiling), pct(*rr.OfCeiling))
 	}
 	return s
 }

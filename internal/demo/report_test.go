@@ -40,6 +40,23 @@ func sampleReport() *Report {
 	return rep
 }
 
+// sampleTraceReport is a fixed report of a replayed trace: the trace
+// section, the ceiling and each router's share of it.
+func sampleTraceReport() *Report {
+	rep := sampleReport()
+	rep.Scenario, rep.Sessions, rep.marks = ScenarioTrace, 0, nil
+	rep.Setup = []string{"trace: conversations.jsonl, Mooncake format (detected): 1,312 requests", "ceiling: one unlimited cache would serve 90.0%"}
+	rep.Trace = &TraceInfo{File: "conversations.jsonl", Format: "mooncake", BlockTokens: 512, Requests: 1024,
+		SpanSeconds: 219.9, TimeScale: 1, PromptTokens: 6_500_000, Load: 0.5, Ceiling: 0.9}
+	for _, rows := range [][]RouterResult{rep.Routers, rep.Extra} {
+		for i := range rows {
+			share := round(rows[i].CachedFraction/rep.Trace.Ceiling, 4)
+			rows[i].OfCeiling = &share
+		}
+	}
+	return rep
+}
+
 func golden(t *testing.T, name string, got []byte) {
 	t.Helper()
 	path := filepath.Join("testdata", name)
@@ -59,17 +76,20 @@ func golden(t *testing.T, name string, got []byte) {
 
 func TestReportFormats(t *testing.T) {
 	for _, tc := range []struct {
-		file  string
-		write func(io.Writer, *Report) error
+		file   string
+		write  func(io.Writer, *Report) error
+		report func() *Report
 	}{
-		{"report.json", WriteJSON},
-		{"table.txt", WriteTable},
-		{"chart.svg", WriteSVG},
-		{"report.html", WriteHTML},
+		{"report.json", WriteJSON, sampleReport},
+		{"table.txt", WriteTable, sampleReport},
+		{"chart.svg", WriteSVG, sampleReport},
+		{"report.html", WriteHTML, sampleReport},
+		{"trace-report.json", WriteJSON, sampleTraceReport},
+		{"trace-table.txt", WriteTable, sampleTraceReport},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			var b bytes.Buffer
-			if err := tc.write(&b, sampleReport()); err != nil {
+			if err := tc.write(&b, tc.report()); err != nil {
 				t.Fatal(err)
 			}
 			golden(t, tc.file, b.Bytes())

@@ -205,6 +205,21 @@ output token; TTFT = queueing + overhead + prefill. The engine's cache changes
 at admission (the prompt) and at completion (prompt + answer, which the next
 turn resends).
 
+Traces: --trace FILE replays a request trace instead (JSONL, one request a
+line): Mooncake's format (timestamp in ms, input_length, output_length,
+hash_ids of --trace-block-token blocks) or kvindex's (the same, or the prompt
+as token_ids, or as text through --tokenizer, plus an optional session_id);
+the format is detected and printed. Each block id stands for its own tokens,
+drawn from a stream seeded by the id alone, so equal ids share tokens and
+engine blocks. Timestamps (times --time-scale) drive the arrivals, a
+session's next request waits for the previous answer, and output lengths
+drive decode time; --trace-requests and --trace-window take a prefix. The
+engines hold --capacity blocks, by default one GPU's worth. Every run also
+reports the ceiling: the cached fraction of one unlimited cache (the prompt
+tokens, in full blocks, whose whole prefix an earlier request sent), and
+each router's share of it ("of ceiling"). A bad line is refused with its
+number.
+
 The precise router takes the real event path. A batch published at simulated
 time t becomes visible to it at t + --delay-ms: a delay line between the
 subscriber and the index holds what arrives, and before each decision the run
@@ -214,7 +229,8 @@ wall-clock ZMQ latency is absorbed and results depend only on the flags.
 --json prints {"scenario","pods","routers":[{"name","fleet_cached_fraction",
 "prefill_tokens","ttft_p50_ms","ttft_p90_ms","imbalance","engine_hit_rate"}],
 ...}: the six standard routers in the order above; a scenario's extra row goes
-to "extra_routers". --out DIR writes demo.svg (charts) and demo.html (a
+to "extra_routers". A trace adds "trace" (its format, requests, load and
+"ceiling_cached_fraction") and each router's "of_ceiling". --out DIR writes demo.svg (charts) and demo.html (a
 self-contained report). A progress bar goes to stderr when it is a terminal
 (not with --json).`, RoutersHelp(), Defaults().CapacityFactor)
 }

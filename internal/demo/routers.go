@@ -65,6 +65,7 @@ type consistentHash struct {
 	names        []string
 	ring         []ringNode // sorted by hash
 	members      []int      // candidates the ring was built for
+	tokens       []uint64
 	buf          []byte
 }
 
@@ -80,9 +81,14 @@ func newConsistentHash(names []string, prefixTokens, vnodes int) *consistentHash
 func (*consistentHash) Name() string { return RouterConsistentHash }
 
 func (c *consistentHash) Route(d *decision) (int, error) {
-	n := min(len(d.Req.Prompt), c.prefixTokens)
+	n := min(d.Req.PromptLen(), c.prefixTokens)
+	prefix := d.Req.Prompt
+	if d.Req.trace != nil {
+		c.tokens = d.Req.appendTokens(c.tokens[:0], n)
+		prefix = c.tokens
+	}
 	c.buf = c.buf[:0]
-	for _, t := range d.Req.Prompt[:n] {
+	for _, t := range prefix[:n] {
 		c.buf = binary.LittleEndian.AppendUint64(c.buf, t)
 	}
 	return c.lookup(d.Cands, xxh3.Hash(c.buf)), nil
@@ -239,7 +245,7 @@ func (s *scoring) Route(d *decision) (int, error) {
 		return -1, err
 	}
 	if tokens == 0 {
-		tokens = len(d.Req.Prompt)
+		tokens = d.Req.PromptLen()
 	}
 	s.cands = s.cands[:0]
 	for _, p := range d.Cands {

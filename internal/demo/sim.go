@@ -140,6 +140,7 @@ type simulation struct {
 	cands []int
 	depth []int
 	dec   decision
+	buf   []uint64 // a trace request's tokens
 }
 
 func newSimulation(w *Workload, cost CostModel, r router, engines []engine, initial int, fleet []fleetEvent) *simulation {
@@ -231,16 +232,17 @@ func (s *simulation) admit(pi int) error {
 	id := p.queue[p.head]
 	p.head++
 	r := &s.w.Requests[id]
-	cached, err := p.eng.Process(s.now, r.Prompt)
+	n := r.PromptLen()
+	cached, err := p.eng.Process(s.now, s.tokens(r, n))
 	if err != nil {
 		return fmt.Errorf("pod-%d: request %d: %w", pi, id, err)
 	}
-	cached = min(cached, len(r.Prompt))
+	cached = min(cached, n)
 	o := &s.out[id]
 	o.Cached = cached
-	o.TTFT = s.now - o.Arrived + s.cost.Prefill(len(r.Prompt)-cached)
+	o.TTFT = s.now - o.Arrived + s.cost.Prefill(n-cached)
 	p.current = id
-	s.push(s.now+s.cost.Service(len(r.Prompt)-cached, r.Output()), simDone, pi)
+	s.push(s.now+s.cost.Service(n-cached, r.Output()), simDone, pi)
 	return nil
 }
 
@@ -250,7 +252,7 @@ func (s *simulation) complete(pi int) error {
 	p := s.pods[pi]
 	id := p.current
 	r := &s.w.Requests[id]
-	if _, err := p.eng.Process(s.now, r.Full); err != nil {
+	if _, err := p.eng.Process(s.now, s.tokens(r, r.PromptLen()+r.Output())); err != nil {
 		return fmt.Errorf("pod-%d: request %d completion: %w", pi, id, err)
 	}
 	p.current = -1
@@ -262,6 +264,16 @@ func (s *simulation) complete(pi int) error {
 		s.push(max(s.w.Requests[r.Next].Planned, s.now), simArrive, r.Next)
 	}
 	return s.admit(pi)
+}
+
+// tokens returns the first n tokens of r's Full: a slice of it, or a
+// trace request's tokens made in s.buf, valid until the next call.
+func (s *simulation) tokens(r *Request, n int) []uint64 {
+	if r.trace == nil {
+		return r.Full[:n:n]
+	}
+	s.buf = r.appendTokens(s.buf[:0], n)
+	return s.buf
 }
 
 func (s *simulation) applyFleet(fe fleetEvent) error {

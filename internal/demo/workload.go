@@ -138,10 +138,38 @@ type Request struct {
 	Keys       []uint64      // block keys of Prompt's full blocks (the engines' hashing)
 	Hot        bool          // a hot-prefix request
 	Fork       bool          // the first request of a forked conversation
+	// trace, if set, makes the tokens on demand and Prompt and Full are
+	// nil: a replayed trace's requests, which all at once need not fit in
+	// memory.
+	trace *traceTokens
+}
+
+// PromptLen returns the number of prompt tokens.
+func (r *Request) PromptLen() int {
+	if r.trace != nil {
+		return r.trace.input
+	}
+	return len(r.Prompt)
 }
 
 // Output returns the number of generated tokens.
-func (r *Request) Output() int { return len(r.Full) - len(r.Prompt) }
+func (r *Request) Output() int {
+	if r.trace != nil {
+		return r.trace.output
+	}
+	return len(r.Full) - len(r.Prompt)
+}
+
+// appendTokens appends the first n tokens of Full to dst.
+func (r *Request) appendTokens(dst []uint64, n int) []uint64 {
+	if r.trace != nil {
+		return r.trace.append(dst, n)
+	}
+	if n <= len(r.Prompt) {
+		return append(dst, r.Prompt[:n]...)
+	}
+	return append(dst, r.Full[:n]...)
+}
 
 // Workload is the generated traffic: every router replays exactly these
 // requests.
