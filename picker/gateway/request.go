@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
@@ -85,6 +87,8 @@ type body struct {
 	// array of ids (idsRead).
 	ids     []uint64
 	idsRead bool
+	// valid: scanBody read the body, and every value kept is valid JSON.
+	valid bool
 }
 
 // ParseRequest reads an OpenAI request body: /v1/completions (prompt as
@@ -192,7 +196,7 @@ const maxScanDepth = 512
 // (encoding/json matches those), a repeated field, nesting deeper than
 // maxScanDepth, a string field that does not decode, or invalid JSON.
 func scanBody(data []byte) (*body, bool) {
-	b := new(body)
+	b := &body{valid: true}
 	var seen [6]bool
 	i := jsonids.SkipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
@@ -391,6 +395,11 @@ func idsPrompt(ids []uint64) (*kvindexv1.Prompt, []uint64, error) {
 // rendering. Plain messages (a role and a text content) travel as role
 // and content; any other message travels whole, as the engine renders it.
 func chatPrompt(b *body) (*kvindexv1.Prompt, error) {
+	if b.valid {
+		if out, ok := scanMessages(b.Messages); ok && len(out) > 0 {
+			return client.ChatPrompt(chatParamsJSON(b), out...), nil
+		}
+	}
 	var msgs []json.RawMessage
 	if err := json.Unmarshal(b.Messages, &msgs); err != nil {
 		return nil, errors.New("messages must be an array of message objects")
@@ -407,6 +416,197 @@ func chatPrompt(b *body) (*kvindexv1.Prompt, error) {
 		out = append(out, cm)
 	}
 	return client.ChatPrompt(chatParamsJSON(b), out...), nil
+}
+
+// scanMessages reads a messages array known to be valid JSON in one
+// pass, as chatPrompt's encoding/json path reads it: a message whose only
+// fields are a role and a string content becomes role and content, any
+// other goes to chatMessage. A chat turn's body is nearly all such
+// messages, which encoding/json scanned four times (the body's
+// validation, the array, each message's object, each string):
+// BenchmarkPickerChatTurn. ok is false, for chatPrompt's encoding/json
+// path to read the array and name the error, on anything unexpected.
+func scanMessages(data []byte) (_ []*kvindexv1.ChatMessage, ok bool) {
+	i := jsonids.SkipSpace(data, 0)
+	if i >= len(data) || data[i] != '[' {
+		return nil, false
+	}
+	var out []*kvindexv1.ChatMessage
+	i = jsonids.SkipSpace(data, i+1)
+	for i < len(data) && data[i] != ']' {
+		end, ok := skipValue(data, i)
+		if !ok {
+			return nil, false
+		}
+		cm, ok := plainMessage(data[i:end])
+		if !ok {
+			var err error
+			if cm, err = chatMessage(data[i:end]); err != nil {
+				return nil, false
+			}
+		}
+		out = append(out, cm)
+		if i = jsonids.SkipSpace(data, end); i < len(data) && data[i] == ',' {
+			i = jsonids.SkipSpace(data, i+1)
+		}
+	}
+	return out, true
+}
+
+// plainMessage reads a valid JSON object whose only fields are "role" and
+// "content", each a string, the role not empty; ok is false for any other
+// (or for a string it does not decode itself).
+func plainMessage(raw []byte) (_ *kvindexv1.ChatMessage, ok bool) {
+	var role, content string
+	var seen [2]bool
+	i := jsonids.SkipSpace(raw, 1) // past '{'
+	for i < len(raw) && raw[i] == '"' {
+		key, end, ok := plainString(raw, i)
+		if !ok {
+			return nil, false
+		}
+		if i = jsonids.SkipSpace(raw, end); i >= len(raw) || raw[i] != ':' {
+			return nil, false
+		}
+		i = jsonids.SkipSpace(raw, i+1)
+		if i >= len(raw) || raw[i] != '"' {
+			return nil, false
+		}
+		v, end, ok := plainString(raw, i)
+		if !ok {
+			return nil, false
+		}
+		k := 0
+		switch key {
+		case "role":
+			role = v
+		case "content":
+			k, content = 1, v
+		default:
+			return nil, false
+		}
+		if seen[k] {
+			return nil, false // a repeated field: encoding/json's path knows which wins
+		}
+		seen[k] = true
+		if i = jsonids.SkipSpace(raw, end); i < len(raw) && raw[i] == ',' {
+			i = jsonids.SkipSpace(raw, i+1)
+		}
+	}
+	if !seen[0] || !seen[1] || role == "" {
+		return nil, false
+	}
+	return &kvindexv1.ChatMessage{Role: role, Content: content}, true
+}
+
+// plainString returns the JSON string starting at raw[i] (a quote) of
+// a valid JSON text, and the index past it: its bytes when it has no
+// escape and is valid UTF-8, else what encoding/json decodes of it alone.
+func plainString(raw []byte, i int) (string, int, bool) {
+	escaped := false
+	j := i + 1
+	for ; j < len(raw) && raw[j] != '"'; j++ {
+		if raw[j] == '\\' {
+			escaped = true
+			j++
+		}
+	}
+	if j >= len(raw) {
+		return "", 0, false
+	}
+	v := raw[i+1 : j]
+	if !escaped && utf8.Valid(v) {
+		return string(v), j + 1, true
+	}
+	out, ok := unquote(v)
+	return out, j + 1, ok
+}
+
+// unquote decodes the contents of a valid JSON string as encoding/json
+// does: escapes, a \u surrogate pair as one rune and a lone surrogate as
+// U+FFFD, each byte of invalid UTF-8 as U+FFFD. ok is false on an escape
+// it does not know (which valid JSON has not).
+func unquote(v []byte) (_ string, ok bool) {
+	out := make([]byte, 0, len(v))
+	for r := 0; r < len(v); {
+		switch c := v[r]; {
+		case c == '\\':
+			if r+1 >= len(v) {
+				return "", false
+			}
+			switch e := v[r+1]; e {
+			case '"', '\\', '/':
+				out = append(out, e)
+			case 'b':
+				out = append(out, '\b')
+			case 'f':
+				out = append(out, '\f')
+			case 'n':
+				out = append(out, '\n')
+			case 'r':
+				out = append(out, '\r')
+			case 't':
+				out = append(out, '\t')
+			case 'u':
+				rr, ok := hex4(v, r+2)
+				if !ok {
+					return "", false
+				}
+				r += 6
+				if utf16.IsSurrogate(rr) {
+					if r+1 < len(v) && v[r] == '\\' && v[r+1] == 'u' {
+						if rr1, ok := hex4(v, r+2); ok {
+							if dec := utf16.DecodeRune(rr, rr1); dec != utf8.RuneError {
+								out = utf8.AppendRune(out, dec)
+								r += 6
+								continue
+							}
+						}
+					}
+					rr = utf8.RuneError
+				}
+				out = utf8.AppendRune(out, rr)
+				continue
+			default:
+				return "", false
+			}
+			r += 2
+		case c < utf8.RuneSelf:
+			out = append(out, c)
+			r++
+		default:
+			rr, size := utf8.DecodeRune(v[r:])
+			if rr == utf8.RuneError && size == 1 {
+				out = utf8.AppendRune(out, utf8.RuneError)
+			} else {
+				out = append(out, v[r:r+size]...)
+			}
+			r += size
+		}
+	}
+	return string(out), true
+}
+
+// hex4 reads the four hex digits of a \u escape at v[i:].
+func hex4(v []byte, i int) (rune, bool) {
+	if i+4 > len(v) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range v[i : i+4] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			c = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
 }
 
 func chatMessage(raw json.RawMessage) (*kvindexv1.ChatMessage, error) {

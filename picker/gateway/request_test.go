@@ -140,6 +140,10 @@ func FuzzParseRequest(f *testing.F) {
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"chat_template_kwargs":{"a":{"b":[1]}}}`,
 		`{"input":[{"type":"message","role":"user","content":"a"}],"instructions":"i","previous_response_id":"r"}`,
 		`{"prompt":[1],"x":[[[{}]]],"y":{"z":"}"}}`, `{}`, `null`, `[]`, ` { "prompt" : [ 1 , 2 ] } `,
+		`{"messages":[{"role":"system","content":"a\nb \"q\" \ud83d\ude00 \ud800 x"},{"content":"c","role":"user"}]}`,
+		`{"messages":[{"role":"user","content":null},{"role":"user","content":"a","name":"n"},{"role":"","content":"x"}]}`,
+		`{"messages":[{"role":"user","role":"assistant","content":"a"}, {"role":"user","content":"\u00e9\/"} ]}`,
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"bad \xff utf8\"}]}", `{"messages":[ ]}`, `{"messages":[{}]}`,
 	} {
 		f.Add(s)
 	}
@@ -177,6 +181,24 @@ func FuzzParseRequest(f *testing.F) {
 			if !slices.Equal(ids, got.Tokens) {
 				t.Fatalf("%q: read ids %v; encoding/json %v", s, got.Tokens, ids)
 			}
+		}
+	})
+}
+
+// FuzzUnquote checks the one-pass read of chat messages' strings against
+// encoding/json on every valid JSON string.
+func FuzzUnquote(f *testing.F) {
+	for _, s := range []string{`plain`, `a\nb\t\"q\"\\\/`, `\ud83d\ude00`, `\ud800`, `\ud800\u0041`, `\udc00\ud800`, "\xff\xfe", `\u00E9\u00e9`, `\b\f\r`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		quoted := []byte(`"` + s + `"`)
+		var want string
+		if json.Unmarshal(quoted, &want) != nil {
+			return // not a JSON string
+		}
+		if got, ok := unquote(quoted[1 : len(quoted)-1]); !ok || got != want {
+			t.Fatalf("%q: unquote %q (%v), encoding/json %q", s, got, ok, want)
 		}
 	})
 }
