@@ -192,12 +192,18 @@ func (x *ExtProc) route(stream extprocv3.ExternalProcessor_ProcessServer, hdr ma
 	get := func(k string) string { return hdr[k] }
 	var r *Request
 	if len(body) > 0 {
+		cpu := s.enterCPU(stream.Context())
+		if cpu == nil {
+			return nil, nil // the stream ended
+		}
 		var err error
 		if r, err = ParseRequest(body, get); err != nil {
+			cpu.leave()
 			s.m.bad.WithLabelValues("body").Inc()
 			_ = stream.Send(immediate(typev3.StatusCode_BadRequest, err.Error()))
 			return nil, nil
 		}
+		r.cpu = cpu // given back before the index query (pick)
 	}
 	d, done, err := s.Pick(stream.Context(), r, subset)
 	if err != nil {

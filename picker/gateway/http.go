@@ -81,12 +81,18 @@ func (s *Service) servePick(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "reading the body: "+err.Error())
 		return
 	}
+	cpu := s.enterCPU(r.Context())
+	if cpu == nil {
+		return // the client left
+	}
 	req, err := ParseRequest(body, func(k string) string { return r.Header.Get(k) })
 	if err != nil {
+		cpu.leave()
 		s.m.bad.WithLabelValues("body").Inc()
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	req.cpu = cpu // given back before the index query (pick)
 	var subset []string
 	if vs, ok := r.Header[http.CanonicalHeaderKey(SubsetKey)]; ok {
 		subset = []string{}

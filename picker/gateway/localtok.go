@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"runtime"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,10 +34,8 @@ const (
 // localTokenizer is Config.Tokenizer at work: what it did, and the state
 // of each form (by tokenizer.Forms' order).
 type localTokenizer struct {
-	tok   tokenizer.Tokenizer
-	model string
-	// slots bounds the prompts tokenized at once (tokenizeSlots).
-	slots   chan struct{}
+	tok     tokenizer.Tokenizer
+	model   string
 	forms   [2]atomic.Int32
 	results *prometheus.CounterVec
 }
@@ -47,7 +44,7 @@ func newLocalTokenizer(cfg *Config) (*localTokenizer, error) {
 	if cfg.Tokenizer == nil {
 		return nil, nil
 	}
-	lt := &localTokenizer{tok: cfg.Tokenizer, model: cfg.TokenizerModel, slots: make(chan struct{}, tokenizeSlots()), results: prometheus.NewCounterVec(prometheus.CounterOpts{
+	lt := &localTokenizer{tok: cfg.Tokenizer, model: cfg.TokenizerModel, results: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvindex_picker_local_tokenize_total",
 		Help: "Text and chat prompts the picker's own tokenizer (kvindex picker --tokenizer) was given, by result: ok (tokenized: sent to the index as block keys, or ids), unsupported (a request it cannot tokenize exactly, such as content parts or a request's own chat_template), disabled (its form is off: the startup check found the engine's ids differ, or the tokenizer has no chat template), error; all but ok go to the index as text, which tokenizes them.",
 	}, []string{"result"})}
@@ -101,13 +98,7 @@ func (lt *localTokenizer) tokenize(ctx context.Context, s *Service, r *Request) 
 	}
 	var ids []uint64
 	if err == nil {
-		select {
-		case lt.slots <- struct{}{}:
-			ids, err = lt.tok.Tokenize(ctx, r.Model, in)
-			<-lt.slots
-		case <-ctx.Done():
-			err = ctx.Err()
-		}
+		ids, err = lt.tok.Tokenize(ctx, r.Model, in)
 	}
 	switch {
 	case err == nil && len(ids) > 0:
@@ -122,16 +113,6 @@ func (lt *localTokenizer) tokenize(ctx context.Context, s *Service, r *Request) 
 		s.log.Debug("picker: tokenizing the prompt failed; the index tokenizes it", "model", r.Model, "err", err, "ids", len(ids))
 	}
 }
-
-// tokenizeSlots is how many prompts the picker tokenizes at once: one
-// fewer than the cores Go runs on, at least one. Tokenizing is CPU work
-// whose total a burst of requests cannot shrink; run on every core at
-// once, it would hold the cores for up to the scheduler's 10 ms slices
-// while the index queries of prompts already tokenized, each a few
-// microseconds of CPU under a deadline of milliseconds, wait for one
-// and time out. Queued instead, each prompt is tokenized at full speed
-// and its query finds a core free (BenchmarkPickerChatTurn).
-func tokenizeSlots() int { return max(runtime.GOMAXPROCS(0)-1, 1) }
 
 // CheckTokenizer verifies Config.Tokenizer against the engines: it
 // compares its ids with an endpoint's own (tokenizer.CheckEngines, asking

@@ -351,10 +351,11 @@ func (c *concurrencyProbe) Tokenize(ctx context.Context, model string, in tokeni
 	return c.Tokenizer.Tokenize(ctx, model, in)
 }
 
-// Prompts are tokenized at most one fewer at once than the cores Go runs
-// on (at least one): picks beyond wait their turn, so that tokenizing
-// never takes every core from the index queries under way.
-func TestLocalTokenizerSlots(t *testing.T) {
+// Requests do their CPU work (here: tokenizing) at most one fewer at
+// once than the cores Go runs on (at least one): picks beyond wait their
+// turn, so that preparing requests never takes every core from the index
+// queries under way.
+func TestCPUSlots(t *testing.T) {
 	probe := &concurrencyProbe{Tokenizer: qwenTokenizer(t), entered: make(chan struct{}, 64), release: make(chan struct{})}
 	st := newTokenizingSetup(t, probe, "")
 	slots := max(runtime.GOMAXPROCS(0)-1, 1)

@@ -60,6 +60,9 @@ type Request struct {
 	Tokens   []uint64
 	Session  string
 	Priority picker.Priority
+	// cpu is the CPU slot the request was read in (Service.enterCPU),
+	// given back before its index query; nil: pick takes one.
+	cpu *cpuTurn
 	// BodyHash is a hash of the whole body: the scorer's tie-break input
 	// (picker.Request.TieBreak), so that exact ties are broken the same
 	// way for the same request by every replica of the picker.

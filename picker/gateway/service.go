@@ -159,6 +159,7 @@ type Service struct {
 	// nil while it is not known: queries then send token ids.
 	hash atomic.Pointer[hashing]
 	lt   *localTokenizer // nil without Config.Tokenizer
+	cpu  chan struct{}   // the requests doing their CPU work (cpuSlots)
 }
 
 // endpointSet is the candidates, replaced whole by SetEndpoints so that a
@@ -257,6 +258,7 @@ func New(cfg Config, src Source) (*Service, error) {
 	if s.m, err = newMetrics(cfg.Registry, s.bodies.InFlight); err != nil {
 		return nil, err
 	}
+	s.cpu = make(chan struct{}, cpuSlots())
 	if s.lt, err = newLocalTokenizer(&cfg); err != nil {
 		return nil, err
 	}
@@ -304,6 +306,15 @@ func (s *Service) Pick(ctx context.Context, r *Request, subset []string) (d pick
 
 // pick is Pick, rejecting an unknown model when rejectUnknown.
 func (s *Service) pick(ctx context.Context, r *Request, subset []string, rejectUnknown bool) (d picker.Decision, done func(), err error) {
+	if r != nil {
+		if r.cpu == nil {
+			if r.cpu = s.enterCPU(ctx); r.cpu == nil {
+				s.m.picks.WithLabelValues("error").Inc()
+				return d, nil, ctx.Err()
+			}
+		}
+		defer r.cpu.leave() // if the index was not asked
+	}
 	st := s.pool.Get().(*pickState)
 	defer s.pool.Put(st)
 	if subset != nil && len(subset) == 0 {
@@ -388,12 +399,15 @@ func (s *Service) query(ctx context.Context, r *Request, st *pickState, pods []s
 	if state == idxDown {
 		return 0, 0, picker.FallbackIndexUnreachable, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, IndexBudget(s.cfg.IndexTimeout, s.cfg.IndexTimeoutPer1K, r.tokenCount()))
-	defer cancel()
-	start := time.Now()
 	st.req.Model = r.Model
 	st.req.CandidatePods = pods
 	hs, hashed := s.hashedPrompt(r)
+	// The request's CPU work is done: the slot goes to the next request,
+	// and the index's deadline runs from here.
+	r.cpu.leave()
+	ctx, cancel := context.WithTimeout(ctx, IndexBudget(s.cfg.IndexTimeout, s.cfg.IndexTimeoutPer1K, r.tokenCount()))
+	defer cancel()
+	start := time.Now()
 	if hashed != nil {
 		st.req.Prompt = hashed
 		s.m.queries.WithLabelValues(inputHashes).Inc()
