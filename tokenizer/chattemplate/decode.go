@@ -20,9 +20,14 @@ const maxDepth = 128
 // would not be) and integers apart from floats (json.dumps, and so a
 // template's tojson, prints 3 and 3.0 differently).
 func decodeJSON(raw []byte) (jinja.Value, error) {
+	return decodeJSONAt(raw, 0)
+}
+
+// decodeJSONAt is decodeJSON for a value nested depth deep in another.
+func decodeJSONAt(raw []byte, depth int) (jinja.Value, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
-	v, err := decodeValue(dec, 0)
+	v, err := decodeValue(dec, depth)
 	if err != nil {
 		return jinja.Value{}, err
 	}
