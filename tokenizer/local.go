@@ -208,14 +208,45 @@ func (l *Local) encode(ctx context.Context, dst []uint64, text string, addSpecia
 	return dst, nil
 }
 
-// normalize applies the normalizer steps.
+// normalize applies the normalizer steps. Only what follows the text's
+// ASCII prefix needs checking: ASCII is normal in every form, and since no
+// character composes with one before it that is ASCII, normal text stays
+// normal when the prefix is cut before its last ASCII character, which
+// is kept for what may compose with it.
 func (l *Local) normalize(s string) string {
+	if len(l.forms) == 0 {
+		return s
+	}
+	n := asciiPrefix(s)
+	if n == len(s) {
+		return s
+	}
+	rest := s[max(n-1, 0):]
 	for _, f := range l.forms {
-		if !f.IsNormalString(s) {
+		if !f.IsNormalString(rest) {
 			s = f.String(s)
+			rest = s
 		}
 	}
 	return s
+}
+
+// asciiPrefix returns the length of the longest prefix of s that is
+// ASCII, eight bytes at a time.
+func asciiPrefix(s string) int {
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		w := s[i : i+8]
+		if (w[0]|w[1]|w[2]|w[3]|w[4]|w[5]|w[6]|w[7])&0x80 != 0 {
+			break
+		}
+	}
+	for ; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			break
+		}
+	}
+	return i
 }
 
 // segment appends the ids of one normalised segment: text between added
