@@ -14,7 +14,7 @@ import (
 //
 //	go test -run '^$' -fuzz '^FuzzNormalize$' -fuzztime 60s ./tokenizer
 func FuzzNormalize(f *testing.F) {
-	for _, s := range []string{"", "plain ascii text", "e\u0301", "abcdefgh\u0301", "abcdefghi\u0301", "\u0301", "x\xff\u00e9", "\uFB01 ligature", "\u1100\u1161\u11a8", "abcdefg\u1100\u1161", strings.Repeat("a", 17) + "\u0327\u0301"} {
+	for _, s := range []string{"", "plain ascii text", "e\u0301", "abcdefgh\u0301", "abcdefghi\u0301", "\u0301", "x\xff\u00e9", "\uFB01 ligature", "\u1100\u1161\u11a8", "abcdefg\u1100\u1161", strings.Repeat("a", 17) + "\u0327\u0301", "caf\u00e9 and na\u0131ve e\u0301 then \u00e9e\u0301", "\u00e9 x \u0301 y \u1100\u1161 z \u00c5\u030a", "ok \u00e9 ok \u212b"} {
 		f.Add(s)
 	}
 	forms := []norm.Form{norm.NFC, norm.NFD, norm.NFKC, norm.NFKD}
