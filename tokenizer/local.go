@@ -208,14 +208,65 @@ func (l *Local) encode(ctx context.Context, dst []uint64, text string, addSpecia
 	return dst, nil
 }
 
-// normalize applies the normalizer steps.
+// normalize applies the normalizer steps. Only the runs of non-ASCII
+// text need checking, each with the ASCII character before it: ASCII is
+// normal in every form, and no character composes with an ASCII one
+// before it, so the text is normal when each piece cut just before an
+// ASCII character is (the text scanned this way is mostly ASCII, which
+// asciiPrefix skips eight bytes at a time). Text that is not UTF-8 is
+// checked whole.
 func (l *Local) normalize(s string) string {
+	if len(l.forms) == 0 {
+		return s
+	}
+	for i := asciiPrefix(s); i < len(s); i += asciiPrefix(s[i:]) {
+		j := i + 1
+		for j < len(s) && s[j] >= utf8.RuneSelf {
+			j++
+		}
+		piece := s[max(i-1, 0):j]
+		if !utf8.ValidString(piece) {
+			// The forms read bytes that are not UTF-8 in their own way,
+			// an incomplete sequence at the end of a piece differently
+			// from one in the middle of the text.
+			return l.normalizeAll(s)
+		}
+		for _, f := range l.forms {
+			if !f.IsNormalString(piece) {
+				return l.normalizeAll(s)
+			}
+		}
+		i = j
+	}
+	return s
+}
+
+// normalizeAll applies the normalizer steps to the whole text.
+func (l *Local) normalizeAll(s string) string {
 	for _, f := range l.forms {
 		if !f.IsNormalString(s) {
 			s = f.String(s)
 		}
 	}
 	return s
+}
+
+// asciiPrefix returns the length of the longest prefix of s that is
+// ASCII, eight bytes at a time.
+func asciiPrefix(s string) int {
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		w := s[i : i+8]
+		if (w[0]|w[1]|w[2]|w[3]|w[4]|w[5]|w[6]|w[7])&0x80 != 0 {
+			break
+		}
+	}
+	for ; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			break
+		}
+	}
+	return i
 }
 
 // segment appends the ids of one normalised segment: text between added

@@ -86,12 +86,12 @@ func (c *ChatLocal) Render(in Input) (string, bool, error) {
 	if in.AddSpecialTokens != nil {
 		special = *in.AddSpecialTokens
 	}
-	msgs, err := messagesJSON(in.Messages)
+	msgs, err := templateMessages(in.Messages)
 	if err != nil {
 		return "", false, err
 	}
 	text, err := c.Template.Render(chattemplate.Request{
-		Messages: msgs, Tools: f.Tools, AddGenerationPrompt: agp,
+		MessageList: msgs, Tools: f.Tools, AddGenerationPrompt: agp,
 		Kwargs: f.ChatTemplateKwargs, DecodeToolArguments: true,
 	})
 	if errors.Is(err, chattemplate.ErrInput) {
@@ -100,18 +100,14 @@ func (c *ChatLocal) Render(in Input) (string, bool, error) {
 	return text, special, err
 }
 
-// messagesJSON writes the messages as one JSON array, refusing content
-// given as parts (see ErrChatUnsupported).
-func messagesJSON(msgs []Message) ([]byte, error) {
-	var buf bytes.Buffer
-	buf.WriteByte('[')
+// templateMessages hands the messages to the template as they are, plain
+// ones as strings (no JSON written for them), refusing content given as
+// parts (see ErrChatUnsupported).
+func templateMessages(msgs []Message) ([]chattemplate.Message, error) {
+	out := make([]chattemplate.Message, len(msgs))
 	for i, m := range msgs {
-		if i > 0 {
-			buf.WriteByte(',')
-		}
 		if m.Raw == nil {
-			b, _ := json.Marshal(plainMessage{m.Role, m.Content}) // cannot fail
-			buf.Write(b)
+			out[i] = chattemplate.Message{Role: m.Role, Content: m.Content}
 			continue
 		}
 		var probe struct {
@@ -123,10 +119,9 @@ func messagesJSON(msgs []Message) ([]byte, error) {
 		if c := bytes.TrimSpace(probe.Content); len(c) > 0 && c[0] == '[' {
 			return nil, fmt.Errorf("%w: message %d has content parts", ErrChatUnsupported, i)
 		}
-		buf.Write(m.Raw)
+		out[i] = chattemplate.Message{Raw: m.Raw}
 	}
-	buf.WriteByte(']')
-	return buf.Bytes(), nil
+	return out, nil
 }
 
 func isSet(v json.RawMessage) bool {

@@ -45,3 +45,35 @@ func BenchmarkRender30(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDecodeJSON decodes an assistant message with three tool calls
+// and a tool result, as a raw message of MessageList: with the one-pass
+// decoder (decodeJSON) and with the reference built on Decoder.Token.
+func BenchmarkDecodeJSON(b *testing.B) {
+	var calls []map[string]any
+	for i := range 3 {
+		calls = append(calls, map[string]any{"id": fmt.Sprint("call_", i), "type": "function", "function": map[string]any{
+			"name": "search", "arguments": fmt.Sprintf(`{"query": "weather in city %d", "limit": %d, "filters": {"units": "metric", "days": [1, 2, 3]}}`, i, i+5)}})
+	}
+	msg, err := json.Marshal(map[string]any{"role": "assistant", "content": strings.Repeat("Let me look that up for you. ", 20), "tool_calls": calls})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, d := range []struct {
+		name   string
+		decode func([]byte) error
+	}{
+		{"onepass", func(raw []byte) error { _, err := decodeJSON(raw); return err }},
+		{"token", func(raw []byte) error { _, err := decodeJSONStd(raw, 0); return err }},
+	} {
+		b.Run(d.name, func(b *testing.B) {
+			b.SetBytes(int64(len(msg)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := d.decode(msg); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

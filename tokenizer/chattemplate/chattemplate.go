@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -204,6 +205,12 @@ type Request struct {
 	// ...}), tool_calls, tool_call_id, name, reasoning_content...: each
 	// message is given to the template as it is.
 	Messages json.RawMessage
+	// MessageList, when not nil, is taken instead of Messages (which must
+	// then be empty): the same messages, one by one, each either plain
+	// (role and content strings) or raw JSON. It spares a caller holding
+	// plain messages writing them as JSON only for Render to decode them
+	// back, a cost that grows with the whole conversation.
+	MessageList []Message
 	// Tools is the JSON array of tool definitions, or empty for none
 	// (then the template sees tools = none, as transformers passes it).
 	Tools json.RawMessage
@@ -220,6 +227,18 @@ type Request struct {
 	// (chat_template_kwargs, such as enable_thinking); it may override
 	// the special tokens but not messages, tools or add_generation_prompt.
 	Kwargs json.RawMessage
+}
+
+// Message is one message of Request.MessageList.
+type Message struct {
+	// Role and Content make the message {"role": Role, "content":
+	// Content} when Raw is nil. Bytes that are not UTF-8 become U+FFFD,
+	// one per byte, as they would in the message written as JSON.
+	Role, Content string
+	// Raw, when not nil, is the whole message as a JSON value (an object
+	// such as those of Request.Messages), given to the template as it is;
+	// Role and Content are then ignored.
+	Raw json.RawMessage
 }
 
 // reserved are the variables Request sets itself.
@@ -272,12 +291,9 @@ func (t *Template) variables(r Request) (map[string]jinja.Value, error) {
 			data[k], _ = d.Get(k)
 		}
 	}
-	msgs, err := decodeJSON(r.Messages)
+	msgs, err := messages(r)
 	if err != nil {
-		return nil, fmt.Errorf("%w: messages: %v", ErrInput, err)
-	}
-	if !msgs.IsList() {
-		return nil, fmt.Errorf("%w: messages must be a JSON array", ErrInput)
+		return nil, err
 	}
 	if r.DecodeToolArguments {
 		if err := decodeToolArguments(msgs); err != nil {
@@ -297,6 +313,67 @@ func (t *Template) variables(r Request) (map[string]jinja.Value, error) {
 	data["tools"] = tools
 	data["add_generation_prompt"] = jinja.NewBool(r.AddGenerationPrompt)
 	return data, nil
+}
+
+// messages returns the request's messages as a template list.
+func messages(r Request) (jinja.Value, error) {
+	if r.MessageList == nil {
+		msgs, err := decodeJSON(r.Messages)
+		if err != nil {
+			return jinja.Value{}, fmt.Errorf("%w: messages: %v", ErrInput, err)
+		}
+		if !msgs.IsList() {
+			return jinja.Value{}, fmt.Errorf("%w: messages must be a JSON array", ErrInput)
+		}
+		return msgs, nil
+	}
+	if len(bytes.TrimSpace(r.Messages)) > 0 {
+		return jinja.Value{}, fmt.Errorf("%w: both Messages and MessageList are set", ErrInput)
+	}
+	items := make([]jinja.Value, len(r.MessageList))
+	for i, m := range r.MessageList {
+		if m.Raw == nil {
+			items[i] = plainMessage(m.Role, m.Content)
+			continue
+		}
+		// Depth 1: the message sits in the list, as it does in Messages.
+		v, err := decodeJSONAt(m.Raw, 1)
+		if err != nil {
+			return jinja.Value{}, fmt.Errorf("%w: messages: message %d: %v", ErrInput, i, err)
+		}
+		items[i] = v
+	}
+	return jinja.NewList(items), nil
+}
+
+// plainMessage is the template value of {"role": role, "content": content}.
+func plainMessage(role, content string) jinja.Value {
+	v := jinja.NewDict()
+	d := v.AsDict()
+	d.Keys = make([]string, 0, 2)
+	d.Set("role", jinja.NewString(asJSONString(role)))
+	d.Set("content", jinja.NewString(asJSONString(content)))
+	return v
+}
+
+// asJSONString returns s as it reads after a trip through JSON: each byte
+// that is not part of a UTF-8 sequence replaced by U+FFFD.
+func asJSONString(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 8)
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			b.WriteRune(utf8.RuneError)
+		} else {
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
 }
 
 // decodeToolArguments replaces, in every message's tool_calls, a string

@@ -1,12 +1,12 @@
 package chattemplate
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -19,74 +19,326 @@ const maxDepth = 128
 // object keys in their order (the engine's dicts are ordered; a Go map
 // would not be) and integers apart from floats (json.dumps, and so a
 // template's tojson, prints 3 and 3.0 differently).
+//
+// It reads the bytes in one pass, accepting exactly what encoding/json
+// accepts and reading strings as it does (bytes that are not UTF-8 and
+// lone surrogates become U+FFFD); a key repeated in an object keeps its
+// first place and takes its last value. FuzzDecodeJSON holds it to a
+// decoder built on encoding/json's Decoder.Token.
 func decodeJSON(raw []byte) (jinja.Value, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	v, err := decodeValue(dec, 0)
+	return decodeJSONAt(raw, 0)
+}
+
+// decodeJSONAt is decodeJSON for a value nested depth deep in another.
+func decodeJSONAt(raw []byte, depth int) (jinja.Value, error) {
+	d := decoder{data: raw}
+	v, err := d.value(depth)
 	if err != nil {
 		return jinja.Value{}, err
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+	if d.skipSpace(); d.pos < len(d.data) {
 		return jinja.Value{}, errors.New("trailing data after the JSON value")
 	}
 	return v, nil
 }
 
-func decodeValue(dec *json.Decoder, depth int) (jinja.Value, error) {
-	tok, err := dec.Token()
-	if err != nil {
-		return jinja.Value{}, err
+// decoder reads JSON from data, pos being the next byte to read.
+type decoder struct {
+	data []byte
+	pos  int
+}
+
+func (d *decoder) skipSpace() {
+	for d.pos < len(d.data) {
+		switch d.data[d.pos] {
+		case ' ', '\t', '\n', '\r':
+			d.pos++
+		default:
+			return
+		}
 	}
-	switch tok := tok.(type) {
-	case nil:
-		return jinja.None(), nil
-	case bool:
-		return jinja.NewBool(tok), nil
-	case string:
-		return jinja.NewString(tok), nil
-	case json.Number:
-		return number(tok)
-	case json.Delim:
+}
+
+// syntaxError reports what was found at the current position.
+func (d *decoder) syntaxError() error {
+	if d.pos >= len(d.data) {
+		return errors.New("unexpected end of JSON input")
+	}
+	return fmt.Errorf("invalid character %q at offset %d", d.data[d.pos], d.pos)
+}
+
+func (d *decoder) value(depth int) (jinja.Value, error) {
+	d.skipSpace()
+	if d.pos >= len(d.data) {
+		return jinja.Value{}, d.syntaxError()
+	}
+	switch c := d.data[d.pos]; {
+	case c == '"':
+		s, err := d.str()
+		if err != nil {
+			return jinja.Value{}, err
+		}
+		return jinja.NewString(s), nil
+	case c == '[' || c == '{':
 		if depth >= maxDepth {
 			return jinja.Value{}, fmt.Errorf("nested deeper than %d", maxDepth)
 		}
-		if tok == '[' {
-			var items []jinja.Value
-			for dec.More() {
-				v, err := decodeValue(dec, depth+1)
-				if err != nil {
-					return jinja.Value{}, err
-				}
-				items = append(items, v)
-			}
-			if _, err := dec.Token(); err != nil {
-				return jinja.Value{}, err
-			}
-			if items == nil {
-				items = []jinja.Value{}
-			}
-			return jinja.NewList(items), nil
+		if c == '[' {
+			return d.list(depth)
 		}
-		d := jinja.NewDict()
-		dict := d.AsDict()
-		for dec.More() {
-			kt, err := dec.Token()
-			if err != nil {
-				return jinja.Value{}, err
-			}
-			key, _ := kt.(string)
-			v, err := decodeValue(dec, depth+1)
-			if err != nil {
-				return jinja.Value{}, err
-			}
-			dict.Set(key, v)
+		return d.dict(depth)
+	case c == 't':
+		return jinja.NewBool(true), d.literal("true")
+	case c == 'f':
+		return jinja.NewBool(false), d.literal("false")
+	case c == 'n':
+		return jinja.None(), d.literal("null")
+	case c == '-' || '0' <= c && c <= '9':
+		return d.number()
+	}
+	return jinja.Value{}, d.syntaxError()
+}
+
+func (d *decoder) literal(word string) error {
+	for i := 0; i < len(word); i++ {
+		if d.pos >= len(d.data) || d.data[d.pos] != word[i] {
+			return d.syntaxError()
 		}
-		if _, err := dec.Token(); err != nil {
+		d.pos++
+	}
+	return d.scalarEnd()
+}
+
+// scalarEnd checks that a literal or number ends where a value may end,
+// so that "truex" and "01" are refused, as encoding/json refuses them.
+func (d *decoder) scalarEnd() error {
+	if d.pos < len(d.data) {
+		switch d.data[d.pos] {
+		case ' ', '\t', '\n', '\r', ',', ']', '}':
+		default:
+			return d.syntaxError()
+		}
+	}
+	return nil
+}
+
+// next skips space and consumes the byte that follows a list item or a
+// dict entry: a comma (more follows) or close (the end).
+func (d *decoder) next(close byte) (more bool, err error) {
+	d.skipSpace()
+	if d.pos < len(d.data) {
+		switch d.data[d.pos] {
+		case ',':
+			d.pos++
+			return true, nil
+		case close:
+			d.pos++
+			return false, nil
+		}
+	}
+	return false, d.syntaxError()
+}
+
+func (d *decoder) list(depth int) (jinja.Value, error) {
+	d.pos++ // [
+	items := []jinja.Value{}
+	if d.skipSpace(); d.pos < len(d.data) && d.data[d.pos] == ']' {
+		d.pos++
+		return jinja.NewList(items), nil
+	}
+	for more := true; more; {
+		v, err := d.value(depth + 1)
+		if err != nil {
 			return jinja.Value{}, err
 		}
-		return d, nil
+		items = append(items, v)
+		if more, err = d.next(']'); err != nil {
+			return jinja.Value{}, err
+		}
 	}
-	return jinja.Value{}, fmt.Errorf("unexpected JSON token %v", tok)
+	return jinja.NewList(items), nil
+}
+
+func (d *decoder) dict(depth int) (jinja.Value, error) {
+	d.pos++ // {
+	v := jinja.NewDict()
+	dict := v.AsDict()
+	if d.skipSpace(); d.pos < len(d.data) && d.data[d.pos] == '}' {
+		d.pos++
+		return v, nil
+	}
+	for more := true; more; {
+		if d.skipSpace(); d.pos >= len(d.data) || d.data[d.pos] != '"' {
+			return jinja.Value{}, d.syntaxError()
+		}
+		key, err := d.str()
+		if err != nil {
+			return jinja.Value{}, err
+		}
+		if d.skipSpace(); d.pos >= len(d.data) || d.data[d.pos] != ':' {
+			return jinja.Value{}, d.syntaxError()
+		}
+		d.pos++
+		item, err := d.value(depth + 1)
+		if err != nil {
+			return jinja.Value{}, err
+		}
+		dict.Set(key, item)
+		if more, err = d.next('}'); err != nil {
+			return jinja.Value{}, err
+		}
+	}
+	return v, nil
+}
+
+// number reads a number as JSON's grammar has it, then converts it (see
+// number).
+func (d *decoder) number() (jinja.Value, error) {
+	start := d.pos
+	digits := func() int {
+		n := d.pos
+		for d.pos < len(d.data) && '0' <= d.data[d.pos] && d.data[d.pos] <= '9' {
+			d.pos++
+		}
+		return d.pos - n
+	}
+	if d.data[d.pos] == '-' {
+		d.pos++
+	}
+	if d.pos < len(d.data) && d.data[d.pos] == '0' {
+		d.pos++
+	} else if digits() == 0 {
+		return jinja.Value{}, d.syntaxError()
+	}
+	if d.pos < len(d.data) && d.data[d.pos] == '.' {
+		d.pos++
+		if digits() == 0 {
+			return jinja.Value{}, d.syntaxError()
+		}
+	}
+	if d.pos < len(d.data) && (d.data[d.pos] == 'e' || d.data[d.pos] == 'E') {
+		d.pos++
+		if d.pos < len(d.data) && (d.data[d.pos] == '+' || d.data[d.pos] == '-') {
+			d.pos++
+		}
+		if digits() == 0 {
+			return jinja.Value{}, d.syntaxError()
+		}
+	}
+	if err := d.scalarEnd(); err != nil {
+		return jinja.Value{}, err
+	}
+	return number(json.Number(d.data[start:d.pos]))
+}
+
+// str reads a string, d.pos at its opening quote.
+func (d *decoder) str() (string, error) {
+	d.pos++ // "
+	start := d.pos
+	// Most strings need no unquoting: a copy of their bytes is the string.
+	for d.pos < len(d.data) {
+		c := d.data[d.pos]
+		if c == '"' {
+			s := string(d.data[start:d.pos])
+			d.pos++
+			return s, nil
+		}
+		if c == '\\' || c < ' ' {
+			break
+		}
+		if c < utf8.RuneSelf {
+			d.pos++
+			continue
+		}
+		r, n := utf8.DecodeRune(d.data[d.pos:])
+		if r == utf8.RuneError && n == 1 {
+			break
+		}
+		d.pos += n
+	}
+	b := make([]byte, 0, d.pos-start+16)
+	b = append(b, d.data[start:d.pos]...)
+	for d.pos < len(d.data) {
+		c := d.data[d.pos]
+		switch {
+		case c == '"':
+			d.pos++
+			return string(b), nil
+		case c < ' ':
+			return "", d.syntaxError()
+		case c == '\\':
+			if d.pos+1 >= len(d.data) {
+				d.pos++
+				return "", d.syntaxError()
+			}
+			switch e := d.data[d.pos+1]; e {
+			case '"', '\\', '/':
+				b = append(b, e)
+			case 'b':
+				b = append(b, '\b')
+			case 'f':
+				b = append(b, '\f')
+			case 'n':
+				b = append(b, '\n')
+			case 'r':
+				b = append(b, '\r')
+			case 't':
+				b = append(b, '\t')
+			case 'u':
+				r := d.u4(d.pos)
+				if r < 0 {
+					return "", fmt.Errorf("invalid \\u escape at offset %d", d.pos)
+				}
+				d.pos += 6
+				if utf16.IsSurrogate(r) {
+					// A pair is one rune; a lone surrogate is U+FFFD,
+					// and what follows it is read on its own.
+					if pair := utf16.DecodeRune(r, d.u4(d.pos)); pair != utf8.RuneError {
+						d.pos += 6
+						r = pair
+					} else {
+						r = utf8.RuneError
+					}
+				}
+				b = utf8.AppendRune(b, r)
+				continue
+			default:
+				d.pos++
+				return "", d.syntaxError()
+			}
+			d.pos += 2
+		case c < utf8.RuneSelf:
+			b = append(b, c)
+			d.pos++
+		default:
+			r, n := utf8.DecodeRune(d.data[d.pos:])
+			b = utf8.AppendRune(b, r)
+			d.pos += n
+		}
+	}
+	return "", d.syntaxError()
+}
+
+// u4 reads the escape \uXXXX at i, or returns -1.
+func (d *decoder) u4(i int) rune {
+	if i+6 > len(d.data) || d.data[i] != '\\' || d.data[i+1] != 'u' {
+		return -1
+	}
+	var r rune
+	for _, c := range d.data[i+2 : i+6] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c -= 'a' - 10
+		case 'A' <= c && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return -1
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
 }
 
 // number keeps a JSON integer an integer when it fits in int64, as

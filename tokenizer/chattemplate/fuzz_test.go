@@ -67,3 +67,62 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// FuzzMessageList renders a plain message (arbitrary role and content
+// bytes) and a raw one (arbitrary JSON) through every golden template from
+// a MessageList and from the same messages written as one JSON array: the
+// two agree, prompt or failure.
+//
+//	go test -run '^$' -fuzz '^FuzzMessageList$' -fuzztime 60s ./tokenizer/chattemplate
+func FuzzMessageList(f *testing.F) {
+	names, err := filepath.Glob("testdata/templates/*.*")
+	if err != nil {
+		f.Fatal(err)
+	}
+	var templates []*Template
+	for _, n := range names {
+		if filepath.Base(n) != "NOTICE" {
+			templates = append(templates, loadTestTemplate(f, filepath.Base(n)))
+		}
+	}
+	f.Add("user", "hi", []byte(`{"role": "assistant", "content": null, "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{\"b\": 1, \"a\": 2.0}"}}]}`), true)
+	f.Add("assistant", "a\xffb <&> \u2028", []byte(`{"role": "tool", "content": "r", "tool_call_id": "1"}`), false)
+	f.Add("system", "", []byte(`null`), true)
+	f.Add("user", "x", []byte(`{"role": "user", "content": "y"} x`), false)
+	f.Fuzz(func(t *testing.T, role, content string, raw []byte, plainFirst bool) {
+		plain := Message{Role: role, Content: content}
+		plainJSON, _ := json.Marshal(struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		}{role, content})
+		list := []Message{plain, {Raw: raw}}
+		arr := "[" + string(plainJSON) + "," + string(raw) + "]"
+		if !plainFirst {
+			list = []Message{{Raw: raw}, plain}
+			arr = "[" + string(raw) + "," + string(plainJSON) + "]"
+		}
+		var probe any
+		if json.Unmarshal(raw, &probe) != nil {
+			// Not one JSON value: spliced into an array it could read as
+			// several messages; the list form must refuse it.
+			for _, tmpl := range templates {
+				if _, err := tmpl.Render(Request{MessageList: list}); !errors.Is(err, ErrInput) {
+					t.Fatalf("raw %q: err %v, want ErrInput", raw, err)
+				}
+			}
+			return
+		}
+		for _, tmpl := range templates {
+			for _, decode := range []bool{false, true} {
+				want, wantErr := tmpl.Render(Request{Messages: []byte(arr), DecodeToolArguments: decode})
+				got, err := tmpl.Render(Request{MessageList: list, DecodeToolArguments: decode})
+				if got != want || (err == nil) != (wantErr == nil) {
+					t.Fatalf("from the list %q, %v; from JSON %s: %q, %v", got, err, arr, want, wantErr)
+				}
+				if err != nil && !errors.Is(err, ErrInput) && !errors.Is(err, ErrRender) {
+					t.Fatalf("error wraps none of the package's errors: %v", err)
+				}
+			}
+		}
+	})
+}
