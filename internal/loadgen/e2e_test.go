@@ -125,6 +125,32 @@ func TestLoadgenPickBeatsRoundRobin(t *testing.T) {
 	}
 }
 
+// A gateway that sends everything to one engine makes the fleet one
+// cache, large enough for the input: the engine serves exactly what the
+// ceiling counts.
+func TestLoadgenGatewayOneEngineReachesTheCeiling(t *testing.T) {
+	f := startFleet(t, 1)
+	in := loadgen.DefaultInput()
+	in.Sessions, in.Turns, in.Rate = 3, 3, 50
+	input, err := loadgen.Load(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := loadgen.ParseRoute("gateway="+f.endpoints[0].Addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), awaitBound)
+	defer cancel()
+	res, err := loadgen.Run(ctx, input, r, loadgen.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Errors > 0 || res.CachedFraction != res.Ceiling || res.Ceiling == 0 {
+		t.Errorf("%d errors (first: %s), cached fraction %v, want the ceiling %v", res.Errors, res.FirstError, res.CachedFraction, res.Ceiling)
+	}
+}
+
 // startSim runs kvindex sim's engines with o until the test ends and
 // returns what a kvindex follows them with, once they are up.
 func startSim(t *testing.T, o sim.Options) sim.Follow {
