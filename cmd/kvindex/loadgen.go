@@ -26,7 +26,7 @@ func (f *loadgenFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.in.Trace, "trace", "", "send this trace (Mooncake or kvindex JSONL, as kvindex demo --trace reads it) instead of the built-in agent workload")
 	fs.IntVar(&f.in.TraceBlock, "trace-block", 0, "tokens each of the trace's block ids stands for (default: Mooncake's 512)")
 	fs.StringVar(&f.in.Tokenizer, "tokenizer", "", "tokenizer.json a kvindex trace's text prompts are tokenized with, for the ceiling (the text itself is sent)")
-	fs.Float64Var(&f.in.TimeScale, "time-scale", di.TimeScale, "multiply the trace's timestamps: 0.5 sends it twice as fast, 0 all at once")
+	fs.Float64Var(&f.in.TimeScale, "time-scale", di.TimeScale, "multiply the trace's timestamps: 0.5 sends it twice as fast")
 	fs.IntVar(&f.in.Sessions, "sessions", di.Sessions, "built-in workload: conversations active at once")
 	fs.IntVar(&f.in.Turns, "turns", di.Turns, "built-in workload: requests per conversation")
 	fs.Float64Var(&f.in.Rate, "rate", di.Rate, "built-in workload: requests per second (Poisson arrivals); a turn also waits for the previous answer")
@@ -99,6 +99,9 @@ route.`,
 			routes, err := f.parseRoutes(args)
 			if err != nil {
 				return err
+			}
+			if err := f.in.CheckGiven(cmd.Flags().Changed); err != nil {
+				return usagef("%v", err)
 			}
 			in, err := loadgen.Load(f.in)
 			if err != nil {

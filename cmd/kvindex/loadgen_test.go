@@ -38,7 +38,11 @@ func TestLoadgenBadFlags(t *testing.T) {
 		{[]string{"--route", "pick=x", "--api", "chat"}, "--api chat sends text, and the prompts of agents are token ids: use --api completions"},
 		{[]string{"--route", "pick=x", "--concurrency", "0"}, "--concurrency 0: want 1..65536"},
 		{[]string{"--route", "pick=x", "--trace", "/nonexistent/t.jsonl"}, "--trace: open /nonexistent/t.jsonl: no such file or directory"},
-		{[]string{"--route", "pick=x", "--trace", text, "--time-scale", "-1"}, "--time-scale -1: want 0 (all at once) or more"},
+		{[]string{"--route", "pick=x", "--trace", text, "--time-scale", "-1"}, "--time-scale must be > 0 (got -1)"},
+		{[]string{"--route", "pick=x", "--trace", text, "--rate", "8"}, "--rate shapes the built-in workload, which --trace replaces"},
+		{[]string{"--route", "pick=x", "--trace", text, "--sessions", "8"}, "--sessions shapes the built-in workload, which --trace replaces"},
+		{[]string{"--route", "pick=x", "--time-scale", "2"}, "--time-scale applies to --trace only"},
+		{[]string{"--route", "pick=x", "--tokenizer", "t.json"}, "--tokenizer applies to --trace only"},
 		{[]string{"--route", "pick=x", "--trace", text, "--api", "chat"}, "--api chat sends text, and the prompts of " + text + " are token ids"},
 	} {
 		_, errOut, code := runCLI(t, append([]string{"loadgen"}, tc.args...)...)

@@ -87,6 +87,29 @@ func (in *Input) PromptTokens(n int) int64 {
 	return t
 }
 
+// The flags that shape the built-in workload, and those that shape how a
+// trace is read: each set applies without the other.
+var (
+	generatedFlags = []string{"sessions", "turns", "rate", "seed"}
+	traceFlags     = []string{"trace-block", "tokenizer", "time-scale"}
+)
+
+// CheckGiven refuses, rather than ignores, the flags given (as given
+// reports) that the input does not use: the built-in workload's with
+// --trace, the trace's without it.
+func (o *InputOptions) CheckGiven(given func(flag string) bool) error {
+	unused, why := traceFlags, "applies to --trace only"
+	if o.Trace != "" {
+		unused, why = generatedFlags, "shapes the built-in workload, which --trace replaces (its timestamps, times --time-scale, set the arrivals)"
+	}
+	for _, f := range unused {
+		if given(f) {
+			return fmt.Errorf("--%s %s", f, why)
+		}
+	}
+	return nil
+}
+
 // Load reads or generates the input o describes.
 func Load(o InputOptions) (*Input, error) {
 	if o.Requests < 0 {
@@ -131,9 +154,6 @@ func Load(o InputOptions) (*Input, error) {
 }
 
 func loadTrace(o InputOptions) (*Input, error) {
-	if !(o.TimeScale >= 0) || o.TimeScale > maxTimeScale {
-		return nil, fmt.Errorf("--time-scale %v: want 0 (all at once) or more", o.TimeScale)
-	}
 	c := demo.Defaults()
 	c.Trace, c.Tokenizer, c.TimeScale, c.TraceRequests = o.Trace, o.Tokenizer, o.TimeScale, o.Requests
 	if o.TraceBlock != 0 {

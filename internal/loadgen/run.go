@@ -169,7 +169,11 @@ type runner struct {
 func newRunner(in *Input, route Route, o Options) *runner {
 	r := &runner{in: in, route: route, o: o, client: o.Client, pods: map[string]int{}}
 	if r.client == nil {
-		r.client = &http.Client{}
+		// As many idle connections per engine as requests in flight, so
+		// that a busy run reuses them rather than dialling anew.
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = o.Concurrency
+		r.client = &http.Client{Transport: t}
 	}
 	r.path = "/v1/completions"
 	if o.API == APIChat {
