@@ -1,10 +1,14 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvindex/kvindex/internal/loadgen"
 )
 
 // kvindex loadgen refuses bad routes, endpoints and settings as usage
@@ -49,5 +53,54 @@ func TestLoadgenBadFlags(t *testing.T) {
 		if code != exitUsage || !strings.HasPrefix(errOut, "kvindex: "+tc.want) || !strings.HasSuffix(errOut, "(see 'kvindex loadgen --help')\n") {
 			t.Errorf("%v: exit %d, %q; want exit %d and %q", tc.args, code, errOut, exitUsage, tc.want)
 		}
+	}
+}
+
+// kvindex loadgen sends a kvindex trace's text prompts as chat messages
+// to simulated engines that tokenize them, once per route: through a
+// "gateway" that is one engine, the later turns of a session find the
+// earlier ones' blocks in its cache.
+func TestLoadgenChatTrace(t *testing.T) {
+	const tk = "../../tokenizer/testdata/qwen2.5/tokenizer.json.gz"
+	sim := startSim(t, "--engines", "2", "--tokenizer", tk, "--rate", "0", "--http-port", "8000", "--prefill-per-token", "0")
+	var lines []string
+	for turn := range 3 {
+		for _, s := range []string{"a", "b"} {
+			text := "You are the assistant of user " + s + "." + strings.Repeat(" Tell me more about caches.", 8*(turn+1))
+			lines = append(lines, fmt.Sprintf(`{"timestamp": %d, "session_id": %q, "text": %q, "output_length": 8}`, 10*len(lines), s, text))
+		}
+	}
+	file := filepath.Join(t.TempDir(), "chat.jsonl")
+	if err := os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"loadgen", "--trace", file, "--tokenizer", tk, "--api", "chat", "--compare", "round-robin", "gateway=" + sim.run.Fronts()[0].Addr}
+	for i, f := range sim.run.Fronts() {
+		args = append(args, "--endpoint", fmt.Sprintf("pod-%d=%s", i, f.Addr))
+	}
+	out, errOut, code := runCLI(t, append(args, "--json")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var rep loadgen.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	if len(rep.Results) != 2 || rep.Requests != 6 || rep.Trace == nil || rep.Trace.Sessions != 2 {
+		t.Fatalf("report %+v, want 2 routes of the trace's 6 requests in 2 sessions", rep)
+	}
+	for _, r := range rep.Results {
+		if r.Requests != 6 || r.Errors != 0 || r.PromptTokens == 0 {
+			t.Errorf("%s: %d requests, %d errors (%s), %d prompt tokens", r.Route, r.Requests, r.Errors, r.FirstError, r.PromptTokens)
+		}
+	}
+	// Turns 2 and 3 resend turns 1 and 2 (8 and 16 of their 16 and 24
+	// sentences): half of all the tokens, less the partial blocks.
+	if gw := rep.Results[1]; gw.CachedFraction < 0.4 || gw.Pods != nil {
+		t.Errorf("through one engine: cached fraction %v, want the later turns' earlier blocks (about half), and no pods named (got %v)", gw.CachedFraction, gw.Pods)
+	}
+	out, _, code = runCLI(t, args...)
+	if want := "input: " + file + ", 6 requests"; code != 0 || !strings.HasPrefix(out, want) || !strings.Contains(out, "gateway=http://"+sim.run.Fronts()[0].Addr) {
+		t.Errorf("exit %d, table:\n%s\nwant it to start %q and name both routes", code, out, want)
 	}
 }
