@@ -62,21 +62,20 @@ func WriteJSON(w io.Writer, rep *Report) error {
 func WriteTable(w io.Writer, rep *Report) error {
 	fmt.Fprintf(w, "input: %s, %d requests, %d prompt tokens, --api %s\n", rep.Input, rep.Requests, rep.PromptTokens, rep.API)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "route\trequests\terrors\tTTFT p50\tp90\tp99\treq/s\tprompt tok/s\tcached\tof ceiling\t")
+	fmt.Fprintln(tw, "route\trequests\terrors\tTTFT p50\tp90\tp99\treq/s\tprompt tok/s\tcached\tceiling\tof ceiling\t")
 	for _, r := range rep.Results {
 		of := "-"
 		if r.Ceiling > 0 {
 			of = pct(r.CachedFraction / r.Ceiling)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s\t\n", r.Route, r.Requests, r.Errors,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s\t%s\t\n", r.Route, r.Requests, r.Errors,
 			ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P99), r.RequestsPerSecond,
-			strconv.FormatFloat(r.PromptTokensPerSecond, 'f', 0, 64), pct(r.CachedFraction), of)
+			strconv.FormatFloat(r.PromptTokensPerSecond, 'f', 0, 64), pct(r.CachedFraction), pct(r.Ceiling), of)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "cached: the engines' own prompt_tokens_details.cached_tokens over their prompt_tokens; ceiling %s: what one unlimited cache would serve of this input\n",
-		pct(rep.Ceiling))
+	fmt.Fprintln(w, "cached: the engines' own prompt_tokens_details.cached_tokens over their prompt_tokens; ceiling: what one unlimited cache would serve of the requests sent")
 	for _, r := range rep.Results {
 		if r.FirstError != "" {
 			fmt.Fprintf(w, "%s: first error: %s\n", r.Route, r.FirstError)

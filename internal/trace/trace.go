@@ -1,6 +1,7 @@
 // Package trace reads request traces: JSONL files of requests with their
 // arrival times, prompts and output lengths, which "kvindex demo --trace"
-// replays through a simulated fleet. A trace is read one line at a time,
+// replays through a simulated fleet and "kvindex loadgen --trace" sends to
+// a live one. A trace is read one line at a time,
 // so a reader needs memory only for the requests its caller keeps.
 //
 // # Formats
