@@ -9,8 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/kvindex/kvindex/internal/demo"
@@ -39,12 +37,12 @@ func newDemoCmd() *cobra.Command {
 				}
 			}
 			stderr := cmd.ErrOrStderr()
-			bar := newProgressBar(stderr, !jsonOut && isTerminal(stderr))
+			bar := demo.NewProgressBar(stderr, !jsonOut && demo.IsTerminal(stderr))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
 			start := time.Now()
-			rep, err := demo.Run(ctx, demo.Options{Config: cfg, Progress: bar.update})
-			bar.finish()
+			rep, err := demo.Run(ctx, demo.Options{Config: cfg, Progress: bar.Update})
+			bar.Finish()
 			if err != nil {
 				return configUsage(err, flagNames(cmd.Flags()))
 			}
@@ -120,53 +118,4 @@ func pathCause(err error) error {
 		return pe.Err
 	}
 	return err
-}
-
-// isTerminal reports whether w is a character device (a terminal).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
-}
-
-// progressBar draws "[=====>    ] 45%" on one terminal line.
-type progressBar struct {
-	w    io.Writer
-	on   bool
-	mu   sync.Mutex
-	last int // last percentage drawn
-}
-
-func newProgressBar(w io.Writer, on bool) *progressBar { return &progressBar{w: w, on: on, last: -1} }
-
-func (p *progressBar) update(done, total int) {
-	if !p.on || total <= 0 {
-		return
-	}
-	pc := done * 100 / total
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if pc == p.last {
-		return
-	}
-	p.last = pc
-	const width = 40
-	fill := pc * width / 100
-	bar := strings.Repeat("=", fill)
-	if fill < width {
-		bar += ">" + strings.Repeat(" ", width-fill-1)
-	}
-	fmt.Fprintf(p.w, "\r[%s] %3d%% simulating routers", bar, pc)
-}
-
-func (p *progressBar) finish() {
-	if !p.on || p.last < 0 {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	fmt.Fprint(p.w, "\r"+strings.Repeat(" ", 70)+"\r")
 }

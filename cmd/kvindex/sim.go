@@ -110,7 +110,7 @@ sends no workload, leaving the engines to their HTTP clients.`,
 			w := cmd.OutOrStdout()
 			var s *sim.Sim // set before Run, the only caller of Observe
 			o.Observe = func(ev sim.Event) {
-				printSimEvent(w, s.Plan(), ev)
+				sim.WriteEvent(w, s.Plan(), ev)
 				if _, ok := ev.(sim.Started); ok && simStarted != nil {
 					simStarted(s)
 				}

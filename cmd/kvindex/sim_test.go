@@ -79,7 +79,7 @@ func TestSimServeLine(t *testing.T) {
 			t.Errorf("%v: %v", tc.args, err)
 			continue
 		}
-		if got := shellLine(simServeArgs(p.Follow())); got != tc.want {
+		if got := sim.ShellLine(sim.ServeArgs(p.Follow())); got != tc.want {
 			t.Errorf("%v:\n got %s\nwant %s", tc.args, got, tc.want)
 		}
 	}

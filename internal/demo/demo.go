@@ -31,6 +31,8 @@ type Options struct {
 	// Workload, if set, adjusts the scenario's traffic (token counts,
 	// skew, forks) after Config's size fields are applied.
 	Workload func(*WorkloadConfig)
+
+	keepText bool // keep a trace's text prompts (LoadTrace)
 }
 
 // defaults fills the zero fields that only a program sets; the Config
@@ -146,10 +148,17 @@ type runPlan struct {
 	trace    *TraceInfo   // the replayed trace; nil: a generated workload
 }
 
+// Hasher returns the simulated engines' block hashing, which requests'
+// Keys and the ceiling are computed with: vLLM's default block size (the
+// ceiling depends on nothing else).
+func Hasher() (*blockhash.Hasher, error) {
+	return blockhash.New(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: blockhash.DefaultSeed, BlockSize: engineBlockSize})
+}
+
 // plan builds the run's workload, capacity and fleet events from o
 // without running anything.
 func (o *Options) plan() (*runPlan, error) {
-	h, err := blockhash.New(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: blockhash.DefaultSeed, BlockSize: engineBlockSize})
+	h, err := Hasher()
 	if err != nil {
 		return nil, err
 	}

@@ -71,6 +71,7 @@ type TraceInfo struct {
 type traceTokens struct {
 	blocks      []uint64 // the prompt's block ids, or
 	tokens      []uint64 // the prompt's tokens
+	text        string   // the prompt as text, kept for a live run (Options.keepText)
 	blockTokens int
 	input       int
 	output      int
@@ -181,10 +182,13 @@ func (o *Options) readTrace(h *blockhash.Hasher) (*tracePlan, error) {
 				sessions[rec.Session] = conv
 			}
 		}
+		if !o.keepText {
+			rec.Text = ""
+		}
 		r := Request{
 			ID: id, Conv: conv, Prev: -1, Next: -1,
 			Planned: time.Duration(math.Round(float64(rec.Time-first) * o.TimeScale)),
-			trace: &traceTokens{blocks: rec.Blocks, tokens: rec.Tokens, blockTokens: o.TraceBlock,
+			trace: &traceTokens{blocks: rec.Blocks, tokens: rec.Tokens, text: rec.Text, blockTokens: o.TraceBlock,
 				input: rec.Input, output: rec.Output, line: uint64(rec.Line), vocab: vocab},
 		}
 		if prev, ok := lastOf[conv]; ok {
@@ -378,4 +382,37 @@ func (o *Options) planTrace(h *blockhash.Hasher) (*runPlan, error) {
 	setup = append(setup, fmt.Sprintf("ceiling: one unlimited cache would serve %s of the prompt tokens (full blocks of %d whose whole prefix an earlier request sent)",
 		pct(info.Ceiling), bs))
 	return &runPlan{w: w, h: h, capacity: capacity, engines: o.Pods, setup: setup, trace: info}, nil
+}
+
+// LoadTrace reads the trace c names (Trace, TraceBlock, TraceRequests,
+// TraceWindow, TimeScale, Tokenizer) into the requests a demo run
+// replays, with its description and ceiling, for a run against a live
+// fleet: a prompt given as block ids becomes the same token ids here as
+// in the demo. keepText keeps text prompts' text (Request.Text).
+func LoadTrace(c Config, keepText bool) (*Workload, *TraceInfo, error) {
+	if err := c.Validate(); err != nil {
+		return nil, nil, err
+	}
+	h, err := Hasher()
+	if err != nil {
+		return nil, nil, err
+	}
+	o := &Options{Config: c, keepText: keepText}
+	tp, err := o.readTrace(h)
+	if err != nil {
+		return nil, nil, err
+	}
+	return tp.w, &tp.info, nil
+}
+
+// Ceiling is the cached fraction of one unlimited cache over w's
+// requests, as TraceInfo.Ceiling is for a trace: the share of the prompt
+// tokens, in full blocks, whose whole prefix an earlier request sent.
+func Ceiling(w *Workload) float64 {
+	var prompt int64
+	for i := range w.Requests {
+		prompt += int64(w.Requests[i].PromptLen())
+	}
+	_, hit := ceiling(w.Requests)
+	return ratio(hit, prompt)
 }

@@ -160,6 +160,24 @@ func (r *Request) Output() int {
 	return len(r.Full) - len(r.Prompt)
 }
 
+// PromptTokens returns the prompt's token ids: Prompt, or a trace
+// request's, made on demand.
+func (r *Request) PromptTokens() []uint64 {
+	if r.trace != nil {
+		return r.trace.append(nil, r.trace.input)
+	}
+	return r.Prompt
+}
+
+// Text returns a trace request's prompt as the trace gave it as text, if
+// it was read for a live run (LoadTrace); "" otherwise.
+func (r *Request) Text() string {
+	if r.trace != nil {
+		return r.trace.text
+	}
+	return ""
+}
+
 // appendTokens appends the first n tokens of Full to dst.
 func (r *Request) appendTokens(dst []uint64, n int) []uint64 {
 	if r.trace != nil {

@@ -1,6 +1,7 @@
 // Package trace reads request traces: JSONL files of requests with their
 // arrival times, prompts and output lengths, which "kvindex demo --trace"
-// replays through a simulated fleet. A trace is read one line at a time,
+// replays through a simulated fleet and "kvindex loadgen --trace" sends to
+// a live one. A trace is read one line at a time,
 // so a reader needs memory only for the requests its caller keeps.
 //
 // # Formats
@@ -79,6 +80,7 @@ type Record struct {
 	Time    time.Duration // arrival, from the start of the trace
 	Session string        // the conversation it belongs to; "": none given
 	Tokens  []uint64      // the prompt's token ids (token_ids or text); nil for block ids
+	Text    string        // the prompt as text, for a text prompt; "" otherwise
 	Blocks  []uint64      // the prompt's block ids (hash_ids); nil for tokens
 	Input   int           // prompt tokens
 	Output  int           // tokens generated
@@ -310,6 +312,7 @@ func DecodeLine(b []byte, format string, opt Options) (Record, error) {
 		if err != nil {
 			return rec, fmt.Errorf("tokenizing the text: %w", err)
 		}
+		rec.Text = *l.Text
 	}
 	if rec.Blocks == nil {
 		if len(rec.Tokens) == 0 {

@@ -1,4 +1,4 @@
-package main
+package sim
 
 import (
 	"cmp"
@@ -8,20 +8,18 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-
-	"github.com/kvindex/kvindex/internal/sim"
 )
 
-// printSimEvent prints what kvindex sim tells: what runs where and how to
-// follow it, then a line per request.
-func printSimEvent(w io.Writer, p *sim.Plan, ev sim.Event) {
+// WriteEvent writes what kvindex sim tells of ev: what runs where and how
+// to follow it, then a line per request.
+func WriteEvent(w io.Writer, p *Plan, ev Event) {
 	switch ev := ev.(type) {
-	case sim.Started:
-		printSimStart(w, p, ev)
-	case sim.Request:
+	case Started:
+		writeStart(w, p, ev)
+	case Request:
 		fmt.Fprintf(w, "%s req %d conv %d turn %d -> %s: %d tokens, %d cached (%s)\n",
 			ev.Time.Format("15:04:05.000"), ev.N, ev.Conv, ev.Turn+1, ev.Engine.Name(), ev.Tokens, ev.Cached, percent(ev.Cached, ev.Tokens))
-	case sim.HTTPRequest:
+	case HTTPRequest:
 		// Tokenizations that succeed print nothing: kvindex serve
 		// --tokenize-url sends one per query.
 		now := ev.Time.Format("15:04:05.000")
@@ -32,7 +30,7 @@ func printSimEvent(w io.Writer, p *sim.Plan, ev sim.Event) {
 			fmt.Fprintf(w, "%s http %s -> %s: %d tokens, %d cached (%s)\n",
 				now, ev.Path, ev.Engine.Name(), ev.PromptTokens, ev.CachedTokens, percent(ev.CachedTokens, ev.PromptTokens))
 		}
-	case sim.Finished:
+	case Finished:
 		fmt.Fprintf(w, "sent %d requests; the engines stay up (kvindex can still replay and query them) until Ctrl-C\n", ev.Requests)
 	}
 }
@@ -46,9 +44,9 @@ func percent(part, whole int) string {
 	return strconv.FormatFloat(math.Round(pct*10)/10, 'f', 1, 64) + "%"
 }
 
-// printSimStart says what runs where, and the kvindex serve line that
+// writeStart says what runs where, and the kvindex serve line that
 // follows it.
-func printSimStart(w io.Writer, p *sim.Plan, st sim.Started) {
+func writeStart(w io.Writer, p *Plan, st Started) {
 	o := p.Options()
 	hc := o.Hasher.Config()
 	ranks := ""
@@ -85,18 +83,18 @@ func printSimStart(w io.Writer, p *sim.Plan, st sim.Started) {
 			o.Sessions, o.Turns, o.Rate, limit, prompts, o.Seed)
 	}
 	if o.LogPrompts != "" {
-		q := `kvindex query --prompt "$(tail -n 1 ` + shellLine([]string{o.LogPrompts}) + `)"`
+		q := `kvindex query --prompt "$(tail -n 1 ` + ShellLine([]string{o.LogPrompts}) + `)"`
 		if o.Tokenizer == "" {
-			q = "tail -n 1 " + shellLine([]string{o.LogPrompts}) + " | kvindex query --tokens-file -"
+			q = "tail -n 1 " + ShellLine([]string{o.LogPrompts}) + " | kvindex query --tokens-file -"
 		}
 		fmt.Fprintf(w, "prompts go to %s, one per line; ask about the last one with:\n  %s\n", o.LogPrompts, q)
 	}
-	fmt.Fprintf(w, "follow these engines with:\n%s\n", shellLine(simServeArgs(p.Follow())))
+	fmt.Fprintf(w, "follow these engines with:\n%s\n", ShellLine(ServeArgs(p.Follow())))
 }
 
-// simServeArgs is the kvindex serve command line that follows the
-// engines.
-func simServeArgs(f sim.Follow) []string {
+// ServeArgs is the kvindex serve command line that follows the
+// engines f describes.
+func ServeArgs(f Follow) []string {
 	args := []string{"kvindex", "serve", "--model", f.Model,
 		"--hash-algo", string(f.Hash.Algo), "--hash-seed", f.Hash.Seed, "--block-size", strconv.Itoa(f.Hash.BlockSize)}
 	if f.Tokenizer != "" {
@@ -127,8 +125,8 @@ func simServeArgs(f sim.Follow) []string {
 // shellSafe matches words a POSIX shell reads as themselves.
 var shellSafe = regexp.MustCompile(`^[A-Za-z0-9_@%+=:,./-]+$`)
 
-// shellLine joins args into a line a shell reads back as args.
-func shellLine(args []string) string {
+// ShellLine joins args into a line a shell reads back as args.
+func ShellLine(args []string) string {
 	out := make([]string, len(args))
 	for i, a := range args {
 		if shellSafe.MatchString(a) {
