@@ -57,7 +57,7 @@ func TestBodyBuffers(t *testing.T) {
 	if b := getBody(5000, 6000); cap(b) > 6000 {
 		t.Fatalf("getBody(5000, 6000) has capacity %d", cap(b))
 	}
-	if b := appendBody(make([]byte, 3000, 3000), make([]byte, 2000), 6000); cap(b) > 6000 || len(b) != 5000 {
+	if b := appendBody(make([]byte, 3000), make([]byte, 2000), 6000); cap(b) > 6000 || len(b) != 5000 {
 		t.Fatalf("appendBody past a 6,000-byte limit: len %d cap %d", len(b), cap(b))
 	}
 	// A buffer whose capacity is not a class's is not pooled (it would
