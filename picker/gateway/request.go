@@ -6,12 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/internal/jsonids"
+	"github.com/kvindex/kvindex/internal/jsonstr"
 	"github.com/kvindex/kvindex/picker"
 	"github.com/zeebo/xxh3"
 )
@@ -504,112 +504,18 @@ func plainMessage(raw []byte) (_ *kvindexv1.ChatMessage, ok bool) {
 
 // plainString returns the JSON string starting at raw[i] (a quote) of
 // a valid JSON text, and the index past it: its bytes when it has no
-// escape and is valid UTF-8, else what encoding/json decodes of it alone.
+// escape and is valid UTF-8, else as encoding/json decodes it.
 func plainString(raw []byte, i int) (string, int, bool) {
-	escaped := false
-	j := i + 1
-	for ; j < len(raw) && raw[j] != '"'; j++ {
-		if raw[j] == '\\' {
-			escaped = true
-			j++
-		}
-	}
-	if j >= len(raw) {
+	j := jsonstr.End(raw, i+1)
+	if j < 0 {
 		return "", 0, false
 	}
 	v := raw[i+1 : j]
-	if !escaped && utf8.Valid(v) {
+	if bytes.IndexByte(v, '\\') < 0 && utf8.Valid(v) {
 		return string(v), j + 1, true
 	}
-	out, ok := unquote(v)
-	return out, j + 1, ok
-}
-
-// unquote decodes the contents of a valid JSON string as encoding/json
-// does: escapes, a \u surrogate pair as one rune and a lone surrogate as
-// U+FFFD, each byte of invalid UTF-8 as U+FFFD. ok is false on an escape
-// it does not know (which valid JSON has not).
-func unquote(v []byte) (_ string, ok bool) {
-	out := make([]byte, 0, len(v))
-	for r := 0; r < len(v); {
-		switch c := v[r]; {
-		case c == '\\':
-			if r+1 >= len(v) {
-				return "", false
-			}
-			switch e := v[r+1]; e {
-			case '"', '\\', '/':
-				out = append(out, e)
-			case 'b':
-				out = append(out, '\b')
-			case 'f':
-				out = append(out, '\f')
-			case 'n':
-				out = append(out, '\n')
-			case 'r':
-				out = append(out, '\r')
-			case 't':
-				out = append(out, '\t')
-			case 'u':
-				rr, ok := hex4(v, r+2)
-				if !ok {
-					return "", false
-				}
-				r += 6
-				if utf16.IsSurrogate(rr) {
-					if r+1 < len(v) && v[r] == '\\' && v[r+1] == 'u' {
-						if rr1, ok := hex4(v, r+2); ok {
-							if dec := utf16.DecodeRune(rr, rr1); dec != utf8.RuneError {
-								out = utf8.AppendRune(out, dec)
-								r += 6
-								continue
-							}
-						}
-					}
-					rr = utf8.RuneError
-				}
-				out = utf8.AppendRune(out, rr)
-				continue
-			default:
-				return "", false
-			}
-			r += 2
-		case c < utf8.RuneSelf:
-			out = append(out, c)
-			r++
-		default:
-			rr, size := utf8.DecodeRune(v[r:])
-			if rr == utf8.RuneError && size == 1 {
-				out = utf8.AppendRune(out, utf8.RuneError)
-			} else {
-				out = append(out, v[r:r+size]...)
-			}
-			r += size
-		}
-	}
-	return string(out), true
-}
-
-// hex4 reads the four hex digits of a \u escape at v[i:].
-func hex4(v []byte, i int) (rune, bool) {
-	if i+4 > len(v) {
-		return 0, false
-	}
-	var r rune
-	for _, c := range v[i : i+4] {
-		switch {
-		case '0' <= c && c <= '9':
-			c -= '0'
-		case 'a' <= c && c <= 'f':
-			c = c - 'a' + 10
-		case 'A' <= c && c <= 'F':
-			c = c - 'A' + 10
-		default:
-			return 0, false
-		}
-		r = r<<4 | rune(c)
-	}
-	return r, true
+	out, ok := jsonstr.Append(make([]byte, 0, len(v)), v)
+	return string(out), j + 1, ok
 }
 
 func chatMessage(raw json.RawMessage) (*kvindexv1.ChatMessage, error) {

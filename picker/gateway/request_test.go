@@ -184,21 +184,3 @@ func FuzzParseRequest(f *testing.F) {
 		}
 	})
 }
-
-// FuzzUnquote checks the one-pass read of chat messages' strings against
-// encoding/json on every valid JSON string.
-func FuzzUnquote(f *testing.F) {
-	for _, s := range []string{`plain`, `a\nb\t\"q\"\\\/`, `\ud83d\ude00`, `\ud800`, `\ud800\u0041`, `\udc00\ud800`, "\xff\xfe", `\u00E9\u00e9`, `\b\f\r`} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		quoted := []byte(`"` + s + `"`)
-		var want string
-		if json.Unmarshal(quoted, &want) != nil {
-			return // not a JSON string
-		}
-		if got, ok := unquote(quoted[1 : len(quoted)-1]); !ok || got != want {
-			t.Fatalf("%q: unquote %q (%v), encoding/json %q", s, got, ok, want)
-		}
-	})
-}

@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
+
+	"github.com/kvindex/kvindex/internal/jsonstr"
 )
 
 // maxDepth bounds the nesting of decoded JSON, so that a hostile request
@@ -256,89 +257,19 @@ func (d *decoder) str() (string, error) {
 		}
 		d.pos += n
 	}
-	b := make([]byte, 0, d.pos-start+16)
-	b = append(b, d.data[start:d.pos]...)
-	for d.pos < len(d.data) {
-		c := d.data[d.pos]
-		switch {
-		case c == '"':
-			d.pos++
-			return string(b), nil
-		case c < ' ':
-			return "", d.syntaxError()
-		case c == '\\':
-			if d.pos+1 >= len(d.data) {
-				d.pos++
-				return "", d.syntaxError()
-			}
-			switch e := d.data[d.pos+1]; e {
-			case '"', '\\', '/':
-				b = append(b, e)
-			case 'b':
-				b = append(b, '\b')
-			case 'f':
-				b = append(b, '\f')
-			case 'n':
-				b = append(b, '\n')
-			case 'r':
-				b = append(b, '\r')
-			case 't':
-				b = append(b, '\t')
-			case 'u':
-				r := d.u4(d.pos)
-				if r < 0 {
-					return "", fmt.Errorf("invalid \\u escape at offset %d", d.pos)
-				}
-				d.pos += 6
-				if utf16.IsSurrogate(r) {
-					// A pair is one rune; a lone surrogate is U+FFFD,
-					// and what follows it is read on its own.
-					if pair := utf16.DecodeRune(r, d.u4(d.pos)); pair != utf8.RuneError {
-						d.pos += 6
-						r = pair
-					} else {
-						r = utf8.RuneError
-					}
-				}
-				b = utf8.AppendRune(b, r)
-				continue
-			default:
-				d.pos++
-				return "", d.syntaxError()
-			}
-			d.pos += 2
-		case c < utf8.RuneSelf:
-			b = append(b, c)
-			d.pos++
-		default:
-			r, n := utf8.DecodeRune(d.data[d.pos:])
-			b = utf8.AppendRune(b, r)
-			d.pos += n
-		}
+	// An escape, a control character or invalid UTF-8: the string ends
+	// at the next unescaped quote, and is decoded as encoding/json does.
+	end := jsonstr.End(d.data, d.pos)
+	if end < 0 {
+		d.pos = len(d.data)
+		return "", d.syntaxError()
 	}
-	return "", d.syntaxError()
-}
-
-// u4 reads the escape \uXXXX at i, or returns -1.
-func (d *decoder) u4(i int) rune {
-	if i+6 > len(d.data) || d.data[i] != '\\' || d.data[i+1] != 'u' {
-		return -1
+	b, ok := jsonstr.Append(make([]byte, 0, end-start), d.data[start:end])
+	if !ok {
+		return "", fmt.Errorf("invalid string at offset %d", start-1)
 	}
-	var r rune
-	for _, c := range d.data[i+2 : i+6] {
-		switch {
-		case '0' <= c && c <= '9':
-			c -= '0'
-		case 'a' <= c && c <= 'f':
-			c -= 'a' - 10
-		case 'A' <= c && c <= 'F':
-			c -= 'A' - 10
-		default:
-			return -1
-		}
-		r = r<<4 | rune(c)
-	}
-	return r
+	d.pos = end + 1
+	return string(b), nil
 }
 
 // number keeps a JSON integer an integer when it fits in int64, as

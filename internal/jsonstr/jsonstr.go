@@ -1,0 +1,110 @@
+// Package jsonstr decodes JSON strings as encoding/json does, for the
+// one-pass JSON readers of the picker (chat messages) and the chat
+// template (its values), which find a string's end themselves and
+// decode it here only when it holds an escape or invalid UTF-8.
+package jsonstr
+
+import (
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// End returns the index of the quote that closes the JSON string whose
+// contents start at data[i] (past its opening quote), or -1 when the
+// data ends first. It does not check the contents (Append does).
+func End(data []byte, i int) int {
+	for ; i < len(data); i++ {
+		switch data[i] {
+		case '"':
+			return i
+		case '\\':
+			i++
+		}
+	}
+	return -1
+}
+
+// Append appends the decoded contents v of a JSON string (between its
+// quotes) to dst, as encoding/json decodes them: escapes, a \u surrogate
+// pair as one rune and a lone surrogate as U+FFFD, each byte of invalid
+// UTF-8 as U+FFFD. ok is false for contents that are not valid JSON: a
+// control character, an unknown or cut escape, an unescaped quote.
+func Append(dst, v []byte) (_ []byte, ok bool) {
+	for r := 0; r < len(v); {
+		switch c := v[r]; {
+		case c == '\\':
+			if r+1 >= len(v) {
+				return dst, false
+			}
+			switch e := v[r+1]; e {
+			case '"', '\\', '/':
+				dst = append(dst, e)
+			case 'b':
+				dst = append(dst, '\b')
+			case 'f':
+				dst = append(dst, '\f')
+			case 'n':
+				dst = append(dst, '\n')
+			case 'r':
+				dst = append(dst, '\r')
+			case 't':
+				dst = append(dst, '\t')
+			case 'u':
+				rr := hex4(v, r+2)
+				if rr < 0 {
+					return dst, false
+				}
+				r += 6
+				if utf16.IsSurrogate(rr) {
+					// A pair is one rune; a lone surrogate is U+FFFD, and
+					// what follows it is read on its own.
+					if r+1 < len(v) && v[r] == '\\' && v[r+1] == 'u' {
+						if pair := utf16.DecodeRune(rr, hex4(v, r+2)); pair != utf8.RuneError {
+							dst = utf8.AppendRune(dst, pair)
+							r += 6
+							continue
+						}
+					}
+					rr = utf8.RuneError
+				}
+				dst = utf8.AppendRune(dst, rr)
+				continue
+			default:
+				return dst, false
+			}
+			r += 2
+		case c < ' ' || c == '"':
+			return dst, false
+		case c < utf8.RuneSelf:
+			dst = append(dst, c)
+			r++
+		default:
+			rr, size := utf8.DecodeRune(v[r:])
+			dst = utf8.AppendRune(dst, rr) // U+FFFD for a byte of invalid UTF-8
+			r += size
+		}
+	}
+	return dst, true
+}
+
+// hex4 reads the four hex digits at v[i:], or returns -1.
+func hex4(v []byte, i int) rune {
+	if i+4 > len(v) {
+		return -1
+	}
+	var r rune
+	for _, c := range v[i : i+4] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c -= 'a' - 10
+		case 'A' <= c && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return -1
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
+}
