@@ -6,7 +6,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/internal/promptinput"
+	"github.com/kvindex/kvindex/internal/service"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -78,14 +81,16 @@ func (f *extraFlags) extras() (*blockhash.Extras, error) {
 
 func newHashCmd() *cobra.Command {
 	var (
-		hf     hashFlags
-		xf     extraFlags
-		tf     tokenFlags
-		asJSON bool
+		hf             hashFlags
+		xf             extraFlags
+		tf             tokenFlags
+		tok            tokenizerFlags
+		text, messages string
+		asJSON         bool
 	)
 	cmd := &cobra.Command{
-		Use:   "hash (--tokens 1,2,3 | --tokens-file FILE)",
-		Short: "Compute the block hashes an engine reports for token ids",
+		Use:   "hash (--tokens 1,2,3 | --tokens-file FILE | --tokenizer F [--chat-template F] (--prompt TEXT | --messages-file F))",
+		Short: "Compute the block hashes an engine reports for token ids or a prompt",
 		Long: `hash prints, for each full block of the given token ids, the hash the engine
 puts in its KV events, so a hash mismatch between kvindex and an engine can be
 debugged by hand: compare with the block_hashes of a BlockStored event.
@@ -95,6 +100,7 @@ Plain output, one line per full block (a trailing partial block is not hashed):
 With --json:
   {"none_hash":"<hex>","blocks":[{"index":0,"hash":"<hex>","event_int":N}]}`,
 		Example: `  kvindex hash --hash-algo sha256_cbor --hash-seed 0 --tokens $(seq -s, 0 47)
+  kvindex hash --tokenizer tokenizer.json --chat-template tokenizer_config.json --messages-file chat.json
   kvindex hash --hash-algo sha256 --hash-seed 42 --lora-name sql-lora --tokens-file prompt.json --json`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -106,7 +112,12 @@ With --json:
 			if err != nil {
 				return err
 			}
-			toks, err := tf.load(cmd.InOrStdin())
+			var toks []uint64
+			if text != "" || messages != "" {
+				toks, err = tokenizePrompt(cmd, tok, tf, text, messages)
+			} else {
+				toks, err = tf.load(cmd.InOrStdin())
+			}
 			if err != nil {
 				return err
 			}
@@ -123,8 +134,38 @@ With --json:
 	hf.register(cmd.Flags())
 	xf.register(cmd.Flags())
 	tf.register(cmd.Flags())
+	tok.register(cmd.Flags())
+	cmd.Flags().StringVar(&text, "prompt", "", "prompt text, tokenized by --tokenizer (completion form)")
+	cmd.Flags().StringVar(&messages, "messages-file", "", "chat messages, rendered by --chat-template and tokenized by --tokenizer: a JSON array of OpenAI messages, or a chat request object; - reads stdin")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of lines")
 	return cmd
+}
+
+// tokenizePrompt tokenizes --prompt or --messages-file with the local
+// tokenizer, as kvindex serve and kvindex picker do.
+func tokenizePrompt(cmd *cobra.Command, tok tokenizerFlags, tf tokenFlags, text, messages string) ([]uint64, error) {
+	switch {
+	case tf.set() || text != "" && messages != "":
+		return nil, usagef("give one of --tokens/--tokens-file, --prompt and --messages-file")
+	case tok.file == "":
+		return nil, usagef("--prompt and --messages-file need --tokenizer (and chat messages --chat-template)")
+	}
+	p := client.TextPrompt(text)
+	if messages != "" {
+		var err error
+		if p, err = readMessagesFile(messages, cmd.InOrStdin()); err != nil {
+			return nil, err
+		}
+	}
+	t, err := service.LoadLocalTokenizer(tok.file, tok.chatTemplate, 0)
+	if err != nil {
+		return nil, configUsage(err, serveFlagNames)
+	}
+	in, _, err := promptinput.Of(p)
+	if err != nil {
+		return nil, err
+	}
+	return t.Tokenize(cmd.Context(), "", in)
 }
 
 // countTokens says "1 token is" or "N tokens are".

@@ -2,11 +2,16 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvindex/kvindex/tokenizer"
+	"github.com/kvindex/kvindex/tokenizer/chattemplate"
 )
 
 func runCLI(t *testing.T, args ...string) (stdout, stderr string, code int) {
@@ -129,5 +134,66 @@ func TestHashBadInput(t *testing.T) {
 				t.Errorf("stderr %q does not name the problem (%q)", errOut, tc.want)
 			}
 		})
+	}
+}
+
+// kvindex hash --tokenizer renders and tokenizes a prompt or a chat
+// locally, as kvindex serve and kvindex picker do, and hashes the ids:
+// the same lines as hashing those ids given by hand.
+func TestHashPrompt(t *testing.T) {
+	const (
+		tok  = "../../tokenizer/testdata/qwen2.5/tokenizer.json.gz"
+		tmpl = "../../tokenizer/chattemplate/testdata/templates/qwen2.5.json"
+	)
+	dir := t.TempDir()
+	chat := filepath.Join(dir, "chat.json")
+	os.WriteFile(chat, []byte(`[{"role":"system","content":"You route requests to the pod that holds their prefix."},`+
+		`{"role":"user","content":"Which pod holds this conversation, and why does the turn after it go there too?"}]`), 0o644)
+	l, err := tokenizer.LoadFile(tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct, err := chattemplate.Load(tmpl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := "The picker asks kvindex which engine holds the longest prefix of each prompt, then routes there."
+	chatIDs, err := (&tokenizer.ChatLocal{Local: l, Template: ct}).Tokenize(context.Background(), "", tokenizer.Input{Messages: []tokenizer.Message{
+		{Role: "system", Content: "You route requests to the pod that holds their prefix."},
+		{Role: "user", Content: "Which pod holds this conversation, and why does the turn after it go there too?"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		ids  []uint64
+	}{
+		{"text", []string{"--tokenizer", tok, "--prompt", text}, l.Encode(text, true)},
+		{"chat", []string{"--tokenizer", tok, "--chat-template", tmpl, "--messages-file", chat}, chatIDs},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, errOut, code := runCLI(t, append([]string{"hash", "--block-size", "4"}, tc.args...)...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			want, _, _ := runCLI(t, "hash", "--block-size", "4", "--tokens", strings.Trim(strings.ReplaceAll(fmt.Sprint(tc.ids), " ", ","), "[]"))
+			if got != want || got == "" {
+				t.Errorf("hash of the prompt:\n%s\nhash of its ids:\n%s", got, want)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--prompt", text}, "need --tokenizer"},
+		{[]string{"--tokenizer", tok, "--prompt", text, "--tokens", "1,2"}, "give one of"},
+		{[]string{"--tokenizer", tok, "--messages-file", chat}, "chat"},
+	} {
+		_, errOut, code := runCLI(t, append([]string{"hash"}, tc.args...)...)
+		if code == 0 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("hash %v: exit %d, %q; want an error saying %q", tc.args, code, errOut, tc.want)
+		}
 	}
 }

@@ -149,7 +149,7 @@ func (o *Options) maxEngines() int {
 }
 
 // hasLocalTokenizer: the settings name a local tokenizer (or only its
-// chat template, which loadLocalTokenizer refuses).
+// chat template, which LoadLocalTokenizer refuses).
 func (o *Options) hasLocalTokenizer() bool { return o.TokenizerFile != "" || o.ChatTemplateFile != "" }
 
 // shares is how the memory budget is split between the index, the event

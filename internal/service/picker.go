@@ -243,7 +243,7 @@ type PickerServiceOptions struct {
 	MemoryBudget int64
 	Discover     *DiscoverOptions // nil: the candidates are listed
 	// TokenizerFile and ChatTemplateFile, when set, are the picker's own
-	// tokenizer (loadLocalTokenizer, as kvindex serve's): it tokenizes
+	// tokenizer (LoadLocalTokenizer, as kvindex serve's): it tokenizes
 	// text and chat prompts (gateway.Config.Tokenizer) for
 	// TokenizerModel's requests ("": every request's), checked at start
 	// against an endpoint's /tokenize (gateway.Service.CheckTokenizer).
@@ -257,7 +257,7 @@ func (o *PickerServiceOptions) localTokenizer() error {
 	if o.TokenizerFile == "" && o.ChatTemplateFile == "" {
 		return nil
 	}
-	t, err := loadLocalTokenizer(o.TokenizerFile, o.ChatTemplateFile, memlimit.TokenCacheBytes(o.MemoryBudget))
+	t, err := LoadLocalTokenizer(o.TokenizerFile, o.ChatTemplateFile, memlimit.TokenCacheBytes(o.MemoryBudget))
 	o.Picker.Gateway.Tokenizer, o.Picker.Gateway.TokenizerModel = t, o.TokenizerModel
 	return err
 }

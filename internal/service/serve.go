@@ -453,7 +453,7 @@ func buildTokenizers(o *Options) ([]server.NamedTokenizer, error) {
 		out = append(out, server.NamedTokenizer{Source: client.SourceEngine, Tokenizer: t})
 	}
 	if o.hasLocalTokenizer() {
-		local, err := loadLocalTokenizer(o.TokenizerFile, o.ChatTemplateFile, cacheBytes)
+		local, err := LoadLocalTokenizer(o.TokenizerFile, o.ChatTemplateFile, cacheBytes)
 		if err != nil {
 			return nil, err
 		}

@@ -11,14 +11,15 @@ import (
 	"github.com/kvindex/kvindex/tokenizer/chattemplate"
 )
 
-// loadLocalTokenizer opens a local tokenizer: the tokenizer.json at
+// LoadLocalTokenizer opens a local tokenizer (kvindex serve's, kvindex
+// picker's and kvindex hash's): the tokenizer.json at
 // file, with the chat template at chatTemplate when set (for chat
 // prompts too), keeping the ids of the text between special tokens in a
 // segment cache of cacheBytes (tokenizer.Local.WithSegmentCache), so
 // that a conversation's next turn encodes only what is new. Its errors
 // name the options TokenizerFile and ChatTemplateFile, kvindex serve's
 // and kvindex picker's alike.
-func loadLocalTokenizer(file, chatTemplate string, cacheBytes int64) (tokenizer.Tokenizer, error) {
+func LoadLocalTokenizer(file, chatTemplate string, cacheBytes int64) (tokenizer.Tokenizer, error) {
 	if file == "" {
 		return nil, configerr.New("ChatTemplateFile", "%v needs %v: the template renders the text that tokenizer encodes", configerr.Field("ChatTemplateFile"), configerr.Field("TokenizerFile"))
 	}
@@ -38,7 +39,7 @@ func loadLocalTokenizer(file, chatTemplate string, cacheBytes int64) (tokenizer.
 	return &tokenizer.ChatLocal{Local: t, Template: tmpl}, nil
 }
 
-// localTokenizerSummary says what loadLocalTokenizer opens.
+// localTokenizerSummary says what LoadLocalTokenizer opens.
 func localTokenizerSummary(file, chatTemplate string) string {
 	if chatTemplate == "" {
 		return file
