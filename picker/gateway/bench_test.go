@@ -117,6 +117,43 @@ func benchIndex(b *testing.B, prompts [][]uint64, toks ...server.NamedTokenizer)
 	return srv, eps
 }
 
+// serveIndex serves srv's gRPC API on loopback until the benchmark ends
+// and returns a client of it.
+func serveIndex(b *testing.B, srv *server.Server) *client.Client {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	gs := srv.NewGRPCServer()
+	go gs.Serve(lis)
+	b.Cleanup(gs.Stop)
+	c, err := client.Dial(context.Background(), lis.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	return c
+}
+
+// serveExtProc serves svc's ext_proc on loopback until the benchmark
+// ends and returns a client of it, as Envoy would hold.
+func serveExtProc(b *testing.B, svc *gateway.Service) extprocv3.ExternalProcessorClient {
+	pl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	pgs := grpc.NewServer(grpc.MaxRecvMsgSize(svc.MaxBody() + 1<<20))
+	svc.ExtProc().Register(pgs)
+	go pgs.Serve(pl)
+	b.Cleanup(pgs.Stop)
+	conn, err := grpc.NewClient(pl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	return extprocv3.NewExternalProcessorClient(conn)
+}
+
 // heardStreams reports every engine's event stream connected and
 // healthy: the index vouches for their entries in full.
 type heardStreams []kvevents.StreamStats
@@ -143,18 +180,7 @@ func BenchmarkPicker(b *testing.B) {
 	for i, ids := range prompts {
 		bodies[i] = []byte(idsBody(ids))
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	gs := srv.NewGRPCServer()
-	go gs.Serve(lis)
-	b.Cleanup(gs.Stop)
-	c, err := client.Dial(context.Background(), lis.Addr().String())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { c.Close() })
+	c := serveIndex(b, srv)
 
 	for _, v := range []struct {
 		name   string
@@ -189,20 +215,7 @@ func BenchmarkPicker(b *testing.B) {
 				b.Fatal("the picker does not hash after its warm-up")
 			}
 			qbytes := proto.Size(q)
-			pl, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				b.Fatal(err)
-			}
-			pgs := grpc.NewServer(grpc.MaxRecvMsgSize(svc.MaxBody() + 1<<20))
-			svc.ExtProc().Register(pgs)
-			go pgs.Serve(pl)
-			defer pgs.Stop()
-			conn, err := grpc.NewClient(pl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer conn.Close()
-			xc := extprocv3.NewExternalProcessorClient(conn)
+			xc := serveExtProc(b, svc)
 			// Warm the connections, pools and the index's memo once per
 			// prompt, and check each is answered by its full holder.
 			for i := range bodies {
@@ -319,19 +332,9 @@ func BenchmarkPickerParse(b *testing.B) {
 func BenchmarkPickerQuery(b *testing.B) {
 	prompts := benchPrompts(b, 8)
 	srv, eps := benchIndex(b, prompts)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	gs := srv.NewGRPCServer()
-	go gs.Serve(lis)
-	b.Cleanup(gs.Stop)
-	c, err := client.Dial(context.Background(), lis.Addr().String())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { c.Close() })
+	c := serveIndex(b, srv)
 	reqs := make([]*gateway.Request, len(prompts))
+	var err error
 	for i, ids := range prompts {
 		if reqs[i], err = gateway.ParseRequest([]byte(idsBody(ids)), func(string) string { return "" }); err != nil {
 			b.Fatal(err)
@@ -409,18 +412,7 @@ func BenchmarkPickerTokenize(b *testing.B) {
 		b.Fatal(err)
 	}
 	srv, eps := benchIndex(b, prompts, server.NamedTokenizer{Source: client.SourceLocal, Tokenizer: tok})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	gs := srv.NewGRPCServer()
-	go gs.Serve(lis)
-	b.Cleanup(gs.Stop)
-	c, err := client.Dial(context.Background(), lis.Addr().String())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { c.Close() })
+	c := serveIndex(b, srv)
 	bodies := make([][]byte, len(texts))
 	for i, text := range texts {
 		body, err := json.Marshal(map[string]string{"model": testModel, "prompt": text})

@@ -5,19 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/picker/gateway"
 	"github.com/kvindex/kvindex/tokenizer"
 	"github.com/kvindex/kvindex/tokenizer/chattemplate"
@@ -148,18 +143,7 @@ func BenchmarkPickerChatTurn(b *testing.B) {
 		prompts = append(prompts, ids)
 	}
 	srv, eps := benchIndex(b, prompts)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	gs := srv.NewGRPCServer()
-	go gs.Serve(lis)
-	b.Cleanup(gs.Stop)
-	c, err := client.Dial(context.Background(), lis.Addr().String())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { c.Close() })
+	c := serveIndex(b, srv)
 
 	for _, v := range []struct {
 		name    string
@@ -184,20 +168,7 @@ func BenchmarkPickerChatTurn(b *testing.B) {
 			if err := svc.Warm(ctx, 0); err != nil {
 				b.Fatal(err)
 			}
-			pl, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				b.Fatal(err)
-			}
-			pgs := grpc.NewServer(grpc.MaxRecvMsgSize(svc.MaxBody() + 1<<20))
-			svc.ExtProc().Register(pgs)
-			go pgs.Serve(pl)
-			defer pgs.Stop()
-			conn, err := grpc.NewClient(pl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer conn.Close()
-			xc := extprocv3.NewExternalProcessorClient(conn)
+			xc := serveExtProc(b, svc)
 			rng := rand.New(rand.NewPCG(11, uint64(len(v.name))))
 			// The conversations' earlier turns, once each: the picker's
 			// segment cache and chain memo hold them, as a live picker's
