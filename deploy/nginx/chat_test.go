@@ -23,6 +23,7 @@ import (
 	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/internal/sim"
 	"github.com/kvindex/kvindex/internal/testutil"
+	"github.com/kvindex/kvindex/internal/testutil/simtest"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/picker/enginemetrics"
 	"github.com/kvindex/kvindex/picker/gateway"
@@ -87,12 +88,12 @@ func TestNginxChat(t *testing.T) {
 	for i, a := range addrs {
 		po.Picker.Gateway.Endpoints = append(po.Picker.Gateway.Endpoints, gateway.Endpoint{Pod: fmt.Sprintf("pod-%d", i), Addr: a})
 	}
-	pickerLog := testLog(t, "picker")
+	pickerLog := simtest.Log(t, "picker")
 	pk, err := service.NewPicker(po, slog.New(slog.NewTextHandler(pickerLog, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, pk.Start, pk.Wait)
+	simtest.Run(t, pk.Start, pk.Wait)
 	pickerURL := "http://" + pk.HTTPAddr()
 	if code := getStatus(t, pickerURL+"/readyz"); code != http.StatusServiceUnavailable {
 		t.Fatalf("picker /readyz without its index: %d, want 503", code)
@@ -101,7 +102,7 @@ func TestNginxChat(t *testing.T) {
 	so := sim.DefaultOptions()
 	so.Engines, so.Rate, so.Port, so.HTTPPort, so.Tokenizer = engines, 0, evPorts, httpPorts, qwenTokenizer
 	so.PrefillPerToken, so.Capacity = 0, 16384 // room for every conversation: 32 x ~8k tokens over 3 engines
-	follow := startSim(t, so)
+	follow := simtest.Start(t, so)
 	routed := startNginx(t, nginxBin, filepath.Join(dir, "routed"), pk.HTTPAddr(), addrs)
 	// A request through nginx while the index is away is routed all the
 	// same, by load.
@@ -118,11 +119,11 @@ func TestNginxChat(t *testing.T) {
 	for _, e := range follow.Engines {
 		o.Engines = append(o.Engines, zmqtransport.EngineConfig{Name: e.Pod, Model: follow.Model, Endpoint: e.Endpoint, ReplayEndpoint: e.Replay, Ranks: e.Ranks})
 	}
-	serve, err := service.New(o, slog.New(slog.NewTextHandler(testLog(t, "serve"), nil)))
+	serve, err := service.New(o, slog.New(slog.NewTextHandler(simtest.Log(t, "serve"), nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, serve.Start, serve.Wait)
+	simtest.Run(t, serve.Start, serve.Wait)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*awaitBound)
 	defer cancel()
 	idx, err := client.Dial(ctx, grpcAddr)

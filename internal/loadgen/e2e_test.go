@@ -13,6 +13,7 @@ import (
 	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/internal/sim"
 	"github.com/kvindex/kvindex/internal/testutil"
+	"github.com/kvindex/kvindex/internal/testutil/simtest"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 	"github.com/kvindex/kvindex/picker/gateway"
 	"google.golang.org/grpc"
@@ -35,18 +36,18 @@ func startFleet(t *testing.T, engines int) *fleet {
 	evPorts, httpPorts := testutil.FreePorts(t, 2*engines), testutil.FreePorts(t, engines)
 	so := sim.DefaultOptions()
 	so.Engines, so.Rate, so.Port, so.HTTPPort = engines, 0, evPorts, httpPorts
-	follow := startSim(t, so)
+	follow := simtest.Start(t, so)
 	o := service.DefaultOptions()
 	o.GRPCAddr, o.HTTPAddr, o.Model = "127.0.0.1:0", "127.0.0.1:0", follow.Model
 	o.Index.Hasher = blockhash.MustNew(follow.Hash)
 	for _, e := range follow.Engines {
 		o.Engines = append(o.Engines, zmqtransport.EngineConfig{Name: e.Pod, Model: follow.Model, Endpoint: e.Endpoint, ReplayEndpoint: e.Replay, Ranks: e.Ranks})
 	}
-	serve, err := service.New(o, slog.New(slog.NewTextHandler(testLog(t, "serve"), nil)))
+	serve, err := service.New(o, slog.New(slog.NewTextHandler(simtest.Log(t, "serve"), nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, serve.Start, serve.Wait)
+	simtest.Run(t, serve.Start, serve.Wait)
 	ctx, cancel := context.WithTimeout(context.Background(), awaitBound)
 	defer cancel()
 	idx, err := client.Dial(ctx, serve.GRPCAddr())
@@ -72,11 +73,11 @@ func startFleet(t *testing.T, engines int) *fleet {
 		f.endpoints = append(f.endpoints, e)
 		po.Picker.Gateway.Endpoints = append(po.Picker.Gateway.Endpoints, gateway.Endpoint{Pod: e.Pod, Addr: e.Addr})
 	}
-	picker, err := service.NewPicker(po, slog.New(slog.NewTextHandler(testLog(t, "picker"), nil)))
+	picker, err := service.NewPicker(po, slog.New(slog.NewTextHandler(simtest.Log(t, "picker"), nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, picker.Start, picker.Wait)
+	simtest.Run(t, picker.Start, picker.Wait)
 	f.pickURL = "http://" + picker.HTTPAddr()
 	return f
 }
@@ -149,68 +150,4 @@ func TestLoadgenGatewayOneEngineReachesTheCeiling(t *testing.T) {
 	if res.Errors > 0 || res.CachedFraction != res.Ceiling || res.Ceiling == 0 {
 		t.Errorf("%d errors (first: %s), cached fraction %v, want the ceiling %v", res.Errors, res.FirstError, res.CachedFraction, res.Ceiling)
 	}
-}
-
-// startSim runs kvindex sim's engines with o until the test ends and
-// returns what a kvindex follows them with, once they are up.
-func startSim(t *testing.T, o sim.Options) sim.Follow {
-	t.Helper()
-	started := make(chan struct{})
-	o.Observe = func(ev sim.Event) {
-		if _, ok := ev.(sim.Started); ok {
-			close(started)
-		}
-	}
-	s, err := sim.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("sim: %v", err)
-		}
-	})
-	select {
-	case <-started:
-	case err := <-done:
-		t.Fatalf("sim stopped before its engines were up: %v", err)
-	}
-	return s.Plan().Follow()
-}
-
-// run starts a kvindex mode (start) and stops it when the test ends,
-// checking how it stopped (wait).
-func run(t *testing.T, start func(context.Context) error, wait func() error) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := start(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		if err := wait(); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
-}
-
-// testLog is where a mode started in this process logs: shown, under
-// name, if the test failed.
-func testLog(t *testing.T, name string) *testutil.SyncBuffer {
-	logs := &testutil.SyncBuffer{}
-	t.Cleanup(func() {
-		if t.Failed() {
-			out := logs.String()
-			if len(out) > 6000 {
-				out = "...\n" + out[len(out)-6000:]
-			}
-			t.Logf("kvindex %s:\n%s", name, out)
-		}
-	})
-	return logs
 }
