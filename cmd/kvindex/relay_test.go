@@ -121,3 +121,16 @@ func TestRelayHelpExamplesCheck(t *testing.T) {
 		}
 	}
 }
+
+// A KVINDEX_* variable that sets no flag of any command is warned of once,
+// with the variable it most likely misspells; one of another command's
+// flags is not.
+func TestUnknownEnvWarned(t *testing.T) {
+	t.Setenv("KVINDEX_NATS_INSECURR", "true")
+	t.Setenv("KVINDEX_GRPC_ADDR", ":1") // serve's
+	_, errOut, code := runCLI(t, "relay", "--nats", "nats://n:4222", "--model", "m", "--engine", "a=tcp://h:1", "--nats-insecure", "--check")
+	want := "kvindex: warning: KVINDEX_NATS_INSECURR sets no flag of any kvindex command; ignored (did you mean KVINDEX_NATS_INSECURE?)\n"
+	if code != exitOK || errOut != want {
+		t.Errorf("exit %d, stderr %q; want %q", code, errOut, want)
+	}
+}
