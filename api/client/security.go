@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"sync"
 	"time"
@@ -77,6 +78,63 @@ func (c TLSConfig) Config() (*tls.Config, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// The TLS mismatches TLSMismatch reports.
+var (
+	// ErrServerSpeaksTLS: a plaintext client reached a server that speaks
+	// TLS.
+	ErrServerSpeaksTLS = errors.New("the server speaks TLS")
+	// ErrClientCertRequired: a TLS client presenting no certificate reached
+	// a server that requires one (mutual TLS).
+	ErrClientCertRequired = errors.New("the server requires a client certificate")
+)
+
+// TLSMismatch explains a failed Dial to addr that TLS settings would fix,
+// for a caller to name its own settings: the failure itself reads only as
+// a closed connection. It makes a TLS handshake of its own, which
+// verifies nothing and sends no request, and returns ErrServerSpeaksTLS
+// when the client spoke plaintext (useTLS false) to a server that
+// completes one, ErrClientCertRequired when a TLS client without a
+// certificate (hasCert false) reached a server that asks for one and
+// refuses the connection without, and nil otherwise. ctx bounds it.
+func TLSMismatch(ctx context.Context, addr string, useTLS, hasCert bool) error {
+	if useTLS && hasCert {
+		return nil
+	}
+	var sawServer, askedCert bool
+	cfg := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		InsecureSkipVerify: true, // a probe of the protocol only: nothing is sent over it
+		VerifyPeerCertificate: func([][]byte, [][]*x509.Certificate) error {
+			sawServer = true
+			return nil
+		},
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			askedCert = true
+			return &tls.Certificate{}, nil
+		},
+	}
+	conn, err := (&tls.Dialer{Config: cfg}).DialContext(ctx, "tcp", addr)
+	refused := err != nil
+	if err == nil {
+		// TLS 1.3 completes the client's handshake before the server
+		// checks its certificate: the refusal is the first thing read.
+		if d, ok := ctx.Deadline(); ok {
+			_ = conn.SetReadDeadline(d)
+		}
+		var ne net.Error
+		_, err = conn.Read(make([]byte, 1))
+		refused = err != nil && !(errors.As(err, &ne) && ne.Timeout())
+		conn.Close()
+	}
+	switch {
+	case !useTLS && sawServer:
+		return ErrServerSpeaksTLS
+	case useTLS && askedCert && refused:
+		return ErrClientCertRequired
+	}
+	return nil
 }
 
 // maxTokenFile bounds a bearer token file.

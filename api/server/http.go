@@ -72,19 +72,35 @@ func (s *Server) AdminHandler() http.Handler {
 // liveness, readiness, and a JSON 404 for the rest.
 func (s *Server) handleCommon(mux *http.ServeMux) {
 	mux.Handle("/metrics", s.guard(security.ScopeMetrics, "/metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
-	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("/healthz", HealthzHandler)
+	mux.HandleFunc("/readyz", ReadyzHandler(func() (bool, string) {
 		if s.Ready() {
-			writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
-			return
+			return true, ""
 		}
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": s.notReadyReason()})
-	})
+		return false, s.notReadyReason()
+	}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
+}
+
+// HealthzHandler answers /healthz: alive while the process answers HTTP.
+// serve, picker and relay share it, so probes read one shape.
+func HealthzHandler(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
+}
+
+// ReadyzHandler answers /readyz from ready: 200 {"status":"ready"}, or 503
+// {"status":"not ready","reason":...} with the reason ready gives. serve,
+// picker and relay share it, so probes read one shape.
+func ReadyzHandler(ready func() (ok bool, reason string)) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		if ok, why := ready(); !ok {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": why})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	}
 }
 
 // notReadyReason explains /readyz's 503.

@@ -65,6 +65,15 @@ func (f *clientFlags) dial(ctx context.Context) (*client.Client, error) {
 	if err != nil && client.IsHTTP1Answer(err) {
 		return nil, f.httpPortError()
 	}
+	if err != nil && dctx.Err() == nil {
+		_, useTLS, _ := client.ParseTarget(f.server)
+		switch e := client.TLSMismatch(dctx, addr, useTLS || f.sec.tls(), f.sec.cert != ""); e {
+		case client.ErrServerSpeaksTLS:
+			return nil, fmt.Errorf("cannot reach kvindex at %s: %v: add --tls-ca FILE, the CA of its certificate (or give %s https://HOST:PORT for a certificate the system trusts)", addr, e, f.sec.addrFlag)
+		case client.ErrClientCertRequired:
+			return nil, fmt.Errorf("cannot reach kvindex at %s: %v: add --tls-cert and --tls-key", addr, e)
+		}
+	}
 	return c, err
 }
 

@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/internal/buildinfo"
 	"github.com/kvindex/kvindex/internal/flagsource"
@@ -89,6 +90,7 @@ Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			fs := cmd.Flags()
+			warnUnknownEnv(cmd)
 			return configUsage(flagsource.Apply(fs, cmd.CommandPath(), os.LookupEnv), flagNames(fs))
 		},
 	}
@@ -97,6 +99,23 @@ Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 	root.AddCommand(newHashCmd(), newServeCmd(), newQueryCmd(), newLookupCmd(), newPodsCmd(), newTailCmd(),
 		newPickerCmd(), newRelayCmd(), newDemoCmd(), newSimCmd(), newLoadgenCmd(), newVersionCmd())
 	return root
+}
+
+// warnUnknownEnv warns of the KVINDEX_* variables that set no flag of any
+// kvindex command: most likely misspelled, and otherwise ignored unseen.
+func warnUnknownEnv(cmd *cobra.Command) {
+	var sets []*pflag.FlagSet
+	for _, c := range cmd.Root().Commands() {
+		sets = append(sets, c.Flags())
+	}
+	names, guesses := flagsource.UnknownEnv(os.Environ(), cmd.Flags(), sets...)
+	for i, name := range names {
+		hint := ""
+		if guesses[i] != "" {
+			hint = " (did you mean " + guesses[i] + "?)"
+		}
+		fmt.Fprintf(cmd.ErrOrStderr(), "kvindex: warning: %s sets no flag of any kvindex command; ignored%s\n", name, hint)
+	}
 }
 
 func newVersionCmd() *cobra.Command {

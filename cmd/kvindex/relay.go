@@ -54,7 +54,7 @@ func (f *relayFlags) options() (*service.RelayOptions, error) {
 	}
 	switch {
 	case len(f.engines) == 0 && o.Discover == nil:
-		return nil, usagef("no engine: give --engine POD=ENDPOINT (e.g. --engine vllm-0=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558) or --discover-selector LABELS (the pods found on Kubernetes, e.g. one relay per node)")
+		return nil, usagef("no engine: give --engine POD=ENDPOINT (e.g. --engine vllm-0=%s) or --discover-selector LABELS (the pods found on Kubernetes, e.g. one relay per node)", relayExampleEngine)
 	case o.Discover != nil && f.model == "":
 		return nil, usagef("--discover-selector needs --model: the model of the engines it finds")
 	}
@@ -76,6 +76,11 @@ func (f *relayFlags) options() (*service.RelayOptions, error) {
 	return o, nil
 }
 
+// relayExampleEngine is the engine the help and the "no engine" hint show:
+// two ranks, with the replay ports clear of the event ports vLLM offsets by
+// the rank.
+const relayExampleEngine = "tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5567,ranks=2"
+
 func newRelayCmd() *cobra.Command {
 	var f relayFlags
 	cmd := &cobra.Command{
@@ -94,8 +99,8 @@ batches; beyond that it drops them and publishes the hole once NATS is back,
 so the replicas report the engine degraded rather than answer from a cache
 they no longer mirror. Replicas that stop hearing the relay's heartbeat report
 its engines disconnected.`,
-		Example: `  kvindex relay --model Qwen/Qwen3-8B --nats nats://nats:4222 \
-      --engine "$POD_NAME=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558,ranks=2"`,
+		Example: `  kvindex relay --model Qwen/Qwen3-8B --nats nats://nats:4222 --nats-auth-key nats.key \
+      --engine "$POD_NAME=` + relayExampleEngine + `"`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o, err := f.options()

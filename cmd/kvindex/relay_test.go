@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
 
@@ -87,5 +88,49 @@ func TestRelayAuthKey(t *testing.T) {
 	_, errOut, code := runCLI(t, "serve", "--check", "--nats", "nats://n:4222", "--model", "m", "--nats-auth-key", "/nonexistent/nats.key")
 	if code != exitRuntime || !strings.Contains(errOut, "kvindex: --nats-auth-key /nonexistent/nats.key: open /nonexistent/nats.key") {
 		t.Errorf("serve --check with a missing key: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// What relay's help and its "no engine" hint show passes --check: each
+// Example: command line (continuations joined, $POD_NAME set, the key
+// file written) and the hint's --engine.
+func TestRelayHelpExamplesCheck(t *testing.T) {
+	t.Chdir(t.TempDir())
+	if err := os.WriteFile("nats.key", []byte(strings.Repeat("ab", 32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var lines [][]string
+	for line := range strings.SplitSeq(strings.ReplaceAll(newRelayCmd().Example, "\\\n", " "), "\n") {
+		words := strings.Fields(os.Expand(strings.ReplaceAll(line, `"`, ""), func(string) string { return "vllm-0" }))
+		if len(words) < 2 || words[0] != "kvindex" || words[1] != "relay" {
+			t.Fatalf("example line %q is not a kvindex relay command line", line)
+		}
+		lines = append(lines, words[1:])
+	}
+	_, hint, _ := runCLI(t, "relay", "--nats", "nats://n:4222", "--model", "m")
+	_, engine, ok := strings.Cut(hint, "no engine: give --engine POD=ENDPOINT (e.g. --engine ")
+	engine, _, _ = strings.Cut(engine, ")")
+	if !ok {
+		t.Fatalf("no engine hint: %q", hint)
+	}
+	lines = append(lines, []string{"relay", "--nats", "nats://n:4222", "--model", "m", "--nats-insecure", "--engine", engine})
+	for _, args := range lines {
+		out, errOut, code := runCLI(t, append(args, "--check")...)
+		if code != exitOK || !strings.HasPrefix(out, "settings ok") {
+			t.Errorf("%q --check: exit %d, stdout %q, stderr %q", args, code, out, errOut)
+		}
+	}
+}
+
+// A KVINDEX_* variable that sets no flag of any command is warned of once,
+// with the variable it most likely misspells; one of another command's
+// flags is not.
+func TestUnknownEnvWarned(t *testing.T) {
+	t.Setenv("KVINDEX_NATS_INSECURR", "true")
+	t.Setenv("KVINDEX_GRPC_ADDR", ":1") // serve's
+	_, errOut, code := runCLI(t, "relay", "--nats", "nats://n:4222", "--model", "m", "--engine", "a=tcp://h:1", "--nats-insecure", "--check")
+	want := "kvindex: warning: KVINDEX_NATS_INSECURR sets no flag of any kvindex command; ignored (did you mean KVINDEX_NATS_INSECURE?)\n"
+	if code != exitOK || errOut != want {
+		t.Errorf("exit %d, stderr %q; want %q", code, errOut, want)
 	}
 }

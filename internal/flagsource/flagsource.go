@@ -13,6 +13,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/kvindex/kvindex/internal/configerr"
@@ -38,6 +39,55 @@ const maxConfigFile = 1 << 20
 // EnvName is the environment variable that sets flag name.
 func EnvName(flag string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// UnknownEnv returns, sorted, the variables of environ (KEY=VALUE, as
+// os.Environ gives them) named EnvPrefix... that set no flag of any of
+// sets, each with the variable of fs's flags it most likely misspells
+// ("" when none is close): Apply ignores them, so a typo would otherwise
+// go unnoticed.
+func UnknownEnv(environ []string, fs *pflag.FlagSet, sets ...*pflag.FlagSet) (names, guesses []string) {
+	known := map[string]bool{}
+	for _, set := range append(sets, fs) {
+		set.VisitAll(func(f *pflag.Flag) { known[EnvName(f.Name)] = !notSettable[f.Name] })
+	}
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, EnvPrefix) && !known[name] && !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		guess, best := "", 3 // further than 2 edits is no typo
+		fs.VisitAll(func(f *pflag.Flag) {
+			if d := editDistance(name, EnvName(f.Name)); d < best && !notSettable[f.Name] {
+				guess, best = EnvName(f.Name), d
+			}
+		})
+		guesses = append(guesses, guess)
+	}
+	return names, guesses
+}
+
+// editDistance is the Levenshtein distance of a and b, in bytes.
+func editDistance(a, b string) int {
+	row := make([]int, len(b)+1)
+	for j := range row {
+		row[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		diag := row[0]
+		row[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			diag, row[j] = row[j], min(row[j]+1, row[j-1]+1, diag+cost)
+		}
+	}
+	return row[len(b)]
 }
 
 // notSettable are flags only the command line sets.

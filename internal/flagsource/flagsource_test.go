@@ -3,6 +3,7 @@ package flagsource_test
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -127,4 +128,30 @@ func FuzzApply(f *testing.F) {
 			t.Fatalf("not a configuration error: %v", err)
 		}
 	})
+}
+
+// KVINDEX_* variables that set no flag of any command are reported once
+// each, sorted, with the command's variable they are a typo of (within
+// two edits); other variables, and those of another command's flags, are
+// not.
+func TestUnknownEnv(t *testing.T) {
+	other := pflag.NewFlagSet("other", pflag.ContinueOnError)
+	other.String("server", "", "")
+	other.Bool("help", false, "")
+	for _, tc := range []struct {
+		name           string
+		environ        []string
+		names, guesses []string
+	}{
+		{"none", []string{"HOME=/root", "KVINDEX_GRPC_ADDR=:1", "KVINDEX_SERVER=x", "NATS_USER=u"}, nil, nil},
+		{"typo", []string{"KVINDEX_GRPC_ADR=:1"}, []string{"KVINDEX_GRPC_ADR"}, []string{"KVINDEX_GRPC_ADDR"}},
+		{"far", []string{"KVINDEX_ZZZ=1", "KVINDEX_MAX_ENGINE=2", "KVINDEX_ZZZ=2"}, []string{"KVINDEX_MAX_ENGINE", "KVINDEX_ZZZ"}, []string{"KVINDEX_MAX_ENGINES", ""}},
+		{"not settable", []string{"KVINDEX_HELP=1"}, []string{"KVINDEX_HELP"}, []string{""}},
+		{"lower case", []string{"kvindex_grpc_addr=:1"}, nil, nil},
+	} {
+		names, guesses := flagsource.UnknownEnv(tc.environ, flags(), other)
+		if !slices.Equal(names, tc.names) || !slices.Equal(guesses, tc.guesses) {
+			t.Errorf("%s: %q %q, want %q %q", tc.name, names, guesses, tc.names, tc.guesses)
+		}
+	}
 }

@@ -170,9 +170,15 @@ func (c NATSConn) connect(role, name string, log *slog.Logger) (*nats.Conn, jets
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
 		nats.ConnectHandler(func(c *nats.Conn) { log.Info("NATS connected", "server", c.ConnectedUrlRedacted()) }),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(c *nats.Conn, err error) {
+			if err == nil && c.IsClosed() {
+				return // our own Close: nothing is reconnecting
+			}
 			log.Warn("NATS disconnected; reconnecting", "err", err)
 		}),
+		// Handlers run in order: this one comes after a Close's
+		// disconnect handler.
+		nats.ClosedHandler(func(*nats.Conn) { log.Debug("NATS connection closed") }),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "server", c.ConnectedUrlRedacted()) }),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("NATS error", "err", err) }),
 	}

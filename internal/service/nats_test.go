@@ -2,8 +2,11 @@ package service
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -81,6 +84,13 @@ func startRelayConn(t *testing.T, conn NATSConn, engines []zmqtransport.EngineCo
 		Relay: natstransport.RelayConfig{Stream: natstransport.DefaultStream, Model: testModel,
 			MaxBuffer: natstransport.DefaultRelayBuffer, Heartbeat: 100 * time.Millisecond},
 	}
+	return runRelay(t, o)
+}
+
+// runRelay runs the relay of o, stopped when the test ends; it returns
+// the relay's logs too.
+func runRelay(t *testing.T, o *RelayOptions) (*Relay, *testutil.SyncBuffer) {
+	t.Helper()
 	log, logs := testLogger(t)
 	r, err := NewRelay(o, log)
 	if err != nil {
@@ -201,4 +211,57 @@ func TestNATSRelayDiscovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.awaitHeld(t, "vllm-0", p)
+}
+
+// NATS mode logs what happened, once: a replica is ready once caught up
+// (no grace ran out, so no "engines not connected"), its own Close is no
+// disconnection, and no line names its component twice. The relay's
+// /readyz answers in serve's JSON.
+func TestNATSLogsAndRelayReadyz(t *testing.T) {
+	url := startNATS(t)
+	e, ec := newEngine(t, "vllm-a")
+	// Heartbeats a minute apart: a replica starting after the first one
+	// has not heard that the relay follows the engine when it is ready.
+	o := &RelayOptions{
+		Engines: []zmqtransport.EngineConfig{ec}, Model: testModel, Conn: natsConn(t, url), HTTPAddr: "127.0.0.1:0",
+		Stream: natstransport.StreamConfig{Name: natstransport.DefaultStream},
+		Relay: natstransport.RelayConfig{Stream: natstransport.DefaultStream, Model: testModel,
+			MaxBuffer: natstransport.DefaultRelayBuffer, Heartbeat: time.Minute},
+	}
+	relay, _ := runRelay(t, o)
+	var ready map[string]string
+	await(t, "the relay ready", func() bool {
+		resp, err := http.Get("http://" + relay.HTTPAddr() + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		ready = nil
+		if err := json.NewDecoder(resp.Body).Decode(&ready); err != nil {
+			t.Fatalf("relay /readyz (%s) is not JSON: %v", resp.Status, err)
+		}
+		return resp.StatusCode == http.StatusOK
+	})
+	if !maps.Equal(ready, map[string]string{"status": "ready"}) {
+		t.Errorf("relay /readyz: %v, want serve's {\"status\":\"ready\"}", ready)
+	}
+
+	p := testutil.Seq(1, 3*testBlockSize)
+	if _, err := e.Process(p, nil); err != nil {
+		t.Fatal(err)
+	}
+	startReplica(t, url).awaitHeld(t, "vllm-a", p) // the relay has published the prompt
+	a := startReplica(t, url)
+	a.stop(t)
+	await(t, "the replica's NATS connection closed", func() bool { return strings.Contains(a.logs.String(), `msg="NATS connection closed"`) })
+	for _, line := range strings.Split(a.logs.String(), "\n") {
+		for _, bad := range []string{"engines not connected", "NATS disconnected"} {
+			if strings.Contains(line, bad) {
+				t.Errorf("replica logged %q", line)
+			}
+		}
+		if strings.Count(line, " component=") > 1 {
+			t.Errorf("component twice: %q", line)
+		}
+	}
 }

@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"net"
 	"net/http"
@@ -375,24 +374,10 @@ func (p *PickerService) HTTPAddr() string { return addrOf(p.hlis) }
 
 // handleHealth serves /healthz (alive: the picker routes, by load and
 // session, even without its index) and /readyz (ready once ready says
-// so, else 503 with the reason), in the JSON of serve's.
+// so, else 503 with the reason), as serve does.
 func handleHealth(mux *http.ServeMux, ready func() (bool, string)) {
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeStatus(w, http.StatusOK, map[string]string{"status": "alive"})
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if ok, why := ready(); !ok {
-			writeStatus(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": why})
-			return
-		}
-		writeStatus(w, http.StatusOK, map[string]string{"status": "ready"})
-	})
-}
-
-func writeStatus(w http.ResponseWriter, code int, v map[string]string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(v)
+	mux.HandleFunc("GET /healthz", server.HealthzHandler)
+	mux.HandleFunc("GET /readyz", server.ReadyzHandler(ready))
 }
 
 func cmpAddr(l net.Listener) string {

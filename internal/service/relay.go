@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -130,13 +129,11 @@ func NewRelay(o *RelayOptions, log *slog.Logger) (*Relay, error) {
 		Start: func(context.Context) error {
 			mux := http.NewServeMux()
 			mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-			mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-			mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+			handleHealth(mux, func() (bool, string) {
 				if !r.nc.IsConnected() {
-					http.Error(w, "NATS not connected", http.StatusServiceUnavailable)
-					return
+					return false, "NATS not connected"
 				}
-				fmt.Fprintln(w, "ready")
+				return true, ""
 			})
 			hs = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
 			log.Info("relaying", "http", r.lis.Addr().String())

@@ -38,7 +38,8 @@ const finalSnapshotTimeout = 20 * time.Second
 type natsReplica struct {
 	o       *NATSOptions
 	model   string
-	log     *slog.Logger
+	log     *slog.Logger // component=nats
+	parent  *slog.Logger // for the components it starts (consumer, snapshots)
 	index   *indexer.Index
 	sink    kvevents.Sink
 	hashing statefile.Hashing
@@ -62,7 +63,7 @@ type natsReplica struct {
 func newNATSReplica(o *NATSOptions, auth *natstransport.Auth, model string, hc blockhash.Config, ix *indexer.Index, sink kvevents.Sink, log *slog.Logger) *natsReplica {
 	host, _ := os.Hostname()
 	return &natsReplica{
-		o: o, auth: auth, model: model, log: log, index: ix, sink: sink, host: host,
+		o: o, auth: auth, model: model, log: log.With("component", "nats"), parent: log, index: ix, sink: sink, host: host,
 		hashing: hashingOf(hc),
 		// Unique per replica even when several share a host and process
 		// (tests): the lease tells holders apart by it.
@@ -91,7 +92,7 @@ func (r *natsReplica) parts() []lifecycle.Part {
 			if r.auth == nil {
 				r.log.Warn(insecureWarning)
 			}
-			nc, js, err := r.o.Conn.connect(RoleReplica, "kvindex serve "+r.host, r.log.With("component", "nats"))
+			nc, js, err := r.o.Conn.connect(RoleReplica, "kvindex serve "+r.host, r.log)
 			if err != nil {
 				return err
 			}
@@ -139,7 +140,7 @@ func (r *natsReplica) bootstrap(ctx context.Context) error {
 	start, resume := r.restore(ctx, store)
 	c, err := natstransport.NewConsumer(r.js, natstransport.ConsumerConfig{
 		Stream: r.o.Stream.Name, Model: r.model, StartSeq: start, Resume: resume, Auth: r.auth,
-	}, r.sink, r.log.With("component", "consumer"))
+	}, r.sink, r.parent.With("component", "consumer"))
 	if err != nil {
 		return err
 	}
@@ -167,7 +168,7 @@ func (r *natsReplica) openStore(ctx context.Context) (*snapstore.Store, error) {
 		var err error
 		cfg := r.o.Snapshot
 		cfg.Auth = r.auth
-		store, err = snapstore.Open(ctx, r.js, cfg, r.log.With("component", "snapshots"))
+		store, err = snapstore.Open(ctx, r.js, cfg, r.parent.With("component", "snapshots"))
 		return err
 	})
 	return store, err

@@ -124,7 +124,7 @@ func build(o *Options, log *slog.Logger, restore bool) (*Service, error) {
 	s.hub = watchhub.New(ix, o.Limits.Limits)
 	var replica *natsReplica
 	if o.NATS != nil {
-		replica = newNATSReplica(o.NATS, auth, o.Model, o.Index.Hasher.Config(), ix, s.hub, log.With("component", "nats"))
+		replica = newNATSReplica(o.NATS, auth, o.Model, o.Index.Hasher.Config(), ix, s.hub, log)
 		s.src = replica
 	} else {
 		forget := o.ForgetAfter
@@ -308,7 +308,7 @@ func (s *Service) addServers() {
 		// First to stop: NOT_SERVING, and Watch streams end.
 		Stop: func(context.Context) error { s.log.Info("shutting down"); s.api.Shutdown(); return nil },
 	})
-	if o.ReadyGrace > 0 {
+	if o.ReadyGrace > 0 && o.NATS == nil { // NATS mode: ready once caught up, however long that takes
 		g.Go("ready log", func(ctx context.Context) error {
 			select {
 			case <-s.api.ReadyC():
