@@ -8,7 +8,6 @@ import (
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/blockhash"
-	"github.com/kvindex/kvindex/internal/promptinput"
 	"github.com/kvindex/kvindex/internal/service"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -157,15 +156,8 @@ func tokenizePrompt(cmd *cobra.Command, tok tokenizerFlags, tf tokenFlags, text,
 			return nil, err
 		}
 	}
-	t, err := service.LoadLocalTokenizer(tok.file, tok.chatTemplate, 0)
-	if err != nil {
-		return nil, configUsage(err, serveFlagNames)
-	}
-	in, _, err := promptinput.Of(p)
-	if err != nil {
-		return nil, err
-	}
-	return t.Tokenize(cmd.Context(), "", in)
+	ids, err := service.TokenizeLocally(cmd.Context(), tok.file, tok.chatTemplate, p)
+	return ids, configUsage(err, serveFlagNames)
 }
 
 // countTokens says "1 token is" or "N tokens are".

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"log/slog"
 
+	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/internal/configerr"
+	"github.com/kvindex/kvindex/internal/promptinput"
 	"github.com/kvindex/kvindex/tokenizer"
 	"github.com/kvindex/kvindex/tokenizer/chattemplate"
 )
@@ -37,6 +39,21 @@ func LoadLocalTokenizer(file, chatTemplate string, cacheBytes int64) (tokenizer.
 		return nil, configerr.New("ChatTemplateFile", "%v: %v", configerr.Field("ChatTemplateFile"), err)
 	}
 	return &tokenizer.ChatLocal{Local: t, Template: tmpl}, nil
+}
+
+// TokenizeLocally renders and tokenizes p with the local tokenizer at
+// file (with the chat template at chatTemplate for chat prompts), as
+// kvindex serve and kvindex picker do: kvindex hash --tokenizer.
+func TokenizeLocally(ctx context.Context, file, chatTemplate string, p *kvindexv1.Prompt) ([]uint64, error) {
+	t, err := LoadLocalTokenizer(file, chatTemplate, 0)
+	if err != nil {
+		return nil, err
+	}
+	in, _, err := promptinput.Of(p)
+	if err != nil {
+		return nil, err
+	}
+	return t.Tokenize(ctx, "", in)
 }
 
 // localTokenizerSummary says what LoadLocalTokenizer opens.
