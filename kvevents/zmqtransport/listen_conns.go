@@ -108,6 +108,13 @@ func (ln *listener) setAdmitted(a netip.Addr, c *sourceConns, n int) {
 func (ln *listener) admitConn(a netip.Addr) bool {
 	c := ln.sources[a]
 	if c == nil || c.admitted >= c.live {
+		// libzmq reports the accept before the handshake, but on another
+		// socket: its event may still wait unread, behind this request.
+		// Read it, or the connection would pass uncounted.
+		ln.onMonitor()
+		c = ln.sources[a]
+	}
+	if c == nil || c.admitted >= c.live {
 		// Its connection is gone already (or the monitor could not read
 		// its address): nothing to queue for, nothing to count.
 		return true

@@ -37,11 +37,14 @@ func TestListenerConnectionCap(t *testing.T) {
 			glob := func(i int) *testPublisher {
 				return newTestPublisher(t, pubOptions{connect: fromAddr(tt.src(i), ep), topic: fmt.Sprintf("kv@glob-%d@m", i), noReplay: true})
 			}
+			// A refused peer may be refused more than once: libzmq retries
+			// a peer that saw its connection close before the refusal
+			// arrived. So refusals are counted at least, peers exactly.
 			awaitRefused := func(want uint64, peers int64) {
 				t.Helper()
 				testutil.Await(t, waitTimeout, fmt.Sprintf("%d connections refused, %d peers", want, peers), func() bool {
 					ls := listenerStats(t, s)
-					return ls.RefusedConnections == want && ls.Peers == peers
+					return ls.RefusedConnections >= want && ls.Peers == peers
 				})
 			}
 
@@ -80,8 +83,8 @@ func TestListenerConnectionCap(t *testing.T) {
 			admitted[0].Close()
 			testutil.Await(t, waitTimeout, "the peer's departure seen", func() bool { return listenerStats(t, s).Peers == maxEngines+1 })
 			glob(maxEngines + extra).waitSubscribed(1)
-			if ls := listenerStats(t, s); ls.RefusedConnections != extra+1 || ls.Peers != maxEngines+2 {
-				t.Fatalf("listener %+v; want %d refused connections and %d peers", ls, extra+1, maxEngines+2)
+			if ls := listenerStats(t, s); ls.RefusedConnections < extra+1 || ls.Peers != maxEngines+2 {
+				t.Fatalf("listener %+v; want at least %d refused connections and %d peers", ls, extra+1, maxEngines+2)
 			}
 		})
 	}
