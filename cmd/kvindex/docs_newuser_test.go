@@ -1,0 +1,167 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvindex/kvindex/internal/sim"
+)
+
+// modelMention finds a model name in an example: a JSON model field, a
+// --model or --tokenizer-model flag, a YAML model key, vllm serve's
+// argument or a KV events topic's last part.
+var modelMention = regexp.MustCompile(`"model(?:_name)?"\s*:\s*"([^"]+)"|--(?:tokenizer-)?model[ =]([^\s\\'"` + "`" + `\],;)]+)|(?m:^\s*model:\s*(\S+))|vllm serve (\S+)|kv@[^@"]*@([^"\s` + "`" + `,;)]+)`)
+
+// placeholders are the names a syntax summary uses for "your model".
+var placeholders = map[string]bool{"M": true, "MODEL": true, "NAME": true, "STRING": true, "<model>": true, "{model}": true}
+
+// Every example in the documentation and in the commands' help names the
+// model the walkthrough's simulated engines serve, so that any example
+// copied against the walkthrough's server finds it. Lines that show the
+// answer to an unknown model are the exception they illustrate.
+func TestDocsOneModel(t *testing.T) {
+	want := sim.DefaultOptions().Model
+	files := []string{"../../README.md", "../../api/README.md"}
+	for _, pattern := range []string{"../../deploy/*/README.md", "../../deploy/README.md", "*.go"} {
+		m, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, m...)
+	}
+	found := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(data), "\n") {
+			if strings.Contains(line, "unknown model") {
+				continue
+			}
+			for _, m := range modelMention.FindAllStringSubmatch(line, -1) {
+				name := strings.Join(m[1:], "")
+				if placeholders[name] {
+					continue
+				}
+				found++
+				if name != want {
+					t.Errorf("%s:%d names model %q; the examples all use %q (the simulated engines' model)", f, i+1, name, want)
+				}
+			}
+		}
+	}
+	if found < 10 {
+		t.Fatalf("found only %d model names; is the pattern broken?", found)
+	}
+}
+
+// writtenFile finds a file a shell example writes: a redirect or a flag
+// that names an output file.
+var writtenFile = regexp.MustCompile(`(?:[^2]> |--log-prompts )([A-Za-z0-9_.-]+)`)
+
+// A reader runs the walkthroughs from the repository root: every file a
+// shell example writes there is one git ignores, so that following the README
+// leaves the working tree clean (and a key never gets committed).
+func TestDocsOutputsIgnored(t *testing.T) {
+	data, err := os.ReadFile("../../.gitignore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ignored := map[string]bool{}
+	for _, l := range strings.Split(string(data), "\n") {
+		ignored[strings.TrimPrefix(strings.TrimSpace(l), "/")] = true
+	}
+	found := 0
+	files, _ := filepath.Glob("../../deploy/*/README.md")
+	for _, f := range append(files, "../../README.md", "../../api/README.md", "../../deploy/README.md") {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fenced := false
+		for i, line := range strings.Split(string(data), "\n") {
+			if fence, ok := strings.CutPrefix(strings.TrimSpace(line), "```"); ok {
+				// Shell blocks only: other blocks draw arrows with ">".
+				fenced = !fenced && (fence == "sh" || fence == "bash")
+				continue
+			}
+			if !fenced {
+				continue
+			}
+			for _, m := range writtenFile.FindAllStringSubmatch(line, -1) {
+				found++
+				if !ignored[m[1]] {
+					t.Errorf("%s:%d: %q writes %s, which .gitignore does not list", f, i+1, strings.TrimSpace(line), m[1])
+				}
+			}
+		}
+	}
+	if found == 0 {
+		t.Fatal("found no example writing a file; is the pattern broken?")
+	}
+}
+
+// listenerFlags are the listeners of the modes that serve, which a
+// walkthrough on this machine keeps on loopback.
+var listenerFlags = map[string][]string{
+	"serve":  {"--grpc-addr", "--http-addr"},
+	"picker": {"--extproc-addr", "--http-addr"},
+	"relay":  {"--http-addr"},
+}
+
+var modeCommand = regexp.MustCompile(`(?:^|[\s/])kvindex (serve|picker|relay) `)
+
+// Examples that run everything on this machine (their engines or
+// endpoints on 127.0.0.1) keep every listener on loopback too, as a
+// reader trying them should: the defaults listen on every interface.
+func TestDocsWalkthroughsOnLoopback(t *testing.T) {
+	files, _ := filepath.Glob("../../deploy/*/README.md")
+	checked := 0
+	for _, f := range append(files, "../../README.md", "../../api/README.md") {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fenced := false
+		var cmd strings.Builder
+		for i, line := range strings.Split(string(data), "\n") {
+			if _, ok := strings.CutPrefix(strings.TrimSpace(line), "```"); ok {
+				fenced = !fenced
+				continue
+			}
+			if !fenced {
+				continue
+			}
+			if body, more := strings.CutSuffix(line, "\\"); more {
+				cmd.WriteString(body)
+				continue
+			}
+			cmd.WriteString(line)
+			full := cmd.String()
+			cmd.Reset()
+			m := modeCommand.FindStringSubmatch(full)
+			if m == nil || !strings.Contains(full, "127.0.0.1") || strings.Contains(full, "...") || strings.Contains(full, "--check") {
+				continue
+			}
+			checked++
+			words := strings.Fields(full)
+			for _, flag := range listenerFlags[m[1]] {
+				j := slices.Index(words, flag)
+				if j < 0 || j+1 == len(words) || !strings.HasPrefix(words[j+1], "127.0.0.1:") {
+					t.Errorf("%s:%d: kvindex %s runs on this machine but does not give %s 127.0.0.1:PORT: %s", f, i+1, m[1], flag, full)
+				}
+			}
+		}
+	}
+	if checked < 4 {
+		t.Fatalf("checked only %d examples; is the extraction broken?", checked)
+	}
+}
