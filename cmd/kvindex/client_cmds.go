@@ -425,8 +425,11 @@ window, overall and per model, then each engine's own.`,
 			fmt.Fprintln(tw, "ENGINE\tMODEL\tENDPOINT\tCONNECTED\tHEALTH\tLAST SEQ\tGAPS\tREPLAYS OK/FAILED\tRESETS\tBLOCKS\tHASH CHECK\tLAST EVENT")
 			for _, p := range out.Pods {
 				age := "never"
-				if p.LastEventAgeSeconds != nil {
+				switch {
+				case p.LastEventAgeSeconds != nil:
 					age = (time.Duration(*p.LastEventAgeSeconds * float64(time.Second))).Round(time.Second/10).String() + " ago"
+				case p.Health == client.HealthName(kvindexv1.EngineHealth_ENGINE_HEALTH_RESTORED) || p.Blocks > 0:
+					age = "restored" // its entries came from a snapshot, its events before this process
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s\n",
 					client.EngineName(p.Pod, p.DPRank), p.Model, cmp.Or(p.Endpoint, "-"), yesNo(p.Connected), p.Health,
