@@ -31,9 +31,14 @@ BENCH   ?= .
 # deploy/nginx's end-to-end test (which runs its own nginx, unprivileged, on
 # free ports), and Debian's nats-server for the NATS mode's end-to-end test
 # (which runs its own server on a free port), and Debian's prometheus for
-# promtool, which checks and unit-tests deploy/monitoring's alerting rules.
+# promtool, which checks and unit-tests deploy/monitoring's alerting rules,
+# and protoc with its Python gRPC plugin, python3-grpcio and python3-protobuf
+# for api/README.md's Python client, which a docs test generates and runs.
+# make proto needs protoc alone (DEB_PROTO_PKGS).
 DEB_BUILD_PKGS := gcc libzmq3-dev pkg-config
-DEB_TEST_PKGS  := $(DEB_BUILD_PKGS) python3-zmq python3-msgpack python3-cbor2 python3-xxhash nginx libnginx-mod-http-js nats-server prometheus
+DEB_PROTO_PKGS := protobuf-compiler
+DEB_TEST_PKGS  := $(DEB_BUILD_PKGS) python3-zmq python3-msgpack python3-cbor2 python3-xxhash nginx libnginx-mod-http-js nats-server prometheus \
+	$(DEB_PROTO_PKGS) protobuf-compiler-grpc python3-grpcio python3-protobuf
 
 # The packages that must build without cgo (no libzmq, no C compiler): the
 # core, the Go client and the server (only kvevents/zmqtransport needs libzmq),
@@ -46,14 +51,15 @@ STATICCHECK_VERSION := v0.8.2
 TOOLS := $(CURDIR)/bin/tools
 STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 
-.PHONY: all build demo test check bench deps test-deps proto clean faults fuzz
+.PHONY: all build demo test check bench deps test-deps proto-deps proto clean faults fuzz
 
 all: build
 
 # deps installs what the build needs, test-deps what the tests need too.
 deps: DEB_NEEDED = $(DEB_BUILD_PKGS)
 test-deps: DEB_NEEDED = $(DEB_TEST_PKGS)
-deps test-deps:
+proto-deps: DEB_NEEDED = $(DEB_PROTO_PKGS)
+deps test-deps proto-deps:
 	@missing=""; for p in $(DEB_NEEDED); do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
@@ -159,10 +165,11 @@ GOLDEN_GENERATORS  = $(sort $(shell find . -path ./bin -prune -o -path '*/testda
 golden-check:
 	@rc=0; for g in $(GOLDEN_GENERATORS); do $(GOLDEN_PYTHON) $$g --check || rc=1; done; exit $$rc
 
-# Regenerate api/ from proto/ with Debian's protoc (3.21.12) and pinned plugins.
+# Regenerate api/ from proto/ with Debian's protoc (3.21.12, installed when
+# missing) and pinned plugins.
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
-proto:
+proto: proto-deps
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 	protoc -I proto \

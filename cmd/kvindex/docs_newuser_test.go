@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvindex/kvindex/internal/sim"
+	"github.com/kvindex/kvindex/internal/testutil"
 )
 
 // modelMention finds a model name in an example: a JSON model field, a
@@ -163,5 +165,65 @@ func TestDocsWalkthroughsOnLoopback(t *testing.T) {
 	}
 	if checked < 4 {
 		t.Fatalf("checked only %d examples; is the extraction broken?", checked)
+	}
+}
+
+// api/README.md's Python client, generated with Debian's protoc and gRPC
+// plugin, asks a running kvindex as the document shows, and prints what
+// it shows: the document's commands run through bash from the repository
+// root, the package install aside (the test needs the packages already).
+func TestDocsPythonClient(t *testing.T) {
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, need := range []string{"protoc", "/usr/bin/grpc_python_plugin", "/usr/bin/python3"} {
+		if _, err := exec.LookPath(need); err != nil {
+			t.Skipf("%s not found: install Debian's protobuf-compiler, protobuf-compiler-grpc, python3-grpcio and python3-protobuf (make test-deps)", need)
+		}
+	}
+	if out, err := exec.Command("/usr/bin/python3", "-c", "import grpc, google.protobuf").CombinedOutput(); err != nil {
+		t.Skipf("Debian's python3 lacks python3-grpcio or python3-protobuf (make test-deps): %s", out)
+	}
+	data, err := os.ReadFile("../../api/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(data), "<!-- python-client")
+	if !ok {
+		t.Fatal("api/README.md has no python-client block")
+	}
+	blocks := regexp.MustCompile("(?s)```sh\n(.*?)```\n\n```\n(.*?)```").FindStringSubmatch(rest)
+	if blocks == nil {
+		t.Fatal("the python-client marker is not followed by a sh block and its output")
+	}
+	script, want := blocks[1], blocks[2]
+	var kept []string
+	for _, l := range strings.Split(script, "\n") {
+		if !strings.HasPrefix(l, "sudo apt-get install") {
+			kept = append(kept, l)
+		}
+	}
+	script = strings.Join(kept, "\n")
+
+	x := startE2E(t, []string{"pod-a", "pod-b"})
+	prompt := testutil.Seq(5000, 5*e2eBlockSize+7)
+	if _, err := x.engines["pod-a"].Process(prompt, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.engines["pod-b"].Process(append(slices.Clone(prompt[:3*e2eBlockSize]), testutil.Seq(9000, 2*e2eBlockSize)...), nil); err != nil {
+		t.Fatal(err)
+	}
+	x.awaitMatched(prompt, map[string]uint32{"pod-a": 5, "pod-b": 3})
+
+	script = strings.NewReplacer("/tmp/kvindex-py", t.TempDir(), "localhost:50051", x.svc.GRPCAddr()).Replace(script)
+	cmd := exec.Command(bash, "-euo", "pipefail", "-c", script)
+	cmd.Dir = "../.."
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v:\n%s\nscript:\n%s", err, out, script)
+	}
+	if string(out) != want {
+		t.Errorf("the Python client printed\n%s\napi/README.md shows\n%s", out, want)
 	}
 }
