@@ -177,3 +177,13 @@ proto: proto-deps
 		--go_out=. --go_opt=module=github.com/kvindex/kvindex \
 		--go-grpc_out=. --go-grpc_opt=module=github.com/kvindex/kvindex \
 		proto/kvindex/v1/kvindex.proto proto/indexer/v1/indexer.proto
+
+# Lint the API with buf (buf.yaml) and check it against main for breaking
+# changes; buf is built once into bin/tools (a few minutes).
+BUF_VERSION := v1.75.0
+BUF         := $(TOOLS)/buf-$(BUF_VERSION)
+.PHONY: proto-lint
+proto-lint:
+	@[ -x $(BUF) ] || { GOBIN=$(TOOLS) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION) && mv $(TOOLS)/buf $(BUF); }
+	$(BUF) lint
+	$(BUF) breaking --against '.git#branch=main,subdir=proto'

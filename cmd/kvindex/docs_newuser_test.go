@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/kvindex/kvindex/internal/sim"
 	"github.com/kvindex/kvindex/internal/testutil"
 )
@@ -225,5 +227,51 @@ func TestDocsPythonClient(t *testing.T) {
 	}
 	if string(out) != want {
 		t.Errorf("the Python client printed\n%s\napi/README.md shows\n%s", out, want)
+	}
+}
+
+// buf.yaml describes the API as make proto builds it: one module, proto/,
+// holding every .proto file make proto compiles, and exceptions only for
+// files that exist.
+func TestBufConfig(t *testing.T) {
+	data, err := os.ReadFile("../../buf.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Version string
+		Modules []struct{ Path string }
+		Lint    struct {
+			Use        []string
+			IgnoreOnly map[string][]string `yaml:"ignore_only"`
+		}
+	}
+	if err := yaml.Unmarshal(data, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Version != "v2" || len(cfg.Modules) != 1 || cfg.Modules[0].Path != "proto" || len(cfg.Lint.Use) == 0 {
+		t.Fatalf("buf.yaml: %+v; want version v2, the one module proto and lint rules", cfg)
+	}
+	makefile, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	protos := regexp.MustCompile(`proto/\S+\.proto`).FindAllString(string(makefile), -1)
+	if len(protos) < 2 {
+		t.Fatalf("the Makefile compiles %v; is the pattern broken?", protos)
+	}
+	onDisk, _ := filepath.Glob("../../proto/*/*/*.proto")
+	for i := range onDisk {
+		onDisk[i] = strings.TrimPrefix(onDisk[i], "../../")
+	}
+	if slices.Sort(protos); !slices.Equal(slices.Compact(protos), onDisk) {
+		t.Errorf("make proto compiles %v; the buf module proto/ holds %v", protos, onDisk)
+	}
+	for rule, paths := range cfg.Lint.IgnoreOnly {
+		for _, p := range paths {
+			if _, err := os.Stat("../../" + p); err != nil {
+				t.Errorf("buf.yaml: %s ignores %s: %v", rule, p, err)
+			}
+		}
 	}
 }
