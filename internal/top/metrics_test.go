@@ -71,7 +71,7 @@ func TestMetricsURL(t *testing.T) {
 			t.Errorf("MetricsURL(%q) = %q, no error", bad, got)
 		}
 	}
-	if got := DefaultServeMetrics("kvindex:50051", "8080", true); got != "https://kvindex:8080/metrics" {
+	if got := DefaultServeMetrics("kvindex:50051", ":8080", true); got != "https://kvindex:8080/metrics" {
 		t.Errorf("DefaultServeMetrics = %q", got)
 	}
 }

@@ -113,7 +113,10 @@ type Header struct {
 // before it (nil for the first frame: rates are then unknown).
 func Build(h Header, prev, cur *Sample) Model {
 	m := Model{Server: h.Server, Interval: h.Interval, Interactive: h.Interactive, At: cur.At}
-	retry := "; retrying every " + h.Interval.String()
+	retry := "" // a single frame tries once
+	if h.Interactive {
+		retry = "; retrying every " + h.Interval.String()
+	}
 	if cur.PodsErr != "" {
 		m.Errors = append(m.Errors, cur.PodsErr+retry)
 	}

@@ -150,13 +150,36 @@ func MetricsURL(s string) (string, error) {
 	return u.String(), nil
 }
 
+// Pages checks the metrics pages to read, serve's and the pickers', as
+// MetricsURL makes them.
+func Pages(serve string, pickers []string) (string, []string, error) {
+	s, err := MetricsURL(serve)
+	if err != nil {
+		return "", nil, fmt.Errorf("--metrics: %w", err)
+	}
+	var ps []string
+	for _, p := range pickers {
+		u, err := MetricsURL(p)
+		if err != nil {
+			return "", nil, fmt.Errorf("--picker: %w", err)
+		}
+		ps = append(ps, u)
+	}
+	return s, ps, nil
+}
+
 // DefaultServeMetrics is serve's metrics URL when only its gRPC address
-// (target, HOST:PORT) is known: the same host on serve's default HTTP
-// port, over https when the gRPC API is spoken over TLS.
-func DefaultServeMetrics(target, httpPort string, useTLS bool) string {
+// (target, HOST:PORT) is known: the same host on the port of serve's
+// default HTTP address (httpAddr, [HOST]:PORT), over https when the gRPC
+// API is spoken over TLS (serve's HTTP listener then is too).
+func DefaultServeMetrics(target, httpAddr string, useTLS bool) string {
 	host, _, err := net.SplitHostPort(target)
 	if err != nil {
 		host = target
+	}
+	_, httpPort, err := net.SplitHostPort(httpAddr)
+	if err != nil {
+		httpPort = httpAddr
 	}
 	scheme := "http"
 	if useTLS {
