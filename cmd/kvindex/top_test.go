@@ -107,13 +107,27 @@ func TestTopTerminal(t *testing.T) {
 		t.Errorf("top does not have the screen to itself:\n%s", s)
 	}
 
+	// Narrower, the frame is laid out again to fit: the replays column
+	// goes first.
+	tm("resize-window", "-t", "top", "-x", "90")
+	s = await("the frame laid out for 90 columns", func(s string) bool {
+		return strings.Contains(s, "ENGINE") && !strings.Contains(s, "REPLAYS OK/FAILED")
+	})
+	for _, l := range strings.Split(s, "\n") {
+		if len([]rune(l)) > 90 {
+			t.Errorf("a line wider than the terminal's 90 columns: %q", l)
+		}
+	}
+
 	tm("send-keys", "-t", "top", "q")
 	s = await("top to exit", func(s string) bool { return strings.Contains(s, "top exited ") && strings.Contains(s, "speed") })
 	if !strings.Contains(s, "top exited 0") {
 		t.Errorf("top did not exit 0:\n%s", s)
 	}
-	if strings.Contains(s, "ENGINE") || !strings.Contains(s, "shell$ "+bin) {
-		t.Errorf("the shell's screen is not back (its command line above, no frame left):\n%s", s)
+	// The main screen is back: the command line typed on it, no frame,
+	// and the shell's prompt last.
+	if lines := strings.Fields(s); strings.Contains(s, "ENGINE") || !strings.Contains(s, "echo top exited $?") || lines[len(lines)-1] != "shell$" {
+		t.Errorf("the shell's screen is not back (its command line above, no frame left, its prompt last):\n%s", s)
 	}
 	modes := strings.Fields(s[strings.Index(s, "speed"):])
 	for _, mode := range []string{"icanon", "echo", "opost"} {

@@ -70,21 +70,28 @@ func Run(ctx context.Context, p *Poller, h Header, once bool, in io.Reader, out 
 	h.Interactive = true
 	tick := time.NewTicker(h.Interval)
 	defer tick.Stop()
+	resize, stopResize := resized()
+	defer stopResize()
 	var prev *Sample
 	for {
 		cur := p.Poll(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		width, height := size(outFile)
-		if _, err := io.WriteString(out, draw(Render(Build(h, prev, cur), width, height))); err != nil {
-			return err
-		}
+		m := Build(h, prev, cur)
 		prev = cur
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
+		for redraw := true; redraw; {
+			width, height := size(outFile)
+			if _, err := io.WriteString(out, draw(Render(m, width, height))); err != nil {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-resize:
+			case <-tick.C:
+				redraw = false
+			}
 		}
 	}
 }
