@@ -2,8 +2,6 @@ package main
 
 import (
 	"cmp"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -57,9 +55,7 @@ or with --once, it prints one frame and exits (1 if kvindex was unreachable).`,
 			}
 			defer c.Close()
 			cf.addr, p.Pods, p.HTTP = addr, c.Index, top.HTTPClient(tc)
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			return top.Run(ctx, p, top.Header{Server: cf.server, Interval: every}, once, cmd.InOrStdin(), cmd.OutOrStdout())
+			return top.Run(cmd.Context(), p, top.Header{Server: cf.server, Interval: every}, once, cmd.InOrStdin(), cmd.OutOrStdout())
 		},
 	}
 	cf.register(cmd.Flags())

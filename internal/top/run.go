@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/term"
@@ -32,10 +34,12 @@ const DefaultInterval = time.Second
 const fallbackWidth, fallbackHeight = 80, 24
 
 // Run polls with p every interval and shows the frames on out until ctx
-// ends or q (or Ctrl-C) is pressed on in, restoring the terminal as it
-// was. When out is not a terminal, or with once, it prints one frame and
+// ends, q (or Ctrl-C) is pressed on in, or SIGINT or SIGTERM arrives,
+// restoring the terminal as it was. When out is not a terminal, or with once, it prints one frame and
 // returns, with an error if kvindex could not be read.
 func Run(ctx context.Context, p *Poller, h Header, once bool, in io.Reader, out io.Writer) error {
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
 	outFile, _ := out.(*os.File)
 	tty := outFile != nil && term.IsTerminal(int(outFile.Fd()))
 	if once || !tty {
