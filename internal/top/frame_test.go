@@ -28,6 +28,7 @@ func fleetSample(at time.Duration, k float64) *Sample {
 			{Pod: "vllm-qwen-0", DPRank: 1, Model: "Qwen/Qwen2.5-7B", Health: "ok", Events: uint64(800 * k), Blocks: 2412, HashCheck: "verified", LastEventAgeSeconds: ptr(0.4)},
 			{Pod: "vllm-llama-deployment-7f9c6d5b8-x2kqz", Model: "meta-llama/Llama-3.1-8B", Health: "degraded", Events: uint64(300 * k), Blocks: 870, Gaps: 2, ReplaysOK: 1, ReplaysFailed: 1, HashCheck: "mismatch", LastEventAgeSeconds: ptr(75.0)},
 			{Pod: "vllm-llama-1", Model: "meta-llama/Llama-3.1-8B", Health: "disconnected", HashCheck: "unknown"},
+			{Pod: "vllm-llama-2", Model: "meta-llama/Llama-3.1-8B", Health: "restored", Blocks: 1200, HashCheck: "unknown"},
 		},
 		Fleet: []client.FleetCacheJSON{{Model: "", Fraction: ptr(0.41)}, {Model: "Qwen/Qwen2.5-7B", Fraction: ptr(0.52)}},
 	}

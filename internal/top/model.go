@@ -80,8 +80,11 @@ type Engine struct {
 	ReplaysFailed       uint64
 	HashCheck           string
 	// LastEvent is the age in seconds of the engine's last applied batch:
-	// how far its entries may lag; unknown if it never sent one.
+	// how far its entries may lag; unknown if it sent none to this
+	// process, when Restored says whether its entries came from a
+	// snapshot.
 	LastEvent Num
+	Restored  bool
 }
 
 // Fraction is the share of prompt tokens served from cache, for one model
@@ -149,7 +152,7 @@ func buildEngines(m *Model, prev, cur *Sample, dt time.Duration) {
 	for _, p := range cur.Pods.Pods {
 		e := Engine{
 			Name: client.EngineName(p.Pod, p.DPRank), Model: p.Model, Health: p.Health, Blocks: p.Blocks,
-			Gaps: p.Gaps, ReplaysOK: p.ReplaysOK, ReplaysFailed: p.ReplaysFailed, HashCheck: p.HashCheck,
+			Gaps: p.Gaps, ReplaysOK: p.ReplaysOK, ReplaysFailed: p.ReplaysFailed, HashCheck: p.HashCheck, Restored: p.Restored(),
 		}
 		if p.LastEventAgeSeconds != nil {
 			e.LastEvent = known(*p.LastEventAgeSeconds, true)

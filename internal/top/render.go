@@ -94,7 +94,7 @@ func engineTable(engines []Engine, width int) []string {
 	rows := make([][]string, len(engines))
 	for i, e := range engines {
 		rows[i] = []string{e.Name, e.Model, e.Health, strconv.FormatUint(e.Blocks, 10), rate(e.EventsPerSec),
-			strconv.FormatUint(e.Gaps, 10), fmt.Sprintf("%d/%d", e.ReplaysOK, e.ReplaysFailed), e.HashCheck, age(e.LastEvent)}
+			strconv.FormatUint(e.Gaps, 10), fmt.Sprintf("%d/%d", e.ReplaysOK, e.ReplaysFailed), e.HashCheck, age(e)}
 	}
 	header := []string{"ENGINE", "MODEL", "HEALTH", "BLOCKS", "EVENTS/S", "GAPS", "REPLAYS OK/FAILED", "HASH CHECK", "LAST EVENT"}
 	right := []bool{false, false, false, true, true, true, true, false, true}
@@ -222,13 +222,18 @@ func pct(n Num) string {
 	return strconv.FormatFloat(100*n.V, 'f', 1, 64) + "%"
 }
 
-// age prints how long ago an engine's last event was; "never" if it sent
-// none.
-func age(n Num) string {
-	if !n.OK {
+// age prints how long ago an engine's last event was: "restored" if it
+// sent none to this process but has entries from a snapshot, else "never"
+// if it sent none.
+func age(e Engine) string {
+	switch {
+	case e.LastEvent.OK:
+	case e.Restored:
+		return "restored"
+	default:
 		return "never"
 	}
-	d := time.Duration(n.V * float64(time.Second))
+	d := time.Duration(e.LastEvent.V * float64(time.Second))
 	if d < time.Minute {
 		return d.Round(time.Second/10).String() + " ago"
 	}
