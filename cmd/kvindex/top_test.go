@@ -52,55 +52,101 @@ func TestTopUsageAndUnreachable(t *testing.T) {
 	}
 }
 
-// kvindex top in a real terminal (tmux): the engines and their health
-// appear, rates follow from the second scrape, q quits and the shell gets
-// its screen and terminal modes back.
-func TestTopTerminal(t *testing.T) {
+// terminal is a tmux session on a private socket running a plain sh,
+// which leaves the terminal's modes as the last program set them, so that
+// stty shows what kvindex top restored. It is killed when the test ends.
+type terminal struct {
+	t          *testing.T
+	tmux, sock string
+}
+
+// startTerminal starts a 160x40 terminal at its shell prompt, and builds
+// the kvindex binary it runs (its path is returned); it skips the test
+// when tmux is missing or under -short.
+func startTerminal(t *testing.T) (*terminal, string) {
 	tmux, err := exec.LookPath("tmux")
 	if err != nil {
-		t.Skip("tmux is not installed (apt-get install tmux): TestTopTerminal drives kvindex top in it")
+		t.Skip("tmux is not installed (apt-get install tmux): the kvindex top terminal tests drive it in tmux")
 	}
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
 	bin := filepath.Join(buildKvindex(t), "kvindex")
+	term := &terminal{t: t, tmux: tmux, sock: fmt.Sprintf("kvindex-top-%d-%d", os.Getpid(), time.Now().UnixNano())}
+	term.run("new-session", "-d", "-s", "top", "-x", "160", "-y", "40", "env", "PS1=shell$ ", "TERM=xterm", "sh")
+	t.Cleanup(func() { exec.Command(tmux, "-L", term.sock, "kill-server").Run() })
+	term.await("the shell's prompt", func(s string) bool { return strings.Contains(s, "shell$") })
+	return term, bin
+}
+
+// run runs a tmux command on the terminal's server.
+func (term *terminal) run(args ...string) string {
+	term.t.Helper()
+	out, err := exec.Command(term.tmux, append([]string{"-L", term.sock, "-f", "/dev/null"}, args...)...).CombinedOutput()
+	if err != nil {
+		term.t.Fatalf("tmux %q: %v: %s", args, err, out)
+	}
+	return string(out)
+}
+
+// keys types keys (tmux send-keys names: "Enter", "C-c") into the terminal.
+func (term *terminal) keys(keys ...string) {
+	term.run(append([]string{"send-keys", "-t", "top"}, keys...)...)
+}
+
+// await polls the screen until cond holds of it, failing the test after
+// topScreen, and returns it.
+func (term *terminal) await(what string, cond func(string) bool) string {
+	term.t.Helper()
+	deadline := time.Now().Add(topScreen)
+	for {
+		s := term.run("capture-pane", "-p", "-t", "top")
+		if cond(s) {
+			return s
+		}
+		if time.Now().After(deadline) {
+			term.t.Fatalf("timed out after %v waiting for %s; the screen:\n%s", topScreen, what, s)
+		}
+		time.Sleep(testutil.PollInterval)
+	}
+}
+
+// awaitShellBack waits for the command line ending in "echo top exited
+// $?; stty -a" to finish and checks that top exited 0 and gave the shell
+// its screen (the command line typed on it, no frame, the prompt last) and
+// its terminal modes back.
+func (term *terminal) awaitShellBack() {
+	term.t.Helper()
+	s := term.await("top to exit", func(s string) bool { return strings.Contains(s, "top exited ") && strings.Contains(s, "speed") })
+	if !strings.Contains(s, "top exited 0") {
+		term.t.Errorf("top did not exit 0:\n%s", s)
+	}
+	if lines := strings.Fields(s); strings.Contains(s, "(q quits)") || !strings.Contains(s, "echo top exited $?") || lines[len(lines)-1] != "shell$" {
+		term.t.Errorf("the shell's screen is not back (its command line above, no frame left, its prompt last):\n%s", s)
+	}
+	modes := " " + strings.Join(strings.Fields(s[strings.Index(s, "speed"):]), " ") + " "
+	for _, mode := range []string{"icanon", "echo", "opost", "isig"} {
+		if !strings.Contains(modes, " "+mode+" ") {
+			term.t.Errorf("terminal mode %s not restored: stty -a shows\n%s", mode, s)
+		}
+	}
+}
+
+// kvindex top in a real terminal (tmux): the engines and their health
+// appear, rates follow from the second scrape, the frame is laid out
+// again when the terminal narrows, q quits and the shell gets its screen
+// and terminal modes back.
+func TestTopTerminal(t *testing.T) {
+	term, bin := startTerminal(t)
 	x := startE2E(t, []string{"pod-a", "pod-b"})
 
-	sock := fmt.Sprintf("kvindex-top-%d-%d", os.Getpid(), time.Now().UnixNano())
-	tm := func(args ...string) string {
-		t.Helper()
-		out, err := exec.Command(tmux, append([]string{"-L", sock, "-f", "/dev/null"}, args...)...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("tmux %q: %v: %s", args, err, out)
-		}
-		return string(out)
-	}
-	// A plain sh, which leaves the terminal's modes as the last program
-	// set them, so that stty shows what top restored.
-	tm("new-session", "-d", "-s", "top", "-x", "160", "-y", "40", "env", "PS1=shell$ ", "TERM=xterm", "sh")
-	t.Cleanup(func() { exec.Command(tmux, "-L", sock, "kill-server").Run() })
-	screen := func() string { return tm("capture-pane", "-p", "-t", "top") }
-	await := func(what string, cond func(string) bool) string {
-		t.Helper()
-		var s string
-		deadline := time.Now().Add(topScreen)
-		for s = screen(); !cond(s); s = screen() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out after %v waiting for %s; the screen:\n%s", topScreen, what, s)
-			}
-			time.Sleep(testutil.PollInterval)
-		}
-		return s
-	}
-	await("the shell's prompt", func(s string) bool { return strings.Contains(s, "shell$") })
-
 	line := fmt.Sprintf("%s top --server %s --metrics %s --interval 200ms; echo top exited $?; stty -a", bin, x.svc.GRPCAddr(), x.svc.HTTPAddr())
-	tm("send-keys", "-t", "top", line, "Enter")
+	term.keys(line, "Enter")
 	rows := map[string]*regexp.Regexp{}
 	for _, pod := range []string{"pod-a", "pod-b"} {
 		rows[pod] = regexp.MustCompile(`(?m)^` + pod + `\s+\S+\s+ok\s+\d+\s+\d+\.\d`) // ENGINE MODEL HEALTH BLOCKS EVENTS/S
 	}
-	s := await("both engines, ok, with their events/s", func(s string) bool {
+	s := term.await("both engines, ok, with their events/s", func(s string) bool {
 		return rows["pod-a"].MatchString(s) && rows["pod-b"].MatchString(s)
 	})
 	if !strings.Contains(s, "(q quits)") || strings.Contains(s, "shell$") {
@@ -109,8 +155,8 @@ func TestTopTerminal(t *testing.T) {
 
 	// Narrower, the frame is laid out again to fit: the replays column
 	// goes first.
-	tm("resize-window", "-t", "top", "-x", "90")
-	s = await("the frame laid out for 90 columns", func(s string) bool {
+	term.run("resize-window", "-t", "top", "-x", "90")
+	s = term.await("the frame laid out for 90 columns", func(s string) bool {
 		return strings.Contains(s, "ENGINE") && !strings.Contains(s, "REPLAYS OK/FAILED")
 	})
 	for _, l := range strings.Split(s, "\n") {
@@ -119,20 +165,21 @@ func TestTopTerminal(t *testing.T) {
 		}
 	}
 
-	tm("send-keys", "-t", "top", "q")
-	s = await("top to exit", func(s string) bool { return strings.Contains(s, "top exited ") && strings.Contains(s, "speed") })
-	if !strings.Contains(s, "top exited 0") {
-		t.Errorf("top did not exit 0:\n%s", s)
-	}
-	// The main screen is back: the command line typed on it, no frame,
-	// and the shell's prompt last.
-	if lines := strings.Fields(s); strings.Contains(s, "ENGINE") || !strings.Contains(s, "echo top exited $?") || lines[len(lines)-1] != "shell$" {
-		t.Errorf("the shell's screen is not back (its command line above, no frame left, its prompt last):\n%s", s)
-	}
-	modes := strings.Fields(s[strings.Index(s, "speed"):])
-	for _, mode := range []string{"icanon", "echo", "opost"} {
-		if !strings.Contains(" "+strings.Join(modes, " ")+" ", " "+mode+" ") {
-			t.Errorf("terminal mode %s not restored: stty -a shows\n%s", mode, s)
-		}
-	}
+	term.keys("q")
+	term.awaitShellBack()
+}
+
+// kvindex top against a kvindex that is not there shows why, frame after
+// frame, and still quits on Ctrl-C as on q.
+func TestTopTerminalUnreachable(t *testing.T) {
+	term, bin := startTerminal(t)
+	addr := testutil.FreeAddr(t) // nothing listens there
+	term.keys(fmt.Sprintf("%s top --server %s --metrics %s --interval 200ms; echo top exited $?; stty -a", bin, addr, addr), "Enter")
+	title := regexp.MustCompile(`kvindex top .* UTC`)
+	first := term.await("the error line", func(s string) bool { return strings.Contains(s, "! cannot reach kvindex at "+addr) })
+	term.await("a later frame, still with the error line", func(s string) bool {
+		return title.FindString(s) != title.FindString(first) && strings.Contains(s, "! cannot reach kvindex at "+addr)
+	})
+	term.keys("C-c")
+	term.awaitShellBack()
 }
