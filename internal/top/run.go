@@ -35,8 +35,9 @@ const fallbackWidth, fallbackHeight = 80, 24
 
 // Run polls with p every interval and shows the frames on out until ctx
 // ends, q (or Ctrl-C) is pressed on in, or SIGINT or SIGTERM arrives,
-// restoring the terminal as it was. When out is not a terminal, or with once, it prints one frame and
-// returns, with an error if kvindex could not be read.
+// restoring the terminal as it was. When out is not a terminal, or with
+// once, it prints one frame and returns, with an error if kvindex could
+// not be read.
 func Run(ctx context.Context, p *Poller, h Header, once bool, in io.Reader, out io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
