@@ -428,7 +428,7 @@ window, overall and per model, then each engine's own.`,
 				switch {
 				case p.LastEventAgeSeconds != nil:
 					age = (time.Duration(*p.LastEventAgeSeconds * float64(time.Second))).Round(time.Second/10).String() + " ago"
-				case p.Health == client.HealthName(kvindexv1.EngineHealth_ENGINE_HEALTH_RESTORED) || p.Blocks > 0:
+				case p.Restored():
 					age = "restored" // its entries came from a snapshot, its events before this process
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s\n",
