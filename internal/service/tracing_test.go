@@ -312,6 +312,42 @@ func TestTracePickerToIndex(t *testing.T) {
 	}
 }
 
+// serve --picker traces the same way without a network between the
+// pick and the index: the pick a child of the gateway's span, the
+// index's tokenize and walk within the pick.
+func TestTraceEmbeddedPicker(t *testing.T) {
+	col, endpoint := startCollector(t)
+	_, eca := newEngine(t, "pod-a")
+	o := baseOptions(eca)
+	o.Tracing, o.TokenizerFile = tracingTo(t, endpoint, "kvindex-serve"), qwenTokenizerFile
+	o.Picker = &PickerOptions{Gateway: gateway.Config{Endpoints: []gateway.Endpoint{{Pod: "pod-a", Addr: testutil.FreeAddr(t)}},
+		IndexTimeout: testDeadline}, ExtProcAddr: "127.0.0.1:0"}
+	s := startService(t, o)
+	pickExtProc(t, s.PickerAddr())
+	id, _ := hex.DecodeString(gatewayTraceID)
+	var tr tree
+	await(t, "the request's spans at the collector", func() bool {
+		if err := s.tracing.Provider().ForceFlush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		tr = tree{}
+		for _, sp := range col.trace(id) {
+			tr[spanID(sp)] = sp
+		}
+		return tr.find("kvindex-serve", gateway.SpanPick, 0) != nil && tr.find("kvindex-serve", server.SpanTokenize, 0) != nil &&
+			tr.find("kvindex-serve", server.SpanIndexWalk, 0) != nil
+	})
+	pick := tr.find("kvindex-serve", gateway.SpanPick, 0)
+	if parentID(*pick) != gatewaySpanID {
+		t.Errorf("the pick's parent is %s, not the gateway's span %s", parentID(*pick), gatewaySpanID)
+	}
+	for _, name := range []string{server.SpanTokenize, server.SpanIndexWalk} {
+		if sp := tr.find("kvindex-serve", name, 0); !tr.descends(*sp, spanID(*pick)) {
+			t.Errorf("%s (parent %s) is not within the pick %s", name, parentID(*sp), spanID(*pick))
+		}
+	}
+}
+
 // With tracing off nothing is traced: serve's and the picker's tracing
 // is nil (which installs nothing: telemetry's TestNew), and no span
 // reaches even a recording tracer provider installed as OpenTelemetry's
