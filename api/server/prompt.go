@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -128,7 +129,17 @@ func fillExtras(p *kvindexv1.Prompt, tokens int, x *blockhash.Extras) error {
 // its side), InvalidArgument for input a backend refused, and
 // FailedPrecondition if no backend can do it at all (a chat prompt with
 // only a local tokenizer).
-func (s *Server) tokenize(ctx context.Context, model string, in tokenizer.Input) ([]uint64, string, error) {
+func (s *Server) tokenize(ctx context.Context, model string, in tokenizer.Input) (ids []uint64, source string, err error) {
+	if s.cfg.Tracer != nil {
+		var span trace.Span
+		ctx, span = s.startTokenize(ctx, model)
+		defer func() { endTokenize(span, len(ids), source, err) }()
+	}
+	return s.tokenizeBackends(ctx, model, in)
+}
+
+// tokenizeBackends is tokenize's work.
+func (s *Server) tokenizeBackends(ctx context.Context, model string, in tokenizer.Input) ([]uint64, string, error) {
 	if len(s.cfg.Tokenizers) == 0 {
 		return nil, "", status.Error(codes.FailedPrecondition,
 			"text and chat prompts need a tokenizer: this kvindex has none (neither the engine's /tokenize nor a local tokenizer.json); send token ids")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -131,6 +132,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock (time.Now if nil).
 	Now func() time.Time
+	// Tracer, if set, records a span for each tokenizing of a prompt
+	// (SpanTokenize) and each walk of the index (SpanIndexWalk), as
+	// children of the call's span; nil: no spans, at the cost of a nil
+	// check.
+	Tracer trace.Tracer
 }
 
 // Server implements kvindex.v1.IndexService and llm-d's
@@ -610,7 +616,7 @@ func (s *Server) resolveLongestPrefix(ctx context.Context, st *queryState, in pr
 	st.q.Model = model
 	st.q.Candidates = in.candidates
 	p.seq = s.indexSeq()
-	if err := s.index.LongestPrefix(&st.q, &st.res); err != nil {
+	if err := s.walk(ctx, st); err != nil {
 		return resolved{}, indexStatus(err)
 	}
 	completeScope(&st.res, model, in.candidates, hv)

@@ -12,6 +12,7 @@ import (
 	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/internal/snapstore"
+	"github.com/kvindex/kvindex/internal/telemetry"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
 
@@ -49,6 +50,7 @@ type serveFlags struct {
 	snapshotBucket string
 	snapshotKeep   int
 	discover       discoverFlags
+	trace          telemetry.Flags
 }
 
 func (f *serveFlags) register(fs *pflag.FlagSet) {
@@ -85,6 +87,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.snapshotBucket, "snapshot-bucket", snapstore.DefaultBucket, "NATS mode: JetStream object store bucket of index snapshots (with KV buckets BUCKET-meta, the newest snapshot per model, and BUCKET-lease, the writer lease); one replica at a time writes one every --snapshot-interval and when it stops")
 	fs.IntVar(&f.snapshotKeep, "snapshot-keep", snapstore.DefaultKeep, "NATS mode: snapshots kept in the bucket; older ones are deleted (a newest one that cannot be read falls back to the one before)")
 	f.discover.register(fs, true, true)
+	f.trace.Register(fs, "kvindex-serve")
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables, --config file, tokenizer file), print them and exit without listening or connecting")
 }
 

@@ -59,6 +59,7 @@ var serveFlagNames = map[configerr.Field]string{
 	"TokenizerFile":        "--tokenizer",
 	"ChatTemplateFile":     "--chat-template",
 	"NATS":                 "--nats",
+	"Tracing.Endpoint":     "--otlp-endpoint",
 	"NATSAuthKey":          "--nats-auth-key",
 	"NATSInsecure":         "--nats-insecure",
 	"NATSCreds":            "--nats-creds",

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"os/signal"
 	"strconv"
 	"syscall"
@@ -12,6 +13,7 @@ import (
 	"github.com/kvindex/kvindex/internal/bytesize"
 	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/internal/service"
+	"github.com/kvindex/kvindex/internal/telemetry"
 )
 
 // pickerFlags are the flags of kvindex picker: where the index is, the
@@ -29,6 +31,7 @@ type pickerFlags struct {
 	tokModel string
 	log      logFlags
 	check    bool
+	trace    telemetry.Flags
 }
 
 func (f *pickerFlags) register(fs *pflag.FlagSet) {
@@ -42,6 +45,7 @@ func (f *pickerFlags) register(fs *pflag.FlagSet) {
 	f.tok.register(fs)
 	fs.StringVar(&f.tokModel, "tokenizer-model", "", "with --tokenizer: the model it tokenizes for; other models' prompts go to the index as text (default: every model's)")
 	f.log.register(fs)
+	f.trace.Register(fs, "kvindex-picker")
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables, --config file), print them and exit without listening or connecting")
 }
 
@@ -132,6 +136,9 @@ func (f *pickerFlags) options() (*service.PickerServiceOptions, error) {
 		TokenizerFile: f.tok.file, ChatTemplateFile: f.tok.chatTemplate, TokenizerModel: f.tokModel}
 	if err := f.pick.Options(disc != nil, &o.Picker); err != nil {
 		return nil, configUsage(err, serveFlagNames)
+	}
+	if o.Tracing, err = f.trace.Config(os.LookupEnv); err != nil {
+		return nil, usagef("%v", err)
 	}
 	cf := clientFlags{server: f.index, sec: f.sec}
 	o.Index, o.Dial, err = cf.target()

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"os"
 	"os/signal"
 	"syscall"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/bytesize"
 	"github.com/kvindex/kvindex/internal/service"
+	"github.com/kvindex/kvindex/internal/telemetry"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 )
 
@@ -27,6 +29,7 @@ type relayFlags struct {
 	log       logFlags
 	check     bool
 	discover  discoverFlags
+	trace     telemetry.Flags
 }
 
 func (f *relayFlags) register(fs *pflag.FlagSet) {
@@ -39,6 +42,7 @@ func (f *relayFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.httpAddr, "http-addr", ":9300", "HTTP listen address: /metrics, /healthz, /readyz (ready while NATS is connected)")
 	f.log.register(fs)
 	f.discover.register(fs, true, false)
+	f.trace.Register(fs, "kvindex-relay")
 	fs.BoolVar(&f.check, "check", false, "validate the settings (flags, KVINDEX_* variables), print them and exit without connecting")
 }
 
@@ -71,6 +75,9 @@ func (f *relayFlags) options() (*service.RelayOptions, error) {
 		return nil, usagef("--heartbeat %v: want 10ms..1m", f.heartbeat)
 	case f.httpAddr == "":
 		return nil, usagef("--http-addr must not be empty")
+	}
+	if o.Tracing, err = f.trace.Config(os.LookupEnv); err != nil {
+		return nil, usagef("%v", err)
 	}
 	o.Relay = natstransport.RelayConfig{Stream: o.Stream.Name, Model: f.model, MaxBuffer: int64(f.buffer), Heartbeat: f.heartbeat}
 	return o, nil
@@ -140,6 +147,9 @@ func checkRelay(w io.Writer, o *service.RelayOptions) error {
 	}
 	for _, e := range o.Engines {
 		fmt.Fprintf(w, "  engine %s (model %s): %s, replay %s, %d rank(s)\n", e.Name, e.Model, e.Endpoint, cmp.Or(e.ReplayEndpoint, "none"), max(e.Ranks, 1))
+	}
+	if o.Tracing.Enabled() {
+		fmt.Fprintf(w, "  tracing: %s\n", o.Tracing)
 	}
 	return nil
 }

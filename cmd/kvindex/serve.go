@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/signal"
 	"syscall"
 
@@ -132,6 +133,9 @@ func (f *serveFlags) options() (*service.Options, error) {
 	if o.Picker, err = f.pickerOptions(o.Discover != nil); err != nil {
 		return nil, err
 	}
+	if o.Tracing, err = f.trace.Config(os.LookupEnv); err != nil {
+		return nil, usagef("%v", err)
+	}
 	return o, nil
 }
 
@@ -188,6 +192,9 @@ func checkServe(w io.Writer, o *service.Options, log *slog.Logger) error {
 		fmt.Fprintf(w, "  NATS %s, stream %s (max age %v, max bytes %s, %d replica(s)), snapshots in %s every %v, %d kept\n",
 			n.Conn.Redacted(), n.Stream.Name, n.Stream.MaxAge, bytesize.Format(n.Stream.MaxBytes), n.Stream.Replicas,
 			n.Snapshot.Bucket, n.Interval, n.Snapshot.Keep)
+	}
+	if o.Tracing.Enabled() {
+		fmt.Fprintf(w, "  tracing: %s\n", o.Tracing)
 	}
 	if o.StateDir != "" {
 		fmt.Fprintf(w, "  state dir %s (%s), snapshot every %v\n", o.StateDir, service.DescribeState(o.StateDir), o.SnapshotInterval)

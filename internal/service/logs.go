@@ -1,12 +1,15 @@
 package service
 
 import (
+	"context"
 	"log/slog"
 	"net"
 
 	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/api/server/security"
 	"github.com/kvindex/kvindex/internal/bytesize"
+	"github.com/kvindex/kvindex/internal/lifecycle"
+	"github.com/kvindex/kvindex/internal/telemetry"
 )
 
 // logLimits logs the bounds the service runs with.
@@ -68,4 +71,20 @@ func loopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// tracingPart says where the traces go, once at start, and flushes them
+// at stop (telemetry.FlushTimeout at most): it stops after the servers,
+// whose last spans it exports. Nothing without tracing.
+func tracingPart(t *telemetry.Tracing, log *slog.Logger) lifecycle.Part {
+	return lifecycle.Part{
+		Name:  "tracing",
+		Start: func(context.Context) error { t.Log(log); return nil },
+		Stop: func(ctx context.Context) error {
+			if err := t.Shutdown(ctx); err != nil {
+				log.Warn("tracing: flushing the last spans failed; they are dropped", "err", err)
+			}
+			return nil
+		},
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/memlimit"
 	"github.com/kvindex/kvindex/internal/snapstore"
+	"github.com/kvindex/kvindex/internal/telemetry"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
@@ -63,9 +64,12 @@ type Options struct {
 	Security         security.Config
 	// AdminAddr serves profiles and metrics; "" for none.
 	AdminAddr string
-	Picker    *PickerOptions   // nil: no in-process picker
-	Discover  *DiscoverOptions // nil: no discovery
-	NATS      *NATSOptions     // nil: not a NATS replica
+	Picker    *PickerOptions // nil: no in-process picker
+	// Tracing exports spans of the API's calls and queries (and the
+	// in-process picker's) over OTLP; off when its Endpoint is "".
+	Tracing  telemetry.Config
+	Discover *DiscoverOptions // nil: no discovery
+	NATS     *NATSOptions     // nil: not a NATS replica
 }
 
 // DefaultOptions are the index service's defaults, kvindex serve's

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/kvindex/kvindex/internal/kubediscovery"
 	"github.com/kvindex/kvindex/internal/lifecycle"
 	"github.com/kvindex/kvindex/internal/memlimit"
+	"github.com/kvindex/kvindex/internal/telemetry"
 	"github.com/kvindex/kvindex/picker"
 	"github.com/kvindex/kvindex/picker/enginemetrics"
 	"github.com/kvindex/kvindex/picker/gateway"
@@ -76,9 +78,10 @@ const (
 // newPickerCore builds the picker over src.
 // budget is the process's memory budget (bytes, 0 for none), which
 // bounds the request bodies buffered at once (gateway.Config.MemoryBudget).
-func newPickerCore(o *PickerOptions, src gateway.Source, reg prometheus.Registerer, log *slog.Logger, budget int64) (*pickerCore, error) {
+// tracing (nil: off) traces its picks and its ext_proc server's calls.
+func newPickerCore(o *PickerOptions, src gateway.Source, reg prometheus.Registerer, log *slog.Logger, budget int64, tracing *telemetry.Tracing) (*pickerCore, error) {
 	cfg := o.Gateway
-	cfg.Registry, cfg.Logger, cfg.MemoryBudget = reg, log, budget
+	cfg.Registry, cfg.Logger, cfg.MemoryBudget, cfg.Tracer = reg, log, budget, tracing.Tracer()
 	scrape, sc, err := withEngineMetrics(o.ScrapeInterval, &cfg, reg, log)
 	if err != nil {
 		return nil, err
@@ -90,8 +93,8 @@ func newPickerCore(o *PickerOptions, src gateway.Source, reg prometheus.Register
 	if err != nil {
 		return nil, err
 	}
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(svc.MaxBody()+1<<20),
-		grpc.InitialWindowSize(extProcWindow), grpc.InitialConnWindowSize(extProcConnWindow))
+	gs := grpc.NewServer(append(tracing.ServerOptions(), grpc.MaxRecvMsgSize(svc.MaxBody()+1<<20),
+		grpc.InitialWindowSize(extProcWindow), grpc.InitialConnWindowSize(extProcConnWindow))...)
 	svc.ExtProc().Register(gs)
 	reflection.Register(gs) // grpcurl lists the ext_proc and health services
 
@@ -130,9 +133,9 @@ const pickerExposure = "may ask for routing decisions (which reveal which pods h
 
 // newEmbeddedPicker builds the picker over srv and listens on its
 // ext_proc address.
-func newEmbeddedPicker(o *PickerOptions, srv *server.Server, log *slog.Logger, budget int64) (*embeddedPicker, error) {
+func newEmbeddedPicker(o *PickerOptions, srv *server.Server, log *slog.Logger, budget int64, tracing *telemetry.Tracing) (*embeddedPicker, error) {
 	log = log.With("component", "picker")
-	p, err := newPickerCore(o, gateway.Local{Server: srv}, srv.Registry(), log, budget)
+	p, err := newPickerCore(o, gateway.Local{Server: srv}, srv.Registry(), log, budget, tracing)
 	if err == nil {
 		err = p.listen(o.ExtProcAddr)
 	}
@@ -252,6 +255,10 @@ type PickerServiceOptions struct {
 	// against an endpoint's /tokenize (gateway.Service.CheckTokenizer).
 	TokenizerFile, ChatTemplateFile string
 	TokenizerModel                  string
+	// Tracing exports spans of the picks, the ext_proc and HTTP
+	// requests and the index queries over OTLP; off when its Endpoint
+	// is "".
+	Tracing telemetry.Config
 }
 
 // localTokenizer opens the picker's own tokenizer into its gateway
@@ -272,6 +279,8 @@ type PickerService struct {
 	group lifecycle.Group
 	core  *pickerCore
 	hlis  net.Listener
+	// tracing is nil when off.
+	tracing *telemetry.Tracing
 }
 
 // NewPicker builds the picker service, loading its tokenizer (into
@@ -285,7 +294,11 @@ func NewPicker(o *PickerServiceOptions, log *slog.Logger) (*PickerService, error
 	if err := o.localTokenizer(); err != nil {
 		return nil, err
 	}
-	p := &PickerService{o: o, log: log}
+	tracing, err := telemetry.New(o.Tracing)
+	if err != nil {
+		return nil, configerr.New("Tracing.Endpoint", "%v: %w", configerr.Field("Tracing.Endpoint"), err)
+	}
+	p := &PickerService{o: o, log: log, tracing: tracing}
 	reg := prometheus.NewRegistry()
 	var c *client.Client
 	var hs *http.Server
@@ -295,12 +308,13 @@ func NewPicker(o *PickerServiceOptions, log *slog.Logger) (*PickerService, error
 		memlimit.FromBudget(o.MemoryBudget, 0).Apply(log)
 		return nil
 	}})
+	g.Add(tracingPart(tracing, log))
 	g.Add(lifecycle.Part{
 		Name: "index client",
 		// Built without waiting for the index: a sidecar may start first.
 		Start: func(context.Context) error {
 			var err error
-			if c, err = client.New(o.Index, append(o.Dial, gateway.IndexDialOption())...); err != nil {
+			if c, err = client.New(o.Index, slices.Concat(o.Dial, []grpc.DialOption{gateway.IndexDialOption()}, tracing.DialOptions())...); err != nil {
 				return configerr.New("Index", "%v %s: %w", configerr.Field("Index"), o.Index, err)
 			}
 			return nil
@@ -309,7 +323,7 @@ func NewPicker(o *PickerServiceOptions, log *slog.Logger) (*PickerService, error
 	})
 	g.Add(lifecycle.Part{Name: "picker", Start: func(context.Context) error {
 		var err error
-		p.core, err = newPickerCore(&o.Picker, gateway.Remote{Client: c}, reg, log, o.MemoryBudget)
+		p.core, err = newPickerCore(&o.Picker, gateway.Remote{Client: c}, reg, log, o.MemoryBudget, tracing)
 		return err
 	}})
 	if o.Discover != nil {
@@ -344,7 +358,7 @@ func NewPicker(o *PickerServiceOptions, log *slog.Logger) (*PickerService, error
 					return configerr.Failed("HTTPAddr", "%v %s: %w", configerr.Field("HTTPAddr"), o.HTTPAddr, err)
 				}
 				mux := http.NewServeMux()
-				mux.Handle("/v1/pick", p.core.svc.Handler())
+				mux.Handle("/v1/pick", tracing.Handler(p.core.svc.Handler()))
 				mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 				handleHealth(mux, p.core.svc.IndexReady)
 				hs = server.DefaultHTTPServer(mux)

@@ -84,6 +84,9 @@ func CheckPicker(w io.Writer, o *PickerServiceOptions) error {
 		fmt.Fprintf(w, "  discover pods %s in namespace %s, at %s\n", d.Selector, cmp.Or(d.Namespace, "(kvindex's own)"), d.Metrics)
 	}
 	fmt.Fprintf(w, "  tokenizer: %s\n", pickerTokenizerSummary(o))
+	if o.Tracing.Enabled() {
+		fmt.Fprintf(w, "  tracing: %s\n", o.Tracing)
+	}
 	return nil
 }
 

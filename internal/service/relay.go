@@ -16,8 +16,10 @@ import (
 
 	"github.com/kvindex/kvindex/internal/buildinfo"
 	"github.com/kvindex/kvindex/internal/bytesize"
+	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/kubediscovery"
 	"github.com/kvindex/kvindex/internal/lifecycle"
+	"github.com/kvindex/kvindex/internal/telemetry"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
 )
@@ -33,6 +35,9 @@ type RelayOptions struct {
 	Relay    natstransport.RelayConfig
 	// HTTPAddr serves /metrics, /healthz and /readyz.
 	HTTPAddr string
+	// Tracing exports a span per record published
+	// (natstransport.SpanPublish) over OTLP; off when its Endpoint is "".
+	Tracing telemetry.Config
 }
 
 // Relay follows engines over ZMQ, exactly as the index service does
@@ -64,6 +69,11 @@ func NewRelay(o *RelayOptions, log *slog.Logger) (*Relay, error) {
 	if o.Relay.Auth = auth; auth == nil {
 		log.Warn(insecureWarning)
 	}
+	tracing, err := telemetry.New(o.Tracing)
+	if err != nil {
+		return nil, configerr.New("Tracing.Endpoint", "%v: %w", configerr.Field("Tracing.Endpoint"), err)
+	}
+	o.Relay.Tracer = tracing.Tracer()
 	r := &Relay{o: o, log: log}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -71,6 +81,7 @@ func NewRelay(o *RelayOptions, log *slog.Logger) (*Relay, error) {
 	var hs *http.Server
 	g := &r.group
 	g.StopTimeout, g.Logger = ShutdownGrace, log
+	g.Add(tracingPart(tracing, log)) // stopped last: after the relay's last publishes
 	g.Add(lifecycle.Part{
 		Name: "NATS connection",
 		Start: func(context.Context) error {

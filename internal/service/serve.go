@@ -23,6 +23,7 @@ import (
 	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/lifecycle"
 	"github.com/kvindex/kvindex/internal/memlimit"
+	"github.com/kvindex/kvindex/internal/telemetry"
 	"github.com/kvindex/kvindex/kvevents"
 	"github.com/kvindex/kvindex/kvevents/natstransport"
 	"github.com/kvindex/kvindex/kvevents/zmqtransport"
@@ -48,6 +49,7 @@ type Service struct {
 	picker                     *embeddedPicker // nil without a picker
 
 	localTok tokenizer.Tokenizer // the local tokenizer; nil without one
+	tracing  *telemetry.Tracing  // nil: tracing off
 }
 
 // localTokenizer is the local tokenizer among toks, nil without one.
@@ -111,7 +113,11 @@ func build(o *Options, log *slog.Logger, restore bool) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{o: o, log: log, index: ix, localTok: localTokenizer(toks)}
+	tracing, err := telemetry.New(o.Tracing)
+	if err != nil {
+		return nil, configerr.New("Tracing.Endpoint", "%v: %w", configerr.Field("Tracing.Endpoint"), err)
+	}
+	s := &Service{o: o, log: log, index: ix, localTok: localTokenizer(toks), tracing: tracing}
 	var resume []kvevents.Position
 	if o.StateDir != "" {
 		if s.state, err = newStateDir(o, ix, log.With("component", "state")); err != nil {
@@ -150,7 +156,7 @@ func build(o *Options, log *slog.Logger, restore bool) (*Service, error) {
 		Index: ix, BlockSize: o.Index.Hasher.BlockSize(), Hasher: o.Index.Hasher, Tokenizers: toks, Hub: s.hub, Streams: s.src,
 		DefaultModel: o.Model, MaxTokens: o.MaxQueryTokens, ExpectStreams: expectedStreams(o.Engines), ReadyGrace: grace,
 		Logger: log.With("component", "api"), Limits: o.limits(), Security: o.Security,
-		Fleet: o.Picker.fleetSource(),
+		Fleet: o.Picker.fleetSource(), Tracer: tracing.Tracer(),
 	}
 	if replica != nil {
 		// Ready once caught up with the stream, however long that takes.
@@ -182,6 +188,7 @@ func (s *Service) release() {
 	if s.zsub != nil {
 		s.zsub.Close()
 	}
+	_ = s.tracing.Shutdown(context.Background())
 }
 
 func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
@@ -218,6 +225,7 @@ func (s *Service) assemble() {
 		memlimit.FromBudget(o.Index.MemoryBudget, o.streams()).Apply(s.log)
 		return nil
 	}, Stop: func(context.Context) error { s.log.Info("stopped"); return nil }}) // stopped last
+	g.Add(tracingPart(s.tracing, s.log))
 	g.Add(listenPart("gRPC listener", "GRPCAddr", o.GRPCAddr, &s.grpcLis))
 	g.Add(listenPart("HTTP listener", "HTTPAddr", o.HTTPAddr, &s.httpLis))
 	if o.AdminAddr != "" {
@@ -225,7 +233,7 @@ func (s *Service) assemble() {
 	}
 	if o.Picker != nil {
 		g.Add(lifecycle.Part{Name: "picker listener", Start: func(context.Context) error {
-			p, err := newEmbeddedPicker(o.Picker, s.api, s.log, o.Index.MemoryBudget)
+			p, err := newEmbeddedPicker(o.Picker, s.api, s.log, o.Index.MemoryBudget, s.tracing)
 			s.picker = p
 			return err
 		}, Stop: func(context.Context) error { s.picker.lis.Close(); return nil }})
@@ -273,9 +281,9 @@ func (s *Service) addServers() {
 	g.Add(lifecycle.Part{
 		Name: "gRPC server",
 		Start: func(context.Context) error {
-			gs = s.api.NewGRPCServer()
+			gs = s.api.NewGRPCServer(s.tracing.ServerOptions()...)
 			hs = s.api.NewHTTPServer(server.HTTPOptions{})
-			hs.Handler = s.picker.handler(hs.Handler, s.api)
+			hs.Handler = s.tracing.Handler(s.picker.handler(hs.Handler, s.api))
 			s.log.Info("serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "admin", s.AdminAddr())
 			logLimits(s.log, o.limits())
 			logSecurity(s.log, o.Security, s.GRPCAddr(), s.HTTPAddr(), s.AdminAddr())

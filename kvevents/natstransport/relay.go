@@ -15,6 +15,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvindex/kvindex/kvevents"
 )
@@ -56,7 +59,14 @@ type RelayConfig struct {
 	// ID names this relay process in heartbeats and in the ids of its
 	// reset and hole records (default: a random NUID).
 	ID string
+	// Tracer, if set, records a span for each record published
+	// (SpanPublish), from its first attempt to JetStream's ack; nil: no
+	// spans.
+	Tracer trace.Tracer
 }
+
+// SpanPublish is one record's publishing, retries included.
+const SpanPublish = "kvindex.relay.publish"
 
 // RelayStats is a snapshot of a relay's counters.
 type RelayStats struct {
@@ -391,7 +401,19 @@ func (r *Relay) publishLoop(ctx context.Context) {
 
 // publish sends rec until JetStream acknowledges it; false when ctx ends
 // first.
-func (r *Relay) publish(ctx context.Context, rec *record) bool {
+func (r *Relay) publish(ctx context.Context, rec *record) (ok bool) {
+	if r.cfg.Tracer != nil {
+		var span trace.Span
+		ctx, span = r.cfg.Tracer.Start(ctx, SpanPublish, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+			attribute.String("messaging.destination.name", rec.msg.Subject), attribute.String("kvindex.kind", rec.kind.String()),
+			attribute.Int64("kvindex.seq", int64(rec.seq)), attribute.Int("messaging.message.body.size", len(rec.msg.Data))))
+		defer func() {
+			if !ok {
+				span.SetStatus(codes.Error, "stopped before JetStream acknowledged the record")
+			}
+			span.End()
+		}()
+	}
 	backoff := 10 * time.Millisecond
 	for {
 		pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
@@ -407,6 +429,7 @@ func (r *Relay) publish(ctx context.Context, rec *record) bool {
 		if ctx.Err() != nil {
 			return false
 		}
+		trace.SpanFromContext(ctx).RecordError(err) // a no-op without a span
 		if n := r.pubErrs.Add(1); logEvery(n) {
 			r.log.Warn("natstransport: publish failed; retrying", slog.String("subject", rec.msg.Subject),
 				slog.String("kind", rec.kind.String()), slog.Uint64("seq", rec.seq), slog.Any("err", err),

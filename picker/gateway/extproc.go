@@ -205,7 +205,7 @@ func (x *ExtProc) route(stream extprocv3.ExternalProcessor_ProcessServer, hdr ma
 		}
 		r.cpu = cpu // given back before the index query (pick)
 	}
-	d, done, err := s.Pick(stream.Context(), r, subset)
+	d, done, err := s.Pick(s.requestContext(stream.Context(), hdr), r, subset)
 	if err != nil {
 		code := typev3.StatusCode_InternalServerError
 		switch {

@@ -98,7 +98,7 @@ func (lt *localTokenizer) tokenize(ctx context.Context, s *Service, r *Request) 
 	}
 	var ids []uint64
 	if err == nil {
-		ids, err = lt.tok.Tokenize(ctx, r.Model, in)
+		ids, err = s.tracedTokenize(ctx, lt.tok, r.Model, in)
 	}
 	switch {
 	case err == nil && len(ids) > 0:

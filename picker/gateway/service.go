@@ -18,6 +18,7 @@ import (
 	"github.com/kvindex/kvindex/picker"
 	"github.com/kvindex/kvindex/tokenizer"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -131,6 +132,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock (time.Now if nil).
 	Now func() time.Time
+	// Tracer, if set, records a span for each pick (SpanPick, a child of
+	// the request's traceparent: the gateway's span), and within it the
+	// picker's tokenizing (SpanTokenize) and hashing (SpanHash) of the
+	// prompt; the index query carries the pick's context. nil: no
+	// spans, at the cost of a nil check.
+	Tracer trace.Tracer
 }
 
 // endpoint is an Endpoint and its in-flight counts.
@@ -306,6 +313,11 @@ func (s *Service) Pick(ctx context.Context, r *Request, subset []string) (d pick
 
 // pick is Pick, rejecting an unknown model when rejectUnknown.
 func (s *Service) pick(ctx context.Context, r *Request, subset []string, rejectUnknown bool) (d picker.Decision, done func(), err error) {
+	if s.cfg.Tracer != nil {
+		var span trace.Span
+		ctx, span = s.startPick(ctx, r)
+		defer func() { endPick(span, d, err) }()
+	}
 	if r != nil {
 		if r.cpu == nil {
 			if r.cpu = s.enterCPU(ctx); r.cpu == nil {
@@ -401,7 +413,7 @@ func (s *Service) query(ctx context.Context, r *Request, st *pickState, pods []s
 	}
 	st.req.Model = r.Model
 	st.req.CandidatePods = pods
-	hs, hashed := s.hashedPrompt(r)
+	hs, hashed := s.tracedHashedPrompt(ctx, r)
 	// The request's CPU work is done: the slot goes to the next request,
 	// and the index's deadline runs from here.
 	r.cpu.leave()
