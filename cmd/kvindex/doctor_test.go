@@ -120,7 +120,7 @@ func TestDoctorHashMismatch(t *testing.T) {
 	// The text form, narrowed to one pod.
 	out, _, code := runCLI(t, "doctor", "--server", x.svc.GRPCAddr(), "--pod", "xxcbor-0")
 	want := "xxcbor-0 (" + e2eModel + "): hash mismatch"
-	if code != exitRuntime || !strings.Contains(out, "1 engines") || !strings.Contains(out, want) ||
+	if code != exitRuntime || !strings.HasPrefix(out, "1 engines followed by kvindex at ") || !strings.Contains(out, want) ||
 		!strings.Contains(out, "fix: run kvindex serve with --hash-algo xxhash_cbor --hash-seed 0 --block-size 32") {
 		t.Errorf("exit %d, output:\n%s", code, out)
 	}
@@ -131,7 +131,7 @@ func TestDoctorHealthy(t *testing.T) {
 	t.Parallel() // its own service and engines on free ports
 	x := startE2E(t, []string{"pod-a", "pod-b"})
 	out, errOut, code := runCLI(t, "doctor", "--server", x.svc.GRPCAddr())
-	if code != exitOK || errOut != "" || !strings.HasSuffix(out, ": 2 engines, hashing sha256_cbor, seed \"0\", block size 16: healthy\n") {
+	if code != exitOK || errOut != "" || out != "2 engines followed by kvindex at "+x.svc.GRPCAddr()+", hashing sha256_cbor, seed \"0\", block size 16: healthy\n" {
 		t.Fatalf("exit %d, stderr %q, output %q", code, errOut, out)
 	}
 	out, _, code = runCLI(t, "doctor", "--server", x.svc.GRPCAddr(), "--json", "--pod", "pod-b")

@@ -299,7 +299,7 @@ func (r *Report) WriteJSON(w io.Writer) error {
 // with its fix.
 func (r *Report) WriteText(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "kvindex at %s: %d engines", r.Server, r.Engines)
+	fmt.Fprintf(&b, "%d engines followed by kvindex at %s", r.Engines, r.Server)
 	if c := r.HashConfig; c != nil {
 		fmt.Fprintf(&b, ", hashing %s", Describe(blockhash.Config{Algo: blockhash.Algo(c.Algo), Seed: c.Seed, BlockSize: c.BlockSize}))
 	}
