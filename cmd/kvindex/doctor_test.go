@@ -31,7 +31,8 @@ type doctorEngine struct {
 // mirrored, and exits 1.
 func TestDoctorHashMismatch(t *testing.T) {
 	t.Parallel() // its own service and engines on free ports
-	random := "b7e151628aed2a6abf7158809cf4f3c762e7160f38b4da56a784d9045190cfef" // as 32 random bytes would be
+	// A seed as 32 random bytes would be.
+	random := "b7e151628aed2a6abf7158809cf4f3c762e7160f38b4da56a784d9045190cfef"
 	lora := &blockhash.Extras{LoRAName: "sql-lora", CacheSalt: "tenant-a"}
 	engines := []doctorEngine{
 		{"cbor-42", blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "42", BlockSize: 16}, false, lora, "--hash-algo sha256_cbor --hash-seed 42 --block-size 16", doctor.Found},
