@@ -1532,9 +1532,14 @@ type ListPodsResponse struct {
 	// together, by pod; with a model in the request, only the pods listed.
 	PodCache []*PodCache `protobuf:"bytes,3,rep,name=pod_cache,json=podCache,proto3" json:"pod_cache,omitempty"`
 	// The index sequence the answer reflects, as in LongestPrefixResponse.
-	IndexSeq      uint64 `protobuf:"varint,4,opt,name=index_seq,json=indexSeq,proto3" json:"index_seq,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	IndexSeq uint64 `protobuf:"varint,4,opt,name=index_seq,json=indexSeq,proto3" json:"index_seq,omitempty"`
+	// The comparison of the local tokenizer (--tokenizer), the fallback,
+	// with the engine's /tokenize (--tokenize-url), per prompt form, once
+	// made; empty when kvindex does not have both or has not compared them
+	// yet.
+	TokenizerChecks []*TokenizerCheck `protobuf:"bytes,5,rep,name=tokenizer_checks,json=tokenizerChecks,proto3" json:"tokenizer_checks,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ListPodsResponse) Reset() {
@@ -1595,6 +1600,90 @@ func (x *ListPodsResponse) GetIndexSeq() uint64 {
 	return 0
 }
 
+func (x *ListPodsResponse) GetTokenizerChecks() []*TokenizerCheck {
+	if x != nil {
+		return x.TokenizerChecks
+	}
+	return nil
+}
+
+// TokenizerCheck is the comparison of the local tokenizer with the
+// engine's /tokenize on one prompt form.
+type TokenizerCheck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The prompt form: "completion" or "chat".
+	Form string `protobuf:"bytes,1,opt,name=form,proto3" json:"form,omitempty"`
+	// The verdict: "match", "mismatch", "local_declined", "local_failed",
+	// "engine_refused" or "unchecked".
+	Verdict string `protobuf:"bytes,2,opt,name=verdict,proto3" json:"verdict,omitempty"`
+	// True when the local tokenizer gives other ids than the engine, or
+	// fails where the engine does not: while the engine's /tokenize is
+	// unreachable, such prompts would match none of the engines' blocks.
+	Disagrees bool `protobuf:"varint,3,opt,name=disagrees,proto3" json:"disagrees,omitempty"`
+	// What was compared and, for a mismatch, where the ids first differ.
+	Detail        string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenizerCheck) Reset() {
+	*x = TokenizerCheck{}
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenizerCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenizerCheck) ProtoMessage() {}
+
+func (x *TokenizerCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenizerCheck.ProtoReflect.Descriptor instead.
+func (*TokenizerCheck) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *TokenizerCheck) GetForm() string {
+	if x != nil {
+		return x.Form
+	}
+	return ""
+}
+
+func (x *TokenizerCheck) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *TokenizerCheck) GetDisagrees() bool {
+	if x != nil {
+		return x.Disagrees
+	}
+	return false
+}
+
+func (x *TokenizerCheck) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 // FleetCache is one model's (or the whole fleet's) share of prompt tokens
 // the engines served from their prefix caches over the last window: the
 // increments of vLLM's vllm:prefix_cache_hits and vllm:prefix_cache_queries
@@ -1616,7 +1705,7 @@ type FleetCache struct {
 
 func (x *FleetCache) Reset() {
 	*x = FleetCache{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[18]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1717,7 @@ func (x *FleetCache) String() string {
 func (*FleetCache) ProtoMessage() {}
 
 func (x *FleetCache) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[18]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1730,7 @@ func (x *FleetCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetCache.ProtoReflect.Descriptor instead.
 func (*FleetCache) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{18}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *FleetCache) GetModel() string {
@@ -1697,7 +1786,7 @@ type PodCache struct {
 
 func (x *PodCache) Reset() {
 	*x = PodCache{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[19]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +1798,7 @@ func (x *PodCache) String() string {
 func (*PodCache) ProtoMessage() {}
 
 func (x *PodCache) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[19]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +1811,7 @@ func (x *PodCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodCache.ProtoReflect.Descriptor instead.
 func (*PodCache) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{19}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PodCache) GetPod() string {
@@ -1771,7 +1860,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[20]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1783,7 +1872,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[20]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1796,7 +1885,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{20}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchRequest) GetPods() []string {
@@ -1836,7 +1925,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[21]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1848,7 +1937,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[21]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1861,7 +1950,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{21}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WatchResponse) GetPod() string {
@@ -1982,7 +2071,7 @@ type HashSamplesRequest struct {
 
 func (x *HashSamplesRequest) Reset() {
 	*x = HashSamplesRequest{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[22]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1994,7 +2083,7 @@ func (x *HashSamplesRequest) String() string {
 func (*HashSamplesRequest) ProtoMessage() {}
 
 func (x *HashSamplesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[22]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2007,7 +2096,7 @@ func (x *HashSamplesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HashSamplesRequest.ProtoReflect.Descriptor instead.
 func (*HashSamplesRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{22}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HashSamplesRequest) GetModel() string {
@@ -2038,7 +2127,7 @@ type HashSamplesResponse struct {
 
 func (x *HashSamplesResponse) Reset() {
 	*x = HashSamplesResponse{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[23]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2050,7 +2139,7 @@ func (x *HashSamplesResponse) String() string {
 func (*HashSamplesResponse) ProtoMessage() {}
 
 func (x *HashSamplesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[23]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2063,7 +2152,7 @@ func (x *HashSamplesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HashSamplesResponse.ProtoReflect.Descriptor instead.
 func (*HashSamplesResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{23}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HashSamplesResponse) GetEngines() []*EngineHashSamples {
@@ -2090,7 +2179,7 @@ type EngineHashSamples struct {
 
 func (x *EngineHashSamples) Reset() {
 	*x = EngineHashSamples{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[24]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2102,7 +2191,7 @@ func (x *EngineHashSamples) String() string {
 func (*EngineHashSamples) ProtoMessage() {}
 
 func (x *EngineHashSamples) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[24]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2115,7 +2204,7 @@ func (x *EngineHashSamples) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineHashSamples.ProtoReflect.Descriptor instead.
 func (*EngineHashSamples) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{24}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *EngineHashSamples) GetPod() string {
@@ -2181,7 +2270,7 @@ type StoredSample struct {
 
 func (x *StoredSample) Reset() {
 	*x = StoredSample{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[25]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2193,7 +2282,7 @@ func (x *StoredSample) String() string {
 func (*StoredSample) ProtoMessage() {}
 
 func (x *StoredSample) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[25]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2206,7 +2295,7 @@ func (x *StoredSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredSample.ProtoReflect.Descriptor instead.
 func (*StoredSample) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{25}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StoredSample) GetBlockHashes() []uint64 {
@@ -2293,7 +2382,7 @@ type BlockExtraKeys struct {
 
 func (x *BlockExtraKeys) Reset() {
 	*x = BlockExtraKeys{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[26]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2305,7 +2394,7 @@ func (x *BlockExtraKeys) String() string {
 func (*BlockExtraKeys) ProtoMessage() {}
 
 func (x *BlockExtraKeys) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[26]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2318,7 +2407,7 @@ func (x *BlockExtraKeys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockExtraKeys.ProtoReflect.Descriptor instead.
 func (*BlockExtraKeys) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{26}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *BlockExtraKeys) GetNone() bool {
@@ -2354,7 +2443,7 @@ type ExtraKeyValue struct {
 
 func (x *ExtraKeyValue) Reset() {
 	*x = ExtraKeyValue{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[27]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2366,7 +2455,7 @@ func (x *ExtraKeyValue) String() string {
 func (*ExtraKeyValue) ProtoMessage() {}
 
 func (x *ExtraKeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[27]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2379,7 +2468,7 @@ func (x *ExtraKeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtraKeyValue.ProtoReflect.Descriptor instead.
 func (*ExtraKeyValue) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{27}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExtraKeyValue) GetValue() isExtraKeyValue_Value {
@@ -2468,7 +2557,7 @@ type ExtraKeyTuple struct {
 
 func (x *ExtraKeyTuple) Reset() {
 	*x = ExtraKeyTuple{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[28]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2480,7 +2569,7 @@ func (x *ExtraKeyTuple) String() string {
 func (*ExtraKeyTuple) ProtoMessage() {}
 
 func (x *ExtraKeyTuple) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[28]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2493,7 +2582,7 @@ func (x *ExtraKeyTuple) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtraKeyTuple.ProtoReflect.Descriptor instead.
 func (*ExtraKeyTuple) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{28}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ExtraKeyTuple) GetValues() []*ExtraKeyValue {
@@ -2613,12 +2702,18 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\n" +
 	"hash_check\x18\x11 \x01(\x0e2\x15.kvindex.v1.HashCheckR\thashCheck\x12+\n" +
 	"\x12last_event_unix_ms\x18\x12 \x01(\x03R\x0flastEventUnixMs\x12\x18\n" +
-	"\amessage\x18\x13 \x01(\tR\amessage\"\xb9\x01\n" +
+	"\amessage\x18\x13 \x01(\tR\amessage\"\x80\x02\n" +
 	"\x10ListPodsResponse\x12'\n" +
 	"\x04pods\x18\x01 \x03(\v2\x13.kvindex.v1.PodInfoR\x04pods\x12,\n" +
 	"\x05fleet\x18\x02 \x03(\v2\x16.kvindex.v1.FleetCacheR\x05fleet\x121\n" +
 	"\tpod_cache\x18\x03 \x03(\v2\x14.kvindex.v1.PodCacheR\bpodCache\x12\x1b\n" +
-	"\tindex_seq\x18\x04 \x01(\x04R\bindexSeq\"\xb9\x01\n" +
+	"\tindex_seq\x18\x04 \x01(\x04R\bindexSeq\x12E\n" +
+	"\x10tokenizer_checks\x18\x05 \x03(\v2\x1a.kvindex.v1.TokenizerCheckR\x0ftokenizerChecks\"t\n" +
+	"\x0eTokenizerCheck\x12\x12\n" +
+	"\x04form\x18\x01 \x01(\tR\x04form\x12\x18\n" +
+	"\averdict\x18\x02 \x01(\tR\averdict\x12\x1c\n" +
+	"\tdisagrees\x18\x03 \x01(\bR\tdisagrees\x12\x16\n" +
+	"\x06detail\x18\x04 \x01(\tR\x06detail\"\xb9\x01\n" +
 	"\n" +
 	"FleetCache\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1f\n" +
@@ -2734,7 +2829,7 @@ func file_kvindex_v1_kvindex_proto_rawDescGZIP() []byte {
 }
 
 var file_kvindex_v1_kvindex_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kvindex_v1_kvindex_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_kvindex_v1_kvindex_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_kvindex_v1_kvindex_proto_goTypes = []any{
 	(HashCheck)(0),                // 0: kvindex.v1.HashCheck
 	(EngineHealth)(0),             // 1: kvindex.v1.EngineHealth
@@ -2757,18 +2852,19 @@ var file_kvindex_v1_kvindex_proto_goTypes = []any{
 	(*ListPodsRequest)(nil),       // 18: kvindex.v1.ListPodsRequest
 	(*PodInfo)(nil),               // 19: kvindex.v1.PodInfo
 	(*ListPodsResponse)(nil),      // 20: kvindex.v1.ListPodsResponse
-	(*FleetCache)(nil),            // 21: kvindex.v1.FleetCache
-	(*PodCache)(nil),              // 22: kvindex.v1.PodCache
-	(*WatchRequest)(nil),          // 23: kvindex.v1.WatchRequest
-	(*WatchResponse)(nil),         // 24: kvindex.v1.WatchResponse
-	(*HashSamplesRequest)(nil),    // 25: kvindex.v1.HashSamplesRequest
-	(*HashSamplesResponse)(nil),   // 26: kvindex.v1.HashSamplesResponse
-	(*EngineHashSamples)(nil),     // 27: kvindex.v1.EngineHashSamples
-	(*StoredSample)(nil),          // 28: kvindex.v1.StoredSample
-	(*BlockExtraKeys)(nil),        // 29: kvindex.v1.BlockExtraKeys
-	(*ExtraKeyValue)(nil),         // 30: kvindex.v1.ExtraKeyValue
-	(*ExtraKeyTuple)(nil),         // 31: kvindex.v1.ExtraKeyTuple
-	nil,                           // 32: kvindex.v1.PodMatch.TiersEntry
+	(*TokenizerCheck)(nil),        // 21: kvindex.v1.TokenizerCheck
+	(*FleetCache)(nil),            // 22: kvindex.v1.FleetCache
+	(*PodCache)(nil),              // 23: kvindex.v1.PodCache
+	(*WatchRequest)(nil),          // 24: kvindex.v1.WatchRequest
+	(*WatchResponse)(nil),         // 25: kvindex.v1.WatchResponse
+	(*HashSamplesRequest)(nil),    // 26: kvindex.v1.HashSamplesRequest
+	(*HashSamplesResponse)(nil),   // 27: kvindex.v1.HashSamplesResponse
+	(*EngineHashSamples)(nil),     // 28: kvindex.v1.EngineHashSamples
+	(*StoredSample)(nil),          // 29: kvindex.v1.StoredSample
+	(*BlockExtraKeys)(nil),        // 30: kvindex.v1.BlockExtraKeys
+	(*ExtraKeyValue)(nil),         // 31: kvindex.v1.ExtraKeyValue
+	(*ExtraKeyTuple)(nil),         // 32: kvindex.v1.ExtraKeyTuple
+	nil,                           // 33: kvindex.v1.PodMatch.TiersEntry
 }
 var file_kvindex_v1_kvindex_proto_depIdxs = []int32{
 	4,  // 0: kvindex.v1.Prompt.tokens:type_name -> kvindex.v1.TokenIds
@@ -2777,7 +2873,7 @@ var file_kvindex_v1_kvindex_proto_depIdxs = []int32{
 	10, // 3: kvindex.v1.Prompt.mm_items:type_name -> kvindex.v1.MultimodalItem
 	9,  // 4: kvindex.v1.ChatMessages.messages:type_name -> kvindex.v1.ChatMessage
 	3,  // 5: kvindex.v1.LongestPrefixRequest.prompt:type_name -> kvindex.v1.Prompt
-	32, // 6: kvindex.v1.PodMatch.tiers:type_name -> kvindex.v1.PodMatch.TiersEntry
+	33, // 6: kvindex.v1.PodMatch.tiers:type_name -> kvindex.v1.PodMatch.TiersEntry
 	0,  // 7: kvindex.v1.PodMatch.hash_check:type_name -> kvindex.v1.HashCheck
 	1,  // 8: kvindex.v1.PodMatch.health:type_name -> kvindex.v1.EngineHealth
 	12, // 9: kvindex.v1.LongestPrefixResponse.pods:type_name -> kvindex.v1.PodMatch
@@ -2787,32 +2883,33 @@ var file_kvindex_v1_kvindex_proto_depIdxs = []int32{
 	1,  // 13: kvindex.v1.PodInfo.health:type_name -> kvindex.v1.EngineHealth
 	0,  // 14: kvindex.v1.PodInfo.hash_check:type_name -> kvindex.v1.HashCheck
 	19, // 15: kvindex.v1.ListPodsResponse.pods:type_name -> kvindex.v1.PodInfo
-	21, // 16: kvindex.v1.ListPodsResponse.fleet:type_name -> kvindex.v1.FleetCache
-	22, // 17: kvindex.v1.ListPodsResponse.pod_cache:type_name -> kvindex.v1.PodCache
-	2,  // 18: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.EventKind
-	27, // 19: kvindex.v1.HashSamplesResponse.engines:type_name -> kvindex.v1.EngineHashSamples
-	28, // 20: kvindex.v1.EngineHashSamples.samples:type_name -> kvindex.v1.StoredSample
-	29, // 21: kvindex.v1.StoredSample.extra_keys:type_name -> kvindex.v1.BlockExtraKeys
-	30, // 22: kvindex.v1.BlockExtraKeys.values:type_name -> kvindex.v1.ExtraKeyValue
-	31, // 23: kvindex.v1.ExtraKeyValue.tuple:type_name -> kvindex.v1.ExtraKeyTuple
-	30, // 24: kvindex.v1.ExtraKeyTuple.values:type_name -> kvindex.v1.ExtraKeyValue
-	11, // 25: kvindex.v1.IndexService.LongestPrefix:input_type -> kvindex.v1.LongestPrefixRequest
-	14, // 26: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
-	18, // 27: kvindex.v1.IndexService.ListPods:input_type -> kvindex.v1.ListPodsRequest
-	23, // 28: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
-	6,  // 29: kvindex.v1.IndexService.GetHashConfig:input_type -> kvindex.v1.GetHashConfigRequest
-	25, // 30: kvindex.v1.IndexService.HashSamples:input_type -> kvindex.v1.HashSamplesRequest
-	13, // 31: kvindex.v1.IndexService.LongestPrefix:output_type -> kvindex.v1.LongestPrefixResponse
-	17, // 32: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
-	20, // 33: kvindex.v1.IndexService.ListPods:output_type -> kvindex.v1.ListPodsResponse
-	24, // 34: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
-	7,  // 35: kvindex.v1.IndexService.GetHashConfig:output_type -> kvindex.v1.HashConfig
-	26, // 36: kvindex.v1.IndexService.HashSamples:output_type -> kvindex.v1.HashSamplesResponse
-	31, // [31:37] is the sub-list for method output_type
-	25, // [25:31] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	22, // 16: kvindex.v1.ListPodsResponse.fleet:type_name -> kvindex.v1.FleetCache
+	23, // 17: kvindex.v1.ListPodsResponse.pod_cache:type_name -> kvindex.v1.PodCache
+	21, // 18: kvindex.v1.ListPodsResponse.tokenizer_checks:type_name -> kvindex.v1.TokenizerCheck
+	2,  // 19: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.EventKind
+	28, // 20: kvindex.v1.HashSamplesResponse.engines:type_name -> kvindex.v1.EngineHashSamples
+	29, // 21: kvindex.v1.EngineHashSamples.samples:type_name -> kvindex.v1.StoredSample
+	30, // 22: kvindex.v1.StoredSample.extra_keys:type_name -> kvindex.v1.BlockExtraKeys
+	31, // 23: kvindex.v1.BlockExtraKeys.values:type_name -> kvindex.v1.ExtraKeyValue
+	32, // 24: kvindex.v1.ExtraKeyValue.tuple:type_name -> kvindex.v1.ExtraKeyTuple
+	31, // 25: kvindex.v1.ExtraKeyTuple.values:type_name -> kvindex.v1.ExtraKeyValue
+	11, // 26: kvindex.v1.IndexService.LongestPrefix:input_type -> kvindex.v1.LongestPrefixRequest
+	14, // 27: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
+	18, // 28: kvindex.v1.IndexService.ListPods:input_type -> kvindex.v1.ListPodsRequest
+	24, // 29: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
+	6,  // 30: kvindex.v1.IndexService.GetHashConfig:input_type -> kvindex.v1.GetHashConfigRequest
+	26, // 31: kvindex.v1.IndexService.HashSamples:input_type -> kvindex.v1.HashSamplesRequest
+	13, // 32: kvindex.v1.IndexService.LongestPrefix:output_type -> kvindex.v1.LongestPrefixResponse
+	17, // 33: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
+	20, // 34: kvindex.v1.IndexService.ListPods:output_type -> kvindex.v1.ListPodsResponse
+	25, // 35: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
+	7,  // 36: kvindex.v1.IndexService.GetHashConfig:output_type -> kvindex.v1.HashConfig
+	27, // 37: kvindex.v1.IndexService.HashSamples:output_type -> kvindex.v1.HashSamplesResponse
+	32, // [32:38] is the sub-list for method output_type
+	26, // [26:32] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_kvindex_v1_kvindex_proto_init() }
@@ -2826,9 +2923,9 @@ func file_kvindex_v1_kvindex_proto_init() {
 		(*Prompt_Messages)(nil),
 		(*Prompt_BlockHashes)(nil),
 	}
-	file_kvindex_v1_kvindex_proto_msgTypes[18].OneofWrappers = []any{}
 	file_kvindex_v1_kvindex_proto_msgTypes[19].OneofWrappers = []any{}
-	file_kvindex_v1_kvindex_proto_msgTypes[27].OneofWrappers = []any{
+	file_kvindex_v1_kvindex_proto_msgTypes[20].OneofWrappers = []any{}
+	file_kvindex_v1_kvindex_proto_msgTypes[28].OneofWrappers = []any{
 		(*ExtraKeyValue_Str)(nil),
 		(*ExtraKeyValue_Int)(nil),
 		(*ExtraKeyValue_Bytes)(nil),
@@ -2840,7 +2937,7 @@ func file_kvindex_v1_kvindex_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvindex_v1_kvindex_proto_rawDesc), len(file_kvindex_v1_kvindex_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   30,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

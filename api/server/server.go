@@ -84,6 +84,10 @@ type Config struct {
 	// Fleet gives ListPods the fleet's cached-prefix fraction; nil: none
 	// (no picker scraping the engines).
 	Fleet FleetSource
+	// TokenizerChecks gives ListPods the comparison of the local
+	// tokenizer with the engine's /tokenize, per prompt form, once made;
+	// nil: none.
+	TokenizerChecks func() []TokenizerCheck
 	// IndexSeq reports the index sequence: how far through its ordered
 	// input the index has applied, so that the answers of kvindex
 	// replicas fed the same input can be compared. Fed from a NATS
@@ -860,6 +864,11 @@ func (s *Server) ListPods(_ context.Context, req *kvindexv1.ListPodsRequest) (*k
 		return cmp.Or(cmp.Compare(a.Pod, b.Pod), cmp.Compare(a.DpRank, b.DpRank), cmp.Compare(a.Model, b.Model))
 	})
 	fleetCache(out, s.cfg.Fleet, req.GetModel())
+	if s.cfg.TokenizerChecks != nil {
+		for _, c := range s.cfg.TokenizerChecks() {
+			out.TokenizerChecks = append(out.TokenizerChecks, &kvindexv1.TokenizerCheck{Form: c.Form, Verdict: c.Verdict, Disagrees: c.Disagrees, Detail: c.Detail})
+		}
+	}
 	return out, nil
 }
 
@@ -976,6 +985,13 @@ func indexStatus(err error) error {
 		return status.FromContextError(err).Err()
 	}
 	return status.Error(codes.Internal, "index: "+err.Error())
+}
+
+// TokenizerCheck is the verdict of comparing the local tokenizer with the
+// engine's /tokenize on one prompt form (ListPodsResponse.tokenizer_checks).
+type TokenizerCheck struct {
+	Form, Verdict, Detail string
+	Disagrees             bool
 }
 
 // hashSampler is an Index that keeps the BlockStored events of engines

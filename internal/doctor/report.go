@@ -24,6 +24,7 @@ const (
 	KindPartial      = "partial"
 	KindReplayFailed = "replay_failed"
 	KindUndecodable  = "undecodable"
+	KindTokenizer    = "tokenizer_disagrees"
 )
 
 // Finding is one problem and its fix.
@@ -112,6 +113,13 @@ func Build(in Input) Report {
 		if p.GetHashCheck() == kvindexv1.HashCheck_HASH_CHECK_MISMATCH {
 			f := with(base, hashFinding(p, samplesOf(in.Samples, p), in.SamplesErr, configured, in.Seeds))
 			r.Findings = append(r.Findings, f)
+		}
+	}
+	for _, c := range in.Pods.GetTokenizerChecks() {
+		if c.GetDisagrees() {
+			r.Findings = append(r.Findings, Finding{Kind: KindTokenizer,
+				Problem: fmt.Sprintf("the local tokenizer (serve --tokenizer), the fallback while the engine's /tokenize fails, does not give the engine's ids for %s prompts (%s: %s): those queries would then match no engine's blocks", c.GetForm(), c.GetVerdict(), c.GetDetail()),
+				Fix:     "give kvindex serve the model's own tokenizer.json and --chat-template (the engine's --model and --chat-template), or drop --tokenizer to rely on --tokenize-url alone"})
 		}
 	}
 	if r.Engines == 0 {

@@ -54,6 +54,9 @@ func TestBuild(t *testing.T) {
 			{Pod: "down", DpRank: 1, Model: "m", Endpoint: "tcp://10.0.0.9:5557", Health: kvindexv1.EngineHealth_ENGINE_HEALTH_DISCONNECTED},
 			{Pod: "lossy", Model: "m", Health: kvindexv1.EngineHealth_ENGINE_HEALTH_DEGRADED, Connected: true, Gaps: 3, ReplaysFailed: 3},
 			{Pod: "squeezed", Model: "m", Health: kvindexv1.EngineHealth_ENGINE_HEALTH_PARTIAL, Connected: true, ReplaysFailed: 1, ReplaysOk: 4},
+		}, TokenizerChecks: []*kvindexv1.TokenizerCheck{
+			{Form: "completion", Verdict: "match", Detail: "sample \"a\" (completion): 3 ids, the same as engine http://vllm:8000's"},
+			{Form: "chat", Verdict: "mismatch", Disagrees: true, Detail: "sample \"b\" (chat): the ids differ first at position 2"},
 		}},
 		Samples: &kvindexv1.HashSamplesResponse{Engines: []*kvindexv1.EngineHashSamples{
 			samplesResponse(t, "seed42", engine{cfg: blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "42", BlockSize: 64}, lora: "sql"}),
@@ -65,7 +68,7 @@ func TestBuild(t *testing.T) {
 	for _, f := range r.Findings {
 		kinds = append(kinds, f.Engine+":"+f.Kind)
 	}
-	want := []string{"seed42:hash_mismatch", "random:hash_mismatch", "quiet:hash_mismatch", "down/1:disconnected", "lossy:degraded", "squeezed:partial", "squeezed:replay_failed"}
+	want := []string{"seed42:hash_mismatch", "random:hash_mismatch", "quiet:hash_mismatch", "down/1:disconnected", "lossy:degraded", "squeezed:partial", "squeezed:replay_failed", ":tokenizer_disagrees"}
 	if r.Healthy || r.Engines != 7 || !equal(kinds, want) {
 		t.Fatalf("healthy %v, %d engines, findings %v; want %v", r.Healthy, r.Engines, kinds, want)
 	}
@@ -92,6 +95,7 @@ func TestBuild(t *testing.T) {
 
 	// Healthy: no findings; --pod narrows the report.
 	in.Only = []string{"fine"}
+	in.Pods.TokenizerChecks = in.Pods.TokenizerChecks[:1]
 	if r := Build(in); !r.Healthy || r.Engines != 1 {
 		t.Errorf("only the fine pod: %+v", r)
 	}
