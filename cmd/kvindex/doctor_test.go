@@ -5,6 +5,10 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc"
+
+	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/blockhash"
 	"github.com/kvindex/kvindex/internal/doctor"
 	"github.com/kvindex/kvindex/internal/testutil"
@@ -158,5 +162,38 @@ func TestDoctorUsage(t *testing.T) {
 		if _, errOut, code := runCLI(t, args...); code != exitUsage || !strings.Contains(errOut, "kvindex doctor --help") {
 			t.Errorf("%q: exit %d, stderr %q", args, code, errOut)
 		}
+	}
+}
+
+// The engines' events need the admin scope: with a query token doctor
+// still reports the mismatch, saying what it could not read; with query
+// and admin it names the engine's configuration.
+func TestDoctorAdminScope(t *testing.T) {
+	t.Parallel() // its own service and engines on free ports
+	p := newPKI(t)
+	auth := writeAuthFile(t, p.dir, `  - name: operator
+    sha256: `+tokenSHA("admin-secret")+`
+    scopes: [query, admin]
+`)
+	queryTok := writeToken(t, p.dir, "query", "query-secret")
+	adminTok := writeToken(t, p.dir, "admin", "admin-secret")
+	// The engines hash with seed 0.
+	x := startE2EDial(t, []grpc.DialOption{dialTLS(t, client.TLSConfig{CAFile: p.ca.CertFile}), client.WithToken("query-secret")},
+		[]string{"pod-a"}, "--hash-seed", "1", "--tls-cert", p.server.CertFile, "--tls-key", p.server.KeyFile, "--auth-tokens", auth)
+	x.await("pod-a flagged", func() bool { return x.pod("pod-a", 0).GetHashCheck() == kvindexv1.HashCheck_HASH_CHECK_MISMATCH })
+	doctorJSON := func(token string) doctor.Finding {
+		t.Helper()
+		out, errOut, code := runCLI(t, "doctor", "--json", "--server", x.svc.GRPCAddr(), "--tls-ca", p.ca.CertFile, "--token-file", token)
+		var r doctor.Report
+		if err := json.Unmarshal([]byte(out), &r); err != nil || code != exitRuntime || len(r.Findings) != 1 {
+			t.Fatalf("exit %d, %v: %s %s", code, err, out, errOut)
+		}
+		return r.Findings[0]
+	}
+	if f := doctorJSON(queryTok); f.Hash.Outcome != doctor.NoSamples || !strings.Contains(f.Fix, "needs a credential with the admin scope") {
+		t.Errorf("with the query token: %+v", f)
+	}
+	if f := doctorJSON(adminTok); f.Hash.Outcome != doctor.Found || f.Hash.KvindexFlags != "--hash-algo sha256_cbor --hash-seed 0 --block-size 16" {
+		t.Errorf("with the admin token: %+v", f.Hash)
 	}
 }
