@@ -171,19 +171,24 @@ func TestSearchInvalidSample(t *testing.T) {
 	}
 }
 
-// BenchmarkSearchGrid searches the full default grid for samples no
-// candidate reproduces (every candidate tried, then the random-seed
-// probe): the worst case of kvindex doctor per engine.
+// BenchmarkSearchGrid searches the full default grid (two --seed values
+// added; an engine block size of 128, so that every grid block size
+// applies; extra keys, so both variants) for samples no candidate
+// reproduces: every candidate tried, then the random-seed probe, the
+// worst case of kvindex doctor per engine. It reports the candidates
+// tried.
 func BenchmarkSearchGrid(b *testing.B) {
 	random := "5d1e0c9b8a7f6e5d4c3b2a190817263544536271809f8e7d6c5b4a3928171605"
-	samples := engine{cfg: blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: random, BlockSize: 16}, lora: "l", salt: "s", digests: true}.samples(b)
+	samples := engine{cfg: blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: random, BlockSize: 128}, lora: "l", salt: "s", digests: true}.samples(b)
 	g := NewGrid(configured, []string{"1", "2"})
 	b.ReportAllocs()
+	var d Diagnosis
 	for b.Loop() {
-		if d := Search(samples, g); d.Outcome != RandomSeed {
+		if d = Search(samples, g); d.Outcome != RandomSeed {
 			b.Fatal(d)
 		}
 	}
+	b.ReportMetric(float64(d.Tried), "candidates")
 }
 
 // BenchmarkSearchFound finds a configuration late in the grid.
