@@ -125,7 +125,7 @@ func TestDoctorHashMismatch(t *testing.T) {
 	// The text form, narrowed to one pod.
 	out, _, code := runCLI(t, "doctor", "--server", x.svc.GRPCAddr(), "--pod", "xxcbor-0")
 	want := "xxcbor-0 (" + e2eModel + "): hash mismatch"
-	if code != exitRuntime || !strings.HasPrefix(out, "1 engines followed by kvindex at ") || !strings.Contains(out, want) ||
+	if code != exitRuntime || !strings.HasPrefix(out, "1 engine followed by kvindex at ") || !strings.Contains(out, want) ||
 		!strings.Contains(out, "fix: run kvindex serve with --hash-algo xxhash_cbor --hash-seed 0 --block-size 32") {
 		t.Errorf("exit %d, output:\n%s", code, out)
 	}

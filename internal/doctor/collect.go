@@ -2,6 +2,7 @@ package doctor
 
 import (
 	"context"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -21,6 +22,7 @@ func Collect(ctx context.Context, c *client.Client, seeds, only []string) (Input
 	if in.Pods, err = c.Pods(ctx, ""); err != nil {
 		return in, err
 	}
+	in.Now = time.Now()
 	in.Hash, err = c.Index.GetHashConfig(ctx, &kvindexv1.GetHashConfigRequest{})
 	if status.Code(err) == codes.Unimplemented {
 		in.Hash, err = nil, nil

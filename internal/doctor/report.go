@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
@@ -25,7 +26,13 @@ const (
 	KindReplayFailed = "replay_failed"
 	KindUndecodable  = "undecodable"
 	KindTokenizer    = "tokenizer_disagrees"
+	KindClock        = "clock_skew"
 )
+
+// clockTolerance is how far in this machine's future kvindex may stamp
+// an applied batch before doctor calls the clocks skewed: more than the
+// time a call takes, less than the ages an operator reads.
+const clockTolerance = 2 * time.Second
 
 // Finding is one problem and its fix.
 type Finding struct {
@@ -89,6 +96,9 @@ type Input struct {
 	Seeds []string
 	// Pods restricts the report to these pods; empty: every pod.
 	Only []string
+	// Now is this machine's clock when the answers arrived, to check
+	// kvindex's against; zero: not checked.
+	Now time.Time
 }
 
 // Build diagnoses every engine of in.Pods.
@@ -115,6 +125,9 @@ func Build(in Input) Report {
 			r.Findings = append(r.Findings, f)
 		}
 	}
+	if f, ok := clockFinding(in); ok {
+		r.Findings = append(r.Findings, f)
+	}
 	for _, c := range in.Pods.GetTokenizerChecks() {
 		if c.GetDisagrees() {
 			r.Findings = append(r.Findings, Finding{Kind: KindTokenizer,
@@ -129,6 +142,27 @@ func Build(in Input) Report {
 	}
 	r.Healthy = len(r.Findings) == 0
 	return r
+}
+
+// clockFinding reports kvindex's clock ahead of this machine's: it stamps
+// applied batches (last_event_unix_ms) in this machine's future, so the
+// ages kvindex pods and routers derive are off.
+func clockFinding(in Input) (Finding, bool) {
+	if in.Now.IsZero() {
+		return Finding{}, false
+	}
+	var ahead time.Duration
+	for _, p := range in.Pods.GetPods() {
+		if ms := p.GetLastEventUnixMs(); ms > 0 {
+			ahead = max(ahead, time.UnixMilli(ms).Sub(in.Now))
+		}
+	}
+	if ahead <= clockTolerance {
+		return Finding{}, false
+	}
+	return Finding{Kind: KindClock,
+		Problem: fmt.Sprintf("kvindex's clock is at least %v ahead of this machine's (it stamps applied events in this machine's future): the event ages kvindex pods prints are off by as much", ahead.Round(time.Second)),
+		Fix:     "synchronise the clocks of kvindex's host and this one (NTP, chrony)"}, true
 }
 
 func onlyNote(only []string) string {
@@ -307,14 +341,14 @@ func (r *Report) WriteJSON(w io.Writer) error {
 // with its fix.
 func (r *Report) WriteText(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d engines followed by kvindex at %s", r.Engines, r.Server)
+	fmt.Fprintf(&b, "%s followed by kvindex at %s", count(r.Engines, "engine"), r.Server)
 	if c := r.HashConfig; c != nil {
 		fmt.Fprintf(&b, ", hashing %s", Describe(blockhash.Config{Algo: blockhash.Algo(c.Algo), Seed: c.Seed, BlockSize: c.BlockSize}))
 	}
 	if r.Healthy {
 		b.WriteString(": healthy\n")
 	} else {
-		fmt.Fprintf(&b, ": %d findings\n", len(r.Findings))
+		fmt.Fprintf(&b, ": %s\n", count(len(r.Findings), "finding"))
 	}
 	for _, f := range r.Findings {
 		b.WriteString("\n")
@@ -325,4 +359,12 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// count is "1 engine", "2 engines".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
 }

@@ -6,7 +6,9 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/blockhash"
@@ -103,6 +105,17 @@ func TestBuild(t *testing.T) {
 	if r := Build(in); r.Healthy || r.Findings[0].Kind != KindNoEngines {
 		t.Errorf("no such pod: %+v", r)
 	}
+	// kvindex's clock ahead of this one's.
+	in.Only, in.Now = []string{"fine"}, time.UnixMilli(1_000_000)
+	in.Pods.Pods[0].LastEventUnixMs = 1_000_000 + 1500
+	if r := Build(in); !r.Healthy {
+		t.Errorf("1.5 s ahead: %+v", r.Findings)
+	}
+	in.Pods.Pods[0].LastEventUnixMs = 1_000_000 + 60_000
+	if r := Build(in); len(r.Findings) != 1 || r.Findings[0].Kind != KindClock || !strings.Contains(r.Findings[0].Problem, "at least 1m0s ahead") {
+		t.Errorf("a minute ahead: %+v", r.Findings)
+	}
+	in.Now = time.Time{}
 	// Without the admin scope the mismatch is still reported.
 	in.Only, in.Samples, in.SamplesErr = []string{"seed42"}, nil, "the admin scope is needed"
 	if r := Build(in); r.Findings[0].Hash.Outcome != NoSamples {
