@@ -28,7 +28,7 @@ const sampleOverheadBytes = int64(unsafe.Sizeof(kvevents.Event{})) + 64
 type EngineSamples struct {
 	Engine kvevents.EngineID
 	// Events are BlockStored events, oldest first, cut to at most
-	// MaxHashSampleTokens tokens each. They are shared: read only.
+	// MaxHashSampleTokens tokens each: copies the caller owns.
 	Events []kvevents.Event
 }
 
@@ -50,7 +50,11 @@ func (ix *Index) HashSamples(model string) []EngineSamples {
 			}
 			e.mu.Lock()
 			if len(e.samples) > 0 {
-				out = append(out, EngineSamples{Engine: e.eid, Events: slices.Clone(e.samples)})
+				es := EngineSamples{Engine: e.eid, Events: make([]kvevents.Event, len(e.samples))}
+				for i := range e.samples {
+					es.Events[i] = copySample(kvevents.Event{}, &e.samples[i], len(e.samples[i].Hashes))
+				}
+				out = append(out, es)
 			}
 			e.mu.Unlock()
 		}
@@ -61,49 +65,60 @@ func (ix *Index) HashSamples(model string) []EngineSamples {
 
 // keepSample remembers a copy of ev (a BlockStored with tokens of an
 // engine flagged mismatch; mu held), dropping the oldest beyond
-// MaxHashSamples, and adds the byte change to b.
+// MaxHashSamples, whose storage the copy reuses, and adds the byte change
+// to b.
 func (e *engine) keepSample(ev *kvevents.Event, b *batch) {
-	n := len(ev.Hashes)
-	if ev.BlockSize > 0 {
-		n = min(n, MaxHashSampleTokens/ev.BlockSize)
-	}
+	n := min(len(ev.Hashes), MaxHashSampleTokens/ev.BlockSize)
 	if n == 0 {
 		return
 	}
-	s := kvevents.Event{
+	var dst kvevents.Event
+	if len(e.samples) == MaxHashSamples {
+		dst = e.samples[0]
+		d := sampleBytes(&dst)
+		e.sampleBytes -= d
+		b.bytes -= d
+		copy(e.samples, e.samples[1:])
+		e.samples = e.samples[:len(e.samples)-1]
+	}
+	e.samples = append(e.samples, copySample(dst, ev, n))
+	d := sampleBytes(&e.samples[len(e.samples)-1])
+	e.sampleBytes += d
+	b.bytes += d
+}
+
+// copySample copies ev's first n blocks and what hashing them needs into
+// dst, reusing its storage.
+func copySample(dst kvevents.Event, ev *kvevents.Event, n int) kvevents.Event {
+	out := kvevents.Event{
 		Kind:         kvevents.BlockStored,
-		Hashes:       slices.Clone(ev.Hashes[:n]),
+		Hashes:       append(dst.Hashes[:0], ev.Hashes[:n]...),
 		HasParent:    ev.HasParent,
 		Parent:       ev.Parent,
-		ParentDigest: slices.Clone(ev.ParentDigest),
-		TokenIDs:     slices.Clone(ev.TokenIDs[:n*ev.BlockSize]),
+		ParentDigest: append(dst.ParentDigest[:0], ev.ParentDigest...),
+		TokenIDs:     append(dst.TokenIDs[:0], ev.TokenIDs[:n*ev.BlockSize]...),
 		BlockSize:    ev.BlockSize,
 		LoRAName:     ev.LoRAName,
 		Medium:       ev.Medium,
 		GroupIdx:     ev.GroupIdx,
 	}
 	if ev.Digests != nil {
-		s.Digests = make([][]byte, n)
-		for i := range s.Digests {
-			s.Digests[i] = slices.Clone(ev.Digests[i])
+		out.Digests = dst.Digests[:0]
+		for i := range n {
+			var reuse []byte
+			if i < cap(dst.Digests) {
+				reuse = dst.Digests[:i+1][i]
+			}
+			out.Digests = append(out.Digests, append(reuse[:0], ev.Digests[i]...))
 		}
 	}
 	if ev.ExtraKeys != nil {
-		s.ExtraKeys = make([]blockhash.BlockExtra, n)
-		for i := range s.ExtraKeys {
-			s.ExtraKeys[i] = cloneExtra(ev.ExtraKeys[i])
+		out.ExtraKeys = make([]blockhash.BlockExtra, n)
+		for i := range out.ExtraKeys {
+			out.ExtraKeys[i] = cloneExtra(ev.ExtraKeys[i])
 		}
 	}
-	if len(e.samples) == MaxHashSamples {
-		d := sampleBytes(&e.samples[0])
-		e.sampleBytes -= d
-		b.bytes -= d
-		e.samples = slices.Delete(e.samples, 0, 1)
-	}
-	e.samples = append(e.samples, s)
-	d := sampleBytes(&s)
-	e.sampleBytes += d
-	b.bytes += d
+	return out
 }
 
 // dropSamples forgets the kept events (mu held) and returns the byte
@@ -114,11 +129,12 @@ func (e *engine) dropSamples() int64 {
 	return d
 }
 
-// sampleBytes is the accounted size of one kept event.
+// sampleBytes is the accounted size of one kept event (its slices'
+// capacities, which a reused one may have beyond their lengths).
 func sampleBytes(ev *kvevents.Event) int64 {
-	n := sampleOverheadBytes + int64(8*len(ev.Hashes)+8*len(ev.TokenIDs)+len(ev.ParentDigest)+len(ev.LoRAName)+len(ev.Medium))
-	for _, d := range ev.Digests {
-		n += int64(24 + len(d))
+	n := sampleOverheadBytes + int64(8*cap(ev.Hashes)+8*cap(ev.TokenIDs)+cap(ev.ParentDigest)+len(ev.LoRAName)+len(ev.Medium))
+	for _, d := range ev.Digests[:cap(ev.Digests)] {
+		n += int64(24 + cap(d))
 	}
 	for _, x := range ev.ExtraKeys {
 		n += 24 + extraBytes(x)

@@ -55,6 +55,16 @@ func TestHashSamples(t *testing.T) {
 			t.Errorf("sample %d differs from the event sent", i)
 		}
 	}
+	// What HashSamples returned is the caller's: later events, whose
+	// copies reuse the ring's storage, leave it alone.
+	first := slices.Clone(evs[0].TokenIDs)
+	for i := range MaxHashSamples {
+		ev, _ := storedChain(t, engineH, nil, testutil.Seq(50_000+100*i, 32), nil)
+		ix.Apply(bad, uint64(100+i), []kvevents.Event{ev})
+	}
+	if !slices.Equal(evs[0].TokenIDs, first) {
+		t.Error("a returned sample changed with later events")
+	}
 	if grew := ix.Stats().Bytes - base; grew < int64(MaxHashSamples*32*8) {
 		t.Errorf("bytes grew by %d with %d samples kept", grew, MaxHashSamples)
 	}
