@@ -31,14 +31,19 @@ BENCH   ?= .
 # deploy/nginx's end-to-end test (which runs its own nginx, unprivileged, on
 # free ports), and Debian's nats-server for the NATS mode's end-to-end test
 # (which runs its own server on a free port), and Debian's prometheus for
-# promtool, which checks and unit-tests deploy/monitoring's alerting rules.
+# promtool, which checks and unit-tests deploy/monitoring's alerting rules,
+# and protoc with its Python gRPC plugin, python3-grpcio and python3-protobuf
+# for api/README.md's Python client, which a docs test generates and runs.
+# make proto needs protoc alone (DEB_PROTO_PKGS).
 DEB_BUILD_PKGS := gcc libzmq3-dev pkg-config
-DEB_TEST_PKGS  := $(DEB_BUILD_PKGS) python3-zmq python3-msgpack python3-cbor2 python3-xxhash nginx libnginx-mod-http-js nats-server prometheus
+DEB_PROTO_PKGS := protobuf-compiler
+DEB_TEST_PKGS  := $(DEB_BUILD_PKGS) python3-zmq python3-msgpack python3-cbor2 python3-xxhash nginx libnginx-mod-http-js nats-server prometheus \
+	$(DEB_PROTO_PKGS) protobuf-compiler-grpc python3-grpcio python3-protobuf
 
 # The packages that must build without cgo (no libzmq, no C compiler): the
 # core, the Go client and the server (only kvevents/zmqtransport needs libzmq),
 # and internal/testutil, which their tests share.
-CGO_FREE := ./blockhash/... ./kvevents ./kvevents/enginesim ./kvevents/natstransport ./indexer/... ./api/client ./api/server ./api/server/security ./api/watchhub ./tokenizer/... ./picker/... ./kvevents/enginesim/simhttp ./internal/statefile ./internal/snapstore ./internal/kubediscovery ./internal/bytesize ./internal/memlimit ./internal/flagsource ./internal/configerr ./internal/lifecycle ./internal/inflight ./internal/testutil ./internal/jsonstr ./internal/doctor
+CGO_FREE := ./blockhash/... ./kvevents ./kvevents/enginesim ./kvevents/natstransport ./indexer/... ./api/client ./api/server ./api/server/security ./api/watchhub ./tokenizer/... ./picker/... ./kvevents/enginesim/simhttp ./internal/statefile ./internal/snapstore ./internal/kubediscovery ./internal/bytesize ./internal/memlimit ./internal/flagsource ./internal/configerr ./internal/lifecycle ./internal/inflight ./internal/testutil ./internal/jsonstr ./internal/top ./internal/doctor
 # Packages whose tests skip or shrink under the race detector (they carry a
 # `//go:build race` file); their tests also run once without it.
 NORACE_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^//go:build race' .)))
@@ -46,14 +51,15 @@ STATICCHECK_VERSION := v0.8.2
 TOOLS := $(CURDIR)/bin/tools
 STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 
-.PHONY: all build demo test check bench deps test-deps proto clean faults fuzz
+.PHONY: all build demo test check bench deps test-deps proto-deps proto clean faults fuzz
 
 all: build
 
 # deps installs what the build needs, test-deps what the tests need too.
 deps: DEB_NEEDED = $(DEB_BUILD_PKGS)
 test-deps: DEB_NEEDED = $(DEB_TEST_PKGS)
-deps test-deps:
+proto-deps: DEB_NEEDED = $(DEB_PROTO_PKGS)
+deps test-deps proto-deps:
 	@missing=""; for p in $(DEB_NEEDED); do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
@@ -159,10 +165,11 @@ GOLDEN_GENERATORS  = $(sort $(shell find . -path ./bin -prune -o -path '*/testda
 golden-check:
 	@rc=0; for g in $(GOLDEN_GENERATORS); do $(GOLDEN_PYTHON) $$g --check || rc=1; done; exit $$rc
 
-# Regenerate api/ from proto/ with Debian's protoc (3.21.12) and pinned plugins.
+# Regenerate api/ from proto/ with Debian's protoc (3.21.12, installed when
+# missing) and pinned plugins.
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
-proto:
+proto: proto-deps
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 	protoc -I proto \
@@ -170,3 +177,13 @@ proto:
 		--go_out=. --go_opt=module=github.com/kvindex/kvindex \
 		--go-grpc_out=. --go-grpc_opt=module=github.com/kvindex/kvindex \
 		proto/kvindex/v1/kvindex.proto proto/indexer/v1/indexer.proto
+
+# Lint the API with buf (buf.yaml) and check it against main for breaking
+# changes; buf is built once into bin/tools (a few minutes).
+BUF_VERSION := v1.75.0
+BUF         := $(TOOLS)/buf-$(BUF_VERSION)
+.PHONY: proto-lint
+proto-lint:
+	@[ -x $(BUF) ] || { GOBIN=$(TOOLS) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION) && mv $(TOOLS)/buf $(BUF); }
+	$(BUF) lint
+	$(BUF) breaking --against '.git#branch=main,subdir=proto'

@@ -1,6 +1,7 @@
 package picker_test
 
 import (
+	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
@@ -517,5 +518,26 @@ func TestParseHealth(t *testing.T) {
 	}
 	if _, err := picker.ParseHealth("OK!"); err == nil {
 		t.Error("ParseHealth accepted a bad name")
+	}
+}
+
+// A score's JSON keeps four decimals: 2/3 reads 0.6667.
+func TestScoreJSONRounded(t *testing.T) {
+	for _, tc := range []struct {
+		s    picker.Score
+		want string
+	}{
+		{picker.Score{Pod: "a", Prefix: 2.0 / 3, Load: 1.0 / 3, Total: 0.123456789, MatchedTokens: 96},
+			`{"pod":"a","prefix":0.6667,"load":0.3333,"total":0.1235,"matched_tokens":96}`},
+		{picker.Score{Pod: "b", Prefix: 1, Load: 0.99995, Session: 1, Hot: 1e-9, Priority: 1, Total: -0.00004},
+			`{"pod":"b","prefix":1,"load":1,"session":1,"priority":1,"total":0,"matched_tokens":0}`},
+	} {
+		b, err := json.Marshal(picker.Decision{Scores: []picker.Score{tc.s}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := `{"endpoint":"","pod":"","index_seq":0,"scores":[` + tc.want + `]}`; string(b) != want {
+			t.Errorf("got  %s\nwant %s", b, want)
+		}
 	}
 }

@@ -1,7 +1,9 @@
 package picker
 
 import (
+	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -227,4 +229,25 @@ type Score struct {
 	// MatchedTokens is the prefix the pod is expected to serve from cache,
 	// in tokens, before weighting: what the decision predicts.
 	MatchedTokens int `json:"matched_tokens"`
+}
+
+// scoreDecimals is how many decimals a score keeps in JSON: enough to
+// tell candidates apart, few enough to read (2/3 is 0.6667, not
+// 0.6666666666666666). Ties are broken on the unrounded values.
+const scoreDecimals = 4
+
+// MarshalJSON writes the score with its components rounded to
+// scoreDecimals.
+func (s Score) MarshalJSON() ([]byte, error) {
+	type plain Score // without this method
+	r := plain(s)
+	for _, f := range []*float64{&r.Prefix, &r.Load, &r.Session, &r.Hot, &r.Priority, &r.Total} {
+		*f = roundScore(*f)
+	}
+	return json.Marshal(r)
+}
+
+func roundScore(x float64) float64 {
+	scale := math.Pow10(scoreDecimals)
+	return math.Round(x*scale)/scale + 0 // + 0: -0 reads 0
 }

@@ -169,6 +169,14 @@ type PodInfoJSON struct {
 	Message             string   `json:"message,omitempty"`
 }
 
+// Restored reports whether the engine has entries but sent nothing to
+// this process: they came from a snapshot (its health is restored, or it
+// holds blocks), its events before this process. Its last event shows as
+// "restored", not "never".
+func (p PodInfoJSON) Restored() bool {
+	return p.LastEventAgeSeconds == nil && (p.Health == HealthName(kvindexv1.EngineHealth_ENGINE_HEALTH_RESTORED) || p.Blocks > 0)
+}
+
 // PodsJSONOf converts a response; ages are computed against now.
 func PodsJSONOf(r *kvindexv1.ListPodsResponse, now time.Time) PodsJSON {
 	out := PodsJSON{IndexSeq: r.GetIndexSeq(), Pods: make([]PodInfoJSON, len(r.GetPods()))}

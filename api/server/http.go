@@ -35,16 +35,58 @@ type HTTPOptions struct{}
 //	GET  /metrics            Prometheus metrics
 //	GET  /healthz            200 while the process runs
 //	GET  /readyz             200 once ready, else 503
+//	GET  /openapi.json       the OpenAPI document of these endpoints
+//	GET  /                   the service's name and where that document is
 //
 // Errors are JSON objects {"error": "..."} with a 4xx status for client
 // mistakes.
 func (s *Server) Handler(HTTPOptions) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/v1/longest-prefix", s.guard(security.ScopeQuery, "/v1/longest-prefix", s.method(http.MethodPost, s.httpLongestPrefix)))
-	mux.Handle("/v1/lookup", s.guard(security.ScopeQuery, "/v1/lookup", s.method(http.MethodPost, s.httpLookup)))
-	mux.Handle("/v1/pods", s.guard(security.ScopeQuery, "/v1/pods", s.method(http.MethodGet, s.httpPods)))
-	s.handleCommon(mux)
+	routes := append(s.apiRoutes(), s.commonRoutes()...)
+	for _, r := range routes {
+		mux.Handle(r.pattern, r.h)
+	}
+	mux.Handle("GET /{$}", indexHandler(routes))
+	s.handleNotFound(mux)
 	return mux
+}
+
+// route is one endpoint: its method (empty: any, for probes and
+// scrapers) and path, and its handler. openapi.json documents each route
+// of the API listener, and GET / (TestOpenAPI).
+type route struct {
+	method, path string
+	pattern      string // the ServeMux pattern
+	h            http.Handler
+}
+
+// apiRoutes are the endpoints only the API listener serves.
+func (s *Server) apiRoutes() []route {
+	api := func(method, path string, scope security.Scope, h httpFunc) route {
+		return route{method: method, path: path, pattern: path, h: s.guard(scope, path, s.method(method, h))}
+	}
+	return []route{
+		api(http.MethodPost, "/v1/longest-prefix", security.ScopeQuery, s.httpLongestPrefix),
+		api(http.MethodPost, "/v1/lookup", security.ScopeQuery, s.httpLookup),
+		api(http.MethodGet, "/v1/pods", security.ScopeQuery, s.httpPods),
+		{method: http.MethodGet, path: openAPIPath, pattern: "GET " + openAPIPath, h: http.HandlerFunc(openAPIHandler)},
+	}
+}
+
+// commonRoutes are the endpoints both HTTP listeners serve: metrics,
+// liveness and readiness.
+func (s *Server) commonRoutes() []route {
+	ready := ReadyzHandler(func() (bool, string) {
+		if s.Ready() {
+			return true, ""
+		}
+		return false, s.notReadyReason()
+	})
+	return []route{
+		{path: "/metrics", pattern: "/metrics", h: s.guard(security.ScopeMetrics, "/metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry}))},
+		{path: "/healthz", pattern: "/healthz", h: http.HandlerFunc(HealthzHandler)},
+		{path: "/readyz", pattern: "/readyz", h: ready},
+	}
 }
 
 // AdminHandler returns the admin listener's endpoints: what only
@@ -64,21 +106,15 @@ func (s *Server) AdminHandler() http.Handler {
 	prof("/debug/pprof/profile", pprof.Profile)
 	prof("/debug/pprof/symbol", pprof.Symbol)
 	prof("/debug/pprof/trace", pprof.Trace)
-	s.handleCommon(mux)
+	for _, r := range s.commonRoutes() {
+		mux.Handle(r.pattern, r.h)
+	}
+	s.handleNotFound(mux)
 	return mux
 }
 
-// handleCommon adds the endpoints both HTTP listeners serve: metrics,
-// liveness, readiness, and a JSON 404 for the rest.
-func (s *Server) handleCommon(mux *http.ServeMux) {
-	mux.Handle("/metrics", s.guard(security.ScopeMetrics, "/metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
-	mux.HandleFunc("/healthz", HealthzHandler)
-	mux.HandleFunc("/readyz", ReadyzHandler(func() (bool, string) {
-		if s.Ready() {
-			return true, ""
-		}
-		return false, s.notReadyReason()
-	}))
+// handleNotFound answers every other path with a JSON 404.
+func (s *Server) handleNotFound(mux *http.ServeMux) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})

@@ -204,8 +204,8 @@ With --json it prints:
    "pods":[{"pod":"a","dp_rank":0,"matched_blocks":2,"matched_tokens":32,
             "tiers":{"GPU":2},"hash_check":"verified","health":"ok"}]}
 pods sorted by matched_blocks, descending.`,
-		Example: `  kvindex query --model Qwen/Qwen2.5-7B --tokens-file prompt.json
-  kvindex query --model Qwen/Qwen2.5-7B --prompt "You are a helpful assistant." --json
+		Example: `  kvindex query --model Qwen/Qwen2.5-7B-Instruct --tokens-file prompt.json
+  kvindex query --model Qwen/Qwen2.5-7B-Instruct --prompt "You are a helpful assistant." --json
   kvindex query --server kvindex:50051 --messages-file chat.json --pod pod-a --pod pod-b`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -313,7 +313,7 @@ func newLookupCmd() *cobra.Command {
 put in their events) and every engine holding it: pod, or pod/rank for a
 data-parallel rank above 0, then the medium in brackets, e.g. pod-a[GPU].
 --pod keeps only the holders of those pods.`,
-		Example: `  kvindex lookup --model Qwen/Qwen2.5-7B --tokens-file prompt.json
+		Example: `  kvindex lookup --model Qwen/Qwen2.5-7B-Instruct --tokens-file prompt.json
   kvindex lookup --prompt "Hello" --pod pod-a --json`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -389,7 +389,7 @@ age of its last event. When kvindex runs the picker and scrapes the engines
 prompt tokens the engines served from their prefix caches over the last
 window, overall and per model, then each engine's own.`,
 		Example: `  kvindex pods
-  kvindex pods --server kvindex:50051 --model Qwen/Qwen2.5-7B --json
+  kvindex pods --server kvindex:50051 --model Qwen/Qwen2.5-7B-Instruct --json
   kvindex pods --pod pod-a --pod pod-b`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -425,8 +425,11 @@ window, overall and per model, then each engine's own.`,
 			fmt.Fprintln(tw, "ENGINE\tMODEL\tENDPOINT\tCONNECTED\tHEALTH\tLAST SEQ\tGAPS\tREPLAYS OK/FAILED\tRESETS\tBLOCKS\tHASH CHECK\tLAST EVENT")
 			for _, p := range out.Pods {
 				age := "never"
-				if p.LastEventAgeSeconds != nil {
+				switch {
+				case p.LastEventAgeSeconds != nil:
 					age = (time.Duration(*p.LastEventAgeSeconds * float64(time.Second))).Round(time.Second/10).String() + " ago"
+				case p.Restored():
+					age = "restored" // its entries came from a snapshot, its events before this process
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s\n",
 					client.EngineName(p.Pod, p.DPRank), p.Model, cmp.Or(p.Endpoint, "-"), yesNo(p.Connected), p.Health,

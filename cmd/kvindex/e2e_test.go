@@ -31,7 +31,7 @@ import (
 // come through the Go client, the HTTP API and the CLI commands.
 
 const (
-	e2eModel     = "Qwen/Qwen2.5-0.5B"
+	e2eModel     = "Qwen/Qwen2.5-7B-Instruct"
 	e2eBlockSize = 16
 	e2eDeadline  = 20 * time.Second
 )
@@ -270,7 +270,7 @@ func TestE2E(t *testing.T) {
 			if resp.StatusCode != 200 {
 				t.Errorf("%s: %d", path, resp.StatusCode)
 			}
-			if path == "/metrics" && !strings.Contains(string(b), `kvindex_ingest_connected{dp_rank="0",model="Qwen/Qwen2.5-0.5B",pod="pod-a"} 1`) {
+			if path == "/metrics" && !strings.Contains(string(b), `kvindex_ingest_connected{dp_rank="0",model="Qwen/Qwen2.5-7B-Instruct",pod="pod-a"} 1`) {
 				t.Errorf("metrics lack pod-a's connection")
 			}
 			if in := buildinfo.Read(); path == "/metrics" && !strings.Contains(string(b), fmt.Sprintf(`kvindex_build_info{commit=%q,goversion=%q,version=%q} 1`, in.ShortCommit(), in.GoVersion, in.Version)) {

@@ -95,7 +95,7 @@ flags on the command line override the file.`,
 		Example: `  kvindex picker --index kvindex:50051 \
       --endpoint pod-a=10.0.0.5:8000 --endpoint pod-b=10.0.0.6:8000
   curl -s localhost:9003/v1/pick -H 'x-session-id: s1' \
-      -d '{"model":"Qwen/Qwen2.5-7B","messages":[{"role":"user","content":"hi"}]}'`,
+      -d '{"model":"Qwen/Qwen2.5-7B-Instruct","messages":[{"role":"user","content":"hi"}]}'`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o, err := f.options()

@@ -55,10 +55,18 @@ func TestPodsHealthWords(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("pods: exit %d: %s", code, errOut)
 	}
-	rows := map[string]string{}
+	rows, lastEvent := map[string]string{}, map[string]string{}
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
 		f := strings.Fields(line)
 		rows[f[0]] = f[4] // ENGINE MODEL ENDPOINT CONNECTED HEALTH ...
+		lastEvent[f[0]] = f[len(f)-1]
+	}
+	// No engine sent an event to this process; the restored one's
+	// entries came from a snapshot, which LAST EVENT says.
+	for pod, want := range map[string]string{"p-restored": "restored", "p-ok": "never", "p-unconfirmed": "never"} {
+		if lastEvent[pod] != want {
+			t.Errorf("%s: LAST EVENT %q, want %q\n%s", pod, lastEvent[pod], want, out)
+		}
 	}
 	out, errOut, code = runCLI(t, "pods", "--server", lis.Addr().String(), "--json")
 	if code != 0 {

@@ -99,7 +99,7 @@ batches; beyond that it drops them and publishes the hole once NATS is back,
 so the replicas report the engine degraded rather than answer from a cache
 they no longer mirror. Replicas that stop hearing the relay's heartbeat report
 its engines disconnected.`,
-		Example: `  kvindex relay --model Qwen/Qwen3-8B --nats nats://nats:4222 --nats-auth-key nats.key \
+		Example: `  kvindex relay --model Qwen/Qwen2.5-7B-Instruct --nats nats://nats:4222 --nats-auth-key nats.key \
       --engine "$POD_NAME=` + relayExampleEngine + `"`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

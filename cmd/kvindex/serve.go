@@ -56,7 +56,7 @@ r connects to the --listen port + r: give --listen-ranks.
 
 Every flag can also be set in a YAML --config file, keyed by flag name;
 flags on the command line override the file.`,
-		Example: `  kvindex serve --model Qwen/Qwen2.5-7B --hash-algo sha256_cbor --hash-seed 0 \
+		Example: `  kvindex serve --model Qwen/Qwen2.5-7B-Instruct --hash-algo sha256_cbor --hash-seed 0 \
       --engine pod-a=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5567 \
       --engine pod-b=tcp://10.0.0.6:5557,replay=tcp://10.0.0.6:5567,ranks=2
   kvindex serve --listen 'tcp://*:5557' --listen-ranks 2 --replay-template 'tcp://{addr}:5567' \

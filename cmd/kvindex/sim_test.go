@@ -61,16 +61,16 @@ func TestSimServeLine(t *testing.T) {
 		want string
 	}{
 		{nil, "kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash +
-			" --engine pod-0=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5559 --engine pod-1=tcp://127.0.0.1:5558,replay=tcp://127.0.0.1:5560"},
+			" --engine pod-0=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5559 --engine pod-1=tcp://127.0.0.1:5558,replay=tcp://127.0.0.1:5560 --grpc-addr 127.0.0.1:50051 --http-addr 127.0.0.1:8080"},
 		{[]string{"--engines", "2", "--ranks", "3", "--port", "7000", "--model", "m", "--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "32"},
 			"kvindex serve --model m --hash-algo sha256_cbor --hash-seed 0 --block-size 32" +
-				" --engine pod-0=tcp://127.0.0.1:7000,replay=tcp://127.0.0.1:7006,ranks=3 --engine pod-1=tcp://127.0.0.1:7003,replay=tcp://127.0.0.1:7009,ranks=3"},
+				" --engine pod-0=tcp://127.0.0.1:7000,replay=tcp://127.0.0.1:7006,ranks=3 --engine pod-1=tcp://127.0.0.1:7003,replay=tcp://127.0.0.1:7009,ranks=3 --grpc-addr 127.0.0.1:50051 --http-addr 127.0.0.1:8080"},
 		{[]string{"--engines", "1", "--replay-port", "6000", "--tokenizer", "my tokenizer.json"},
-			"kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash + " --tokenizer 'my tokenizer.json' --engine pod-0=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:6000"},
+			"kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash + " --tokenizer 'my tokenizer.json' --engine pod-0=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:6000 --grpc-addr 127.0.0.1:50051 --http-addr 127.0.0.1:8080"},
 		{[]string{"--engines", "3", "--no-replay"},
-			"kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash + " --engine pod-0=tcp://127.0.0.1:5557 --engine pod-1=tcp://127.0.0.1:5558 --engine pod-2=tcp://127.0.0.1:5559"},
+			"kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash + " --engine pod-0=tcp://127.0.0.1:5557 --engine pod-1=tcp://127.0.0.1:5558 --engine pod-2=tcp://127.0.0.1:5559 --grpc-addr 127.0.0.1:50051 --http-addr 127.0.0.1:8080"},
 		{[]string{"--connect", "tcp://127.0.0.1:5557", "--ranks", "2"},
-			"kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash + " --listen tcp://127.0.0.1:5557 --replay-template 'tcp://{addr}:5558' --engine-allow '*=127.0.0.0/8'"},
+			"kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash + " --listen tcp://127.0.0.1:5557 --replay-template 'tcp://{addr}:5558' --engine-allow '*=127.0.0.0/8' --grpc-addr 127.0.0.1:50051 --http-addr 127.0.0.1:8080"},
 		{[]string{"--connect", "kvindex.example:6000", "--no-replay"},
 			"kvindex serve --model Qwen/Qwen2.5-7B-Instruct " + hash + " --listen 'tcp://*:6000'"},
 	} {

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/api/client"
+	"github.com/kvindex/kvindex/internal/service"
 	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/tokenizer"
 )
@@ -65,7 +66,7 @@ func TestWalkthrough(t *testing.T) {
 
 	// Terminal 1.
 	sim := startSim(t, append(strings.Fields(lines["sim"][0])[2:], "--rate", "50")...)
-	serveLine := sim.serveLine()
+	serveLine := anyListenPort(sim.serveLine())
 	if want := movePorts(t, lines["serve"][0], sim.run.Engines()[0].PubEndpoint()); !slices.Equal(shellWords(serveLine), shellWords(want)) {
 		t.Fatalf("kvindex sim printed\n%s\nREADME.md shows (ports moved as the test moved them)\n%s", serveLine, want)
 	}
@@ -74,7 +75,7 @@ func TestWalkthrough(t *testing.T) {
 	env := append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 	serve := exec.Command(bash, "-c", "exec "+serveLine)
 	serve.Dir = work
-	serve.Env = append(slices.Clone(env), "KVINDEX_GRPC_ADDR=127.0.0.1:0", "KVINDEX_HTTP_ADDR=127.0.0.1:0")
+	serve.Env = env
 	serveLog := &testutil.SyncBuffer{}
 	serve.Stdout, serve.Stderr = serveLog, serveLog
 	if err := serve.Start(); err != nil {
@@ -187,7 +188,8 @@ func TestWalkthrough(t *testing.T) {
 }
 
 // movePorts rewrites the ports of a line written for sim's default --port
-// to the ones a sim publishing first at endpoint uses.
+// to the ones a sim publishing first at endpoint uses, and serve's
+// listeners to port 0.
 func movePorts(t *testing.T, line, endpoint string) string {
 	t.Helper()
 	var f simFlags
@@ -198,10 +200,20 @@ func movePorts(t *testing.T, line, endpoint string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return regexp.MustCompile(`127\.0\.0\.1:(\d+)`).ReplaceAllStringFunc(line, func(m string) string {
+	return regexp.MustCompile(`127\.0\.0\.1:(\d+)`).ReplaceAllStringFunc(anyListenPort(line), func(m string) string {
+		if m == "127.0.0.1:0" {
+			return m
+		}
 		p, _ := strconv.Atoi(m[len("127.0.0.1:"):])
 		return "127.0.0.1:" + strconv.Itoa(p-def+base)
 	})
+}
+
+// anyListenPort gives serve's loopback listeners in line port 0, so
+// that the test's serve shares the machine.
+func anyListenPort(line string) string {
+	d := service.DefaultOptions()
+	return strings.NewReplacer("127.0.0.1"+d.GRPCAddr, "127.0.0.1:0", "127.0.0.1"+d.HTTPAddr, "127.0.0.1:0").Replace(line)
 }
 
 // awaitMatch waits for re to match the output and returns its first group.

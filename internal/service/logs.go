@@ -42,9 +42,16 @@ func logSecurity(log *slog.Logger, sec security.Config, addrs ...string) {
 	if sec.AuthFile != "" || sec.ClientCAFile != "" {
 		return
 	}
+	logBeyondLoopback(log, "may query, watch every tenant's block hashes and read metrics; see --auth-tokens and --tls-client-ca", addrs...)
+}
+
+// logBeyondLoopback warns once per listener that other hosts can reach
+// and nothing authenticates: what such a host may do, and how to close
+// it.
+func logBeyondLoopback(log *slog.Logger, exposure string, addrs ...string) {
 	for _, a := range addrs {
 		if a != "" && !loopback(a) {
-			log.Warn("listening beyond loopback without authentication: any host that reaches this address may query, watch every tenant's block hashes and read metrics; see --auth-tokens and --tls-client-ca", "addr", a)
+			log.Warn("listening beyond loopback without authentication: any host that reaches this address "+exposure, "addr", a)
 		}
 	}
 }

@@ -125,6 +125,9 @@ func serverParts(p **pickerCore) []lifecycle.Part {
 // asks the index in the same process, so no query crosses a network.
 type embeddedPicker = pickerCore
 
+// pickerExposure is what a host that reaches a picker's listener may do.
+const pickerExposure = "may ask for routing decisions (which reveal which pods hold a prompt) and read metrics; bind --extproc-addr and --http-addr to loopback or the pod's address"
+
 // newEmbeddedPicker builds the picker over srv and listens on its
 // ext_proc address.
 func newEmbeddedPicker(o *PickerOptions, srv *server.Server, log *slog.Logger, budget int64) (*embeddedPicker, error) {
@@ -137,6 +140,7 @@ func newEmbeddedPicker(o *PickerOptions, srv *server.Server, log *slog.Logger, b
 		return nil, err
 	}
 	log.Info("picker serving", "extproc", p.lis.Addr().String(), "endpoints", len(o.Gateway.Endpoints))
+	logBeyondLoopback(log, pickerExposure, p.lis.Addr().String())
 	return p, nil
 }
 
@@ -352,6 +356,11 @@ func NewPicker(o *PickerServiceOptions, log *slog.Logger) (*PickerService, error
 	}
 	g.Add(lifecycle.Part{Name: "start log", Start: func(context.Context) error {
 		log.Info("picker serving", "extproc", p.core.lis.Addr().String(), "http", cmpAddr(p.hlis))
+		addrs := []string{p.core.lis.Addr().String()}
+		if p.hlis != nil {
+			addrs = append(addrs, p.hlis.Addr().String())
+		}
+		logBeyondLoopback(log, pickerExposure, addrs...)
 		return nil
 	}})
 	return p, nil

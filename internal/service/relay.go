@@ -137,6 +137,7 @@ func NewRelay(o *RelayOptions, log *slog.Logger) (*Relay, error) {
 			})
 			hs = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
 			log.Info("relaying", "http", r.lis.Addr().String())
+			logBeyondLoopback(log, "may read its metrics (engine names and counts); bind --http-addr to loopback or the pod's address", r.lis.Addr().String())
 			return nil
 		},
 		Run:  func(context.Context) error { return serveHTTP(hs, r.lis) },

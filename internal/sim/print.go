@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/kvindex/kvindex/internal/service"
 )
 
 // WriteEvent writes what kvindex sim tells of ev: what runs where and how
@@ -119,7 +122,20 @@ func ServeArgs(f Follow) []string {
 	for _, r := range f.EngineAllow {
 		args = append(args, "--engine-allow", r)
 	}
+	if !strings.Contains(f.Listen, "*") {
+		// The engines are on this machine, and so is whoever asks about
+		// them: serve's API stays on loopback (its defaults listen on
+		// every interface, as a pod's must).
+		d := service.DefaultOptions()
+		args = append(args, "--grpc-addr", loopback(d.GRPCAddr), "--http-addr", loopback(d.HTTPAddr))
+	}
 	return args
+}
+
+// loopback is addr's port on the loopback address.
+func loopback(addr string) string {
+	_, port, _ := net.SplitHostPort(addr)
+	return net.JoinHostPort("127.0.0.1", port)
 }
 
 // shellSafe matches words a POSIX shell reads as themselves.

@@ -141,8 +141,10 @@ func (ln *listener) dropUnproven(now int64) {
 			if now < st.proveBy {
 				break
 			}
-			c := ln.ctr.unproven.Add(1)
 			ln.drop(st)
+			// Counted once dropped: whoever reads the count (a test, a
+			// dashboard) then finds the entries gone too.
+			c := ln.ctr.unproven.Add(1)
 			if logEvery(c) {
 				st.logAttrs(slog.LevelWarn, "zmqtransport: engine dropped: nothing it sent was accepted by the index in its first seconds (junk, or a topic nothing real publishes under); its slot is free",
 					slog.Duration("within", ln.s.proveWithin), slog.Uint64("count", c))
@@ -160,9 +162,9 @@ func (ln *listener) displace(now int64) bool {
 	if st == nil || now-st.lastMsg < int64(ln.s.displaceAfter) {
 		return false
 	}
-	c := ln.ctr.displaced.Add(1)
 	silent := time.Duration(now - st.lastMsg)
 	ln.drop(st)
+	c := ln.ctr.displaced.Add(1) // once dropped, as in dropUnproven
 	if logEvery(c) {
 		st.logAttrs(slog.LevelWarn, "zmqtransport: engine displaced: the listener has its maximum of streams, and this engine, admitted by a glob rule, had been silent longest; its entries are dropped (raise --max-engines, or name the engines in --engine-allow)",
 			slog.Duration("silent", silent.Round(time.Millisecond)), slog.Int("max_engines", ln.s.cfg.MaxEngines), slog.Uint64("count", c))

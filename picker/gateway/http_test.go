@@ -1,18 +1,24 @@
 package gateway_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/picker/gateway"
 )
@@ -58,7 +64,59 @@ func postPick(t *testing.T, url, body string, hdr map[string]string) (int, http.
 	if err := json.Unmarshal(raw, &d); err != nil {
 		t.Fatalf("answer %d is not JSON: %v: %q", resp.StatusCode, err, raw)
 	}
+	checkPickAnswer(t, resp.StatusCode, raw)
 	return resp.StatusCode, resp.Header, d
+}
+
+// pickDoc is what the OpenAPI document says of /v1/pick's answers: the
+// Decision and Error schemas and the statuses it lists.
+type pickDoc struct {
+	ok, refused *jsonschema.Schema
+	statuses    map[string]any
+}
+
+var pickDocument = sync.OnceValues(func() (*pickDoc, error) {
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(server.OpenAPIDocument()))
+	if err != nil {
+		return nil, err
+	}
+	c := jsonschema.NewCompiler()
+	if err := c.AddResource("openapi.json", doc); err != nil {
+		return nil, err
+	}
+	var d pickDoc
+	if d.ok, err = c.Compile("openapi.json#/components/schemas/Decision"); err != nil {
+		return nil, err
+	}
+	if d.refused, err = c.Compile("openapi.json#/components/schemas/Error"); err != nil {
+		return nil, err
+	}
+	d.statuses = doc.(map[string]any)["paths"].(map[string]any)["/v1/pick"].(map[string]any)["post"].(map[string]any)["responses"].(map[string]any)
+	return &d, nil
+})
+
+// checkPickAnswer holds a /v1/pick answer to the OpenAPI document: a
+// status it lists, with a Decision for 200 and an Error otherwise.
+func checkPickAnswer(t *testing.T, code int, raw []byte) {
+	t.Helper()
+	d, err := pickDocument()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := d.refused
+	if code == http.StatusOK {
+		schema = d.ok
+	}
+	if err := schema.Validate(v); err != nil {
+		t.Errorf("/v1/pick answered %d with what the OpenAPI document does not describe: %v\n%s", code, err, raw)
+	}
+	if _, ok := d.statuses[strconv.Itoa(code)]; !ok {
+		t.Errorf("/v1/pick answered %d, a status the OpenAPI document does not list for it", code)
+	}
 }
 
 // POST /v1/pick over loopback HTTP: the decision's JSON and header for a
