@@ -22,13 +22,13 @@ func newDoctorCmd() *cobra.Command {
 		Long: `doctor asks a running kvindex about every engine it follows and prints what
 keeps it from vouching for them, each with its fix: engines not ok
 (disconnected, degraded, restored, unconfirmed, partial), failing replays,
-undecodable events, hash mismatches. For an engine whose hashes kvindex cannot
+undecodable events, a local tokenizer that disagrees with the engine's, a
+skewed clock, hash mismatches. For an engine whose hashes kvindex cannot
 recompute it searches the configuration that reproduces the engine's recent
-events (every --hash-algo; the seeds kvindex runs, each --seed, vllm-none-hash,
-0 and 42; block sizes 16 to 128; with and without the events' extra keys) and
-prints the kvindex serve flags and the engine settings that align the two, or
-says that the engine seeds its hashes randomly. Reading the engines' events
-needs the admin scope.
+events and prints the kvindex serve flags and the engine settings that align
+the two, or says that the engine seeds its hashes randomly. Reading the
+engines' events needs the admin scope. The search tries:
+` + doctor.GridHelp() + `
 
 With --json it prints {"server":..,"engines":N,"healthy":false,"findings":[
 {"kind":"hash_mismatch","engine":"pod-a","problem":..,"fix":..,"hash":{..}}]}.

@@ -3,6 +3,8 @@ package doctor
 import (
 	"bytes"
 	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/kvindex/kvindex/blockhash"
 )
@@ -57,6 +59,19 @@ func NewGrid(configured blockhash.Config, seeds []string) Grid {
 	g.Seeds = uniq(append(append([]string{configured.Seed}, seeds...), DefaultSeeds...))
 	g.BlockSizes = uniq(append([]int{configured.BlockSize}, DefaultBlockSizes...))
 	return g
+}
+
+// GridHelp describes NewGrid's candidates for a help text: one line
+// each, indented by two spaces.
+func GridHelp() string {
+	bs := make([]string, len(DefaultBlockSizes))
+	for i, n := range DefaultBlockSizes {
+		bs[i] = strconv.Itoa(n)
+	}
+	return "  algorithms: every --hash-algo\n" +
+		"  seeds: kvindex's, each --seed, " + strings.Join(DefaultSeeds, ", ") + "\n" +
+		"  block sizes: kvindex's, " + strings.Join(bs, ", ") + " (those dividing the engine's)\n" +
+		"  extra keys: the events' (LoRA, salt, multimodal), and none"
 }
 
 func uniq[T comparable](in []T) []T {
