@@ -43,7 +43,7 @@ DEB_TEST_PKGS  := $(DEB_BUILD_PKGS) python3-zmq python3-msgpack python3-cbor2 py
 # The packages that must build without cgo (no libzmq, no C compiler): the
 # core, the Go client and the server (only kvevents/zmqtransport needs libzmq),
 # and internal/testutil, which their tests share.
-CGO_FREE := ./blockhash/... ./kvevents ./kvevents/enginesim ./kvevents/natstransport ./indexer/... ./api/client ./api/server ./api/server/security ./api/watchhub ./tokenizer/... ./picker/... ./kvevents/enginesim/simhttp ./internal/statefile ./internal/snapstore ./internal/kubediscovery ./internal/bytesize ./internal/memlimit ./internal/flagsource ./internal/configerr ./internal/lifecycle ./internal/inflight ./internal/testutil ./internal/jsonstr ./internal/top
+CGO_FREE := ./blockhash/... ./kvevents ./kvevents/enginesim ./kvevents/natstransport ./indexer/... ./api/client ./api/server ./api/server/security ./api/watchhub ./tokenizer/... ./picker/... ./kvevents/enginesim/simhttp ./internal/statefile ./internal/snapstore ./internal/kubediscovery ./internal/bytesize ./internal/memlimit ./internal/flagsource ./internal/configerr ./internal/lifecycle ./internal/inflight ./internal/testutil ./internal/jsonstr ./internal/top ./internal/doctor
 # Packages whose tests skip or shrink under the race detector (they carry a
 # `//go:build race` file); their tests also run once without it.
 NORACE_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^//go:build race' .)))

@@ -404,7 +404,7 @@ func (ix *Index) shedUnvouched(target int64) bool {
 				continue
 			}
 			e.mu.Lock()
-			size := e.extraBytes // the fallback map and digests
+			size := e.extraBytes + e.sampleBytes // the fallback map, digests and kept events
 			e.mu.Unlock()
 			// Holder-blocks weigh about a table slot each.
 			cands = append(cands, cand{ns, e, tier, size + 16*e.holderBlocks.Load()})
@@ -419,9 +419,10 @@ func (ix *Index) shedUnvouched(target int64) bool {
 			break
 		}
 		c.e.mu.Lock()
-		if !c.e.removed && c.e.holderBlocks.Load()+c.e.extraBytes > 0 {
+		if !c.e.removed && c.e.holderBlocks.Load()+c.e.extraBytes+c.e.sampleBytes > 0 {
 			var b batch
 			ix.clearEngine(c.ns, c.e, &b)
+			b.bytes += c.e.dropSamples() // kept again from its next events
 			c.e.holderBlocks.Add(b.holdings)
 			c.ns.bytes.Add(b.bytes)
 			// After clearEngine, which counts entries exact again:

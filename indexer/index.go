@@ -342,7 +342,9 @@ func (ix *Index) clear(id kvevents.EngineID, reason kvevents.ResetReason) {
 	switch reason {
 	case kvevents.ResetRestart:
 		e.forgetVerification()
+		ns.bytes.Add(e.dropSamples())
 	case kvevents.ResetRemoved:
+		ns.bytes.Add(e.dropSamples())
 		e.removed = true
 		ns.dropEngine(e)
 	}

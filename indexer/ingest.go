@@ -65,6 +65,10 @@ type engine struct {
 	extras     []blockhash.BlockExtra
 	loraName   string
 	loraExtra  blockhash.BlockExtra
+	// samples are the last BlockStored events of an engine flagged
+	// mismatch (HashSamples); sampleBytes their accounted size.
+	samples     []kvevents.Event
+	sampleBytes int64
 }
 
 // fbEntry maps one engine block to kvindex's block(s) in fallback mode:
@@ -156,6 +160,7 @@ func (ix *Index) applyStored(ns *namespace, e *engine, ev *kvevents.Event, gen u
 	}
 	if ix.hasher != nil {
 		if e.fallback.Load() {
+			e.keepSample(ev, b)
 			ix.storeFallback(ns, e, ev, g, m, gen, b)
 			return
 		}
@@ -170,6 +175,7 @@ func (ix *Index) applyStored(ns *namespace, e *engine, ev *kvevents.Event, gen u
 				e.wantVerify = false
 			case verdictMismatch:
 				e.wantVerify = false
+				e.keepSample(ev, b)
 				ix.storeFallback(ns, e, ev, g, m, gen, b)
 				return
 			}

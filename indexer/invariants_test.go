@@ -96,7 +96,7 @@ func checkInvariants(t testing.TB, ix *Index) {
 			if got := e.holderBlocks.Load(); got != perEngine[id] {
 				t.Fatalf("engine %v: counter %d, holds %d", e.eid, got, perEngine[id])
 			}
-			engBytes += e.bytes() + e.extraBytes
+			engBytes += e.bytes() + e.extraBytes + e.sampleBytes
 		}
 		if want := int64(unsafe.Sizeof(*ns)) + shardBytes + engBytes; ns.bytes.Load() != want {
 			t.Fatalf("model %s: bytes %d, structures add up to %d", ns.model, ns.bytes.Load(), want)

@@ -286,6 +286,14 @@ func (c *Client) Pods(ctx context.Context, model string) (*kvindexv1.ListPodsRes
 	return c.Index.ListPods(ctx, &kvindexv1.ListPodsRequest{Model: model})
 }
 
+// HashSamples returns the BlockStored events the server keeps of each
+// engine whose hashes it could not reproduce ("" model: every model; no
+// pods: every pod), for a search of the engine's hashing configuration
+// (kvindex doctor). It needs a credential with the admin scope.
+func (c *Client) HashSamples(ctx context.Context, model string, pods []string) (*kvindexv1.HashSamplesResponse, error) {
+	return c.Index.HashSamples(ctx, &kvindexv1.HashSamplesRequest{Model: model, Pods: pods})
+}
+
 // PodNames returns the names of the pods the server follows engines of
 // ("" model: all), sorted, each once however many data-parallel ranks
 // and models it has.

@@ -1532,9 +1532,14 @@ type ListPodsResponse struct {
 	// together, by pod; with a model in the request, only the pods listed.
 	PodCache []*PodCache `protobuf:"bytes,3,rep,name=pod_cache,json=podCache,proto3" json:"pod_cache,omitempty"`
 	// The index sequence the answer reflects, as in LongestPrefixResponse.
-	IndexSeq      uint64 `protobuf:"varint,4,opt,name=index_seq,json=indexSeq,proto3" json:"index_seq,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	IndexSeq uint64 `protobuf:"varint,4,opt,name=index_seq,json=indexSeq,proto3" json:"index_seq,omitempty"`
+	// The comparison of the local tokenizer (--tokenizer), the fallback,
+	// with the engine's /tokenize (--tokenize-url), per prompt form, once
+	// made; empty when kvindex does not have both or has not compared them
+	// yet.
+	TokenizerChecks []*TokenizerCheck `protobuf:"bytes,5,rep,name=tokenizer_checks,json=tokenizerChecks,proto3" json:"tokenizer_checks,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ListPodsResponse) Reset() {
@@ -1595,6 +1600,90 @@ func (x *ListPodsResponse) GetIndexSeq() uint64 {
 	return 0
 }
 
+func (x *ListPodsResponse) GetTokenizerChecks() []*TokenizerCheck {
+	if x != nil {
+		return x.TokenizerChecks
+	}
+	return nil
+}
+
+// TokenizerCheck is the comparison of the local tokenizer with the
+// engine's /tokenize on one prompt form.
+type TokenizerCheck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The prompt form: "completion" or "chat".
+	Form string `protobuf:"bytes,1,opt,name=form,proto3" json:"form,omitempty"`
+	// The verdict: "match", "mismatch", "local_declined", "local_failed",
+	// "engine_refused" or "unchecked".
+	Verdict string `protobuf:"bytes,2,opt,name=verdict,proto3" json:"verdict,omitempty"`
+	// True when the local tokenizer gives other ids than the engine, or
+	// fails where the engine does not: while the engine's /tokenize is
+	// unreachable, such prompts would match none of the engines' blocks.
+	Disagrees bool `protobuf:"varint,3,opt,name=disagrees,proto3" json:"disagrees,omitempty"`
+	// What was compared and, for a mismatch, where the ids first differ.
+	Detail        string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenizerCheck) Reset() {
+	*x = TokenizerCheck{}
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenizerCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenizerCheck) ProtoMessage() {}
+
+func (x *TokenizerCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenizerCheck.ProtoReflect.Descriptor instead.
+func (*TokenizerCheck) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *TokenizerCheck) GetForm() string {
+	if x != nil {
+		return x.Form
+	}
+	return ""
+}
+
+func (x *TokenizerCheck) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *TokenizerCheck) GetDisagrees() bool {
+	if x != nil {
+		return x.Disagrees
+	}
+	return false
+}
+
+func (x *TokenizerCheck) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 // FleetCache is one model's (or the whole fleet's) share of prompt tokens
 // the engines served from their prefix caches over the last window: the
 // increments of vLLM's vllm:prefix_cache_hits and vllm:prefix_cache_queries
@@ -1616,7 +1705,7 @@ type FleetCache struct {
 
 func (x *FleetCache) Reset() {
 	*x = FleetCache{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[18]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1717,7 @@ func (x *FleetCache) String() string {
 func (*FleetCache) ProtoMessage() {}
 
 func (x *FleetCache) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[18]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1730,7 @@ func (x *FleetCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetCache.ProtoReflect.Descriptor instead.
 func (*FleetCache) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{18}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *FleetCache) GetModel() string {
@@ -1697,7 +1786,7 @@ type PodCache struct {
 
 func (x *PodCache) Reset() {
 	*x = PodCache{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[19]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +1798,7 @@ func (x *PodCache) String() string {
 func (*PodCache) ProtoMessage() {}
 
 func (x *PodCache) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[19]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +1811,7 @@ func (x *PodCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodCache.ProtoReflect.Descriptor instead.
 func (*PodCache) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{19}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PodCache) GetPod() string {
@@ -1771,7 +1860,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[20]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1783,7 +1872,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[20]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1796,7 +1885,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{20}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchRequest) GetPods() []string {
@@ -1836,7 +1925,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[21]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1848,7 +1937,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_kvindex_proto_msgTypes[21]
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1861,7 +1950,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{21}
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WatchResponse) GetPod() string {
@@ -1967,6 +2056,540 @@ func (x *WatchResponse) GetDropped() uint64 {
 		return x.Dropped
 	}
 	return 0
+}
+
+// HashSamplesRequest selects the engines whose samples to return.
+type HashSamplesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this model's engines; empty: every model.
+	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// Only these pods' engines (every rank of each); empty: every pod.
+	Pods          []string `protobuf:"bytes,2,rep,name=pods,proto3" json:"pods,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HashSamplesRequest) Reset() {
+	*x = HashSamplesRequest{}
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HashSamplesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HashSamplesRequest) ProtoMessage() {}
+
+func (x *HashSamplesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HashSamplesRequest.ProtoReflect.Descriptor instead.
+func (*HashSamplesRequest) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *HashSamplesRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *HashSamplesRequest) GetPods() []string {
+	if x != nil {
+		return x.Pods
+	}
+	return nil
+}
+
+// HashSamplesResponse holds the kept events of every selected engine that
+// has some: only engines flagged MISMATCH keep them, a bounded few each
+// (the newest, counted in the memory budget), forgotten when the engine
+// restarts.
+type HashSamplesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sorted by model, pod and rank.
+	Engines       []*EngineHashSamples `protobuf:"bytes,1,rep,name=engines,proto3" json:"engines,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HashSamplesResponse) Reset() {
+	*x = HashSamplesResponse{}
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HashSamplesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HashSamplesResponse) ProtoMessage() {}
+
+func (x *HashSamplesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HashSamplesResponse.ProtoReflect.Descriptor instead.
+func (*HashSamplesResponse) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *HashSamplesResponse) GetEngines() []*EngineHashSamples {
+	if x != nil {
+		return x.Engines
+	}
+	return nil
+}
+
+// EngineHashSamples is one engine's kept BlockStored events.
+type EngineHashSamples struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The engine's pod.
+	Pod string `protobuf:"bytes,1,opt,name=pod,proto3" json:"pod,omitempty"`
+	// The engine's data-parallel rank.
+	DpRank uint32 `protobuf:"varint,2,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
+	// The model the engine serves.
+	Model string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
+	// Its BlockStored events, oldest first.
+	Samples       []*StoredSample `protobuf:"bytes,4,rep,name=samples,proto3" json:"samples,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EngineHashSamples) Reset() {
+	*x = EngineHashSamples{}
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineHashSamples) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineHashSamples) ProtoMessage() {}
+
+func (x *EngineHashSamples) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineHashSamples.ProtoReflect.Descriptor instead.
+func (*EngineHashSamples) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *EngineHashSamples) GetPod() string {
+	if x != nil {
+		return x.Pod
+	}
+	return ""
+}
+
+func (x *EngineHashSamples) GetDpRank() uint32 {
+	if x != nil {
+		return x.DpRank
+	}
+	return 0
+}
+
+func (x *EngineHashSamples) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *EngineHashSamples) GetSamples() []*StoredSample {
+	if x != nil {
+		return x.Samples
+	}
+	return nil
+}
+
+// StoredSample is one BlockStored event as the engine sent it, its token
+// ids cut to at most a bounded number of whole blocks (block_hashes cut
+// alike).
+type StoredSample struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The engine's 64-bit block keys, in chain order.
+	BlockHashes []uint64 `protobuf:"varint,1,rep,packed,name=block_hashes,json=blockHashes,proto3" json:"block_hashes,omitempty"`
+	// The full digests, one per key, when the engine sent digests
+	// (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0); empty otherwise.
+	BlockDigests [][]byte `protobuf:"bytes,2,rep,name=block_digests,json=blockDigests,proto3" json:"block_digests,omitempty"`
+	// False: the first block is block 0 of its sequence (its parent is
+	// NONE_HASH).
+	HasParent bool `protobuf:"varint,3,opt,name=has_parent,json=hasParent,proto3" json:"has_parent,omitempty"`
+	// The 64-bit key of the block the first block chains from.
+	ParentHash uint64 `protobuf:"varint,4,opt,name=parent_hash,json=parentHash,proto3" json:"parent_hash,omitempty"`
+	// The parent's full digest, when the engine sent digests.
+	ParentDigest []byte `protobuf:"bytes,5,opt,name=parent_digest,json=parentDigest,proto3" json:"parent_digest,omitempty"`
+	// The token ids of the blocks, block_size per block.
+	TokenIds []uint64 `protobuf:"varint,6,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
+	// Tokens per block, as the engine reported it.
+	BlockSize uint32 `protobuf:"varint,7,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// The LoRA adapter name the event carried, if any.
+	LoraName string `protobuf:"bytes,8,opt,name=lora_name,json=loraName,proto3" json:"lora_name,omitempty"`
+	// True when the event carried per-block extra keys (vLLM since early
+	// 2026); extra_keys then has one entry per block. False: the engine
+	// did not say, and only lora_name is known.
+	HasExtraKeys bool `protobuf:"varint,9,opt,name=has_extra_keys,json=hasExtraKeys,proto3" json:"has_extra_keys,omitempty"`
+	// Each block's extra keys (LoRA name, multimodal items, cache salt, ...).
+	ExtraKeys     []*BlockExtraKeys `protobuf:"bytes,10,rep,name=extra_keys,json=extraKeys,proto3" json:"extra_keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoredSample) Reset() {
+	*x = StoredSample{}
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoredSample) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoredSample) ProtoMessage() {}
+
+func (x *StoredSample) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoredSample.ProtoReflect.Descriptor instead.
+func (*StoredSample) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *StoredSample) GetBlockHashes() []uint64 {
+	if x != nil {
+		return x.BlockHashes
+	}
+	return nil
+}
+
+func (x *StoredSample) GetBlockDigests() [][]byte {
+	if x != nil {
+		return x.BlockDigests
+	}
+	return nil
+}
+
+func (x *StoredSample) GetHasParent() bool {
+	if x != nil {
+		return x.HasParent
+	}
+	return false
+}
+
+func (x *StoredSample) GetParentHash() uint64 {
+	if x != nil {
+		return x.ParentHash
+	}
+	return 0
+}
+
+func (x *StoredSample) GetParentDigest() []byte {
+	if x != nil {
+		return x.ParentDigest
+	}
+	return nil
+}
+
+func (x *StoredSample) GetTokenIds() []uint64 {
+	if x != nil {
+		return x.TokenIds
+	}
+	return nil
+}
+
+func (x *StoredSample) GetBlockSize() uint32 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
+func (x *StoredSample) GetLoraName() string {
+	if x != nil {
+		return x.LoraName
+	}
+	return ""
+}
+
+func (x *StoredSample) GetHasExtraKeys() bool {
+	if x != nil {
+		return x.HasExtraKeys
+	}
+	return false
+}
+
+func (x *StoredSample) GetExtraKeys() []*BlockExtraKeys {
+	if x != nil {
+		return x.ExtraKeys
+	}
+	return nil
+}
+
+// BlockExtraKeys is one block's extra keys: Python's None, or a tuple.
+type BlockExtraKeys struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True: the block's extra keys are None (values is then empty); an
+	// empty tuple, which hashes differently, has none false.
+	None bool `protobuf:"varint,1,opt,name=none,proto3" json:"none,omitempty"`
+	// The tuple's elements.
+	Values        []*ExtraKeyValue `protobuf:"bytes,2,rep,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlockExtraKeys) Reset() {
+	*x = BlockExtraKeys{}
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlockExtraKeys) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlockExtraKeys) ProtoMessage() {}
+
+func (x *BlockExtraKeys) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlockExtraKeys.ProtoReflect.Descriptor instead.
+func (*BlockExtraKeys) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *BlockExtraKeys) GetNone() bool {
+	if x != nil {
+		return x.None
+	}
+	return false
+}
+
+func (x *BlockExtraKeys) GetValues() []*ExtraKeyValue {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+// ExtraKeyValue is one element of a block's extra keys, of one of the
+// Python types that occur there.
+type ExtraKeyValue struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The value; exactly one is set.
+	//
+	// Types that are valid to be assigned to Value:
+	//
+	//	*ExtraKeyValue_Str
+	//	*ExtraKeyValue_Int
+	//	*ExtraKeyValue_Bytes
+	//	*ExtraKeyValue_Tuple
+	Value         isExtraKeyValue_Value `protobuf_oneof:"value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtraKeyValue) Reset() {
+	*x = ExtraKeyValue{}
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtraKeyValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtraKeyValue) ProtoMessage() {}
+
+func (x *ExtraKeyValue) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtraKeyValue.ProtoReflect.Descriptor instead.
+func (*ExtraKeyValue) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ExtraKeyValue) GetValue() isExtraKeyValue_Value {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *ExtraKeyValue) GetStr() string {
+	if x != nil {
+		if x, ok := x.Value.(*ExtraKeyValue_Str); ok {
+			return x.Str
+		}
+	}
+	return ""
+}
+
+func (x *ExtraKeyValue) GetInt() int64 {
+	if x != nil {
+		if x, ok := x.Value.(*ExtraKeyValue_Int); ok {
+			return x.Int
+		}
+	}
+	return 0
+}
+
+func (x *ExtraKeyValue) GetBytes() []byte {
+	if x != nil {
+		if x, ok := x.Value.(*ExtraKeyValue_Bytes); ok {
+			return x.Bytes
+		}
+	}
+	return nil
+}
+
+func (x *ExtraKeyValue) GetTuple() *ExtraKeyTuple {
+	if x != nil {
+		if x, ok := x.Value.(*ExtraKeyValue_Tuple); ok {
+			return x.Tuple
+		}
+	}
+	return nil
+}
+
+type isExtraKeyValue_Value interface {
+	isExtraKeyValue_Value()
+}
+
+type ExtraKeyValue_Str struct {
+	// A str: a LoRA name, a cache salt, a multimodal identifier.
+	Str string `protobuf:"bytes,1,opt,name=str,proto3,oneof"`
+}
+
+type ExtraKeyValue_Int struct {
+	// An int: a multimodal offset.
+	Int int64 `protobuf:"varint,2,opt,name=int,proto3,oneof"`
+}
+
+type ExtraKeyValue_Bytes struct {
+	// A bytes value: a prompt-embedding digest.
+	Bytes []byte `protobuf:"bytes,3,opt,name=bytes,proto3,oneof"`
+}
+
+type ExtraKeyValue_Tuple struct {
+	// A nested tuple: a multimodal (identifier, offset) item.
+	Tuple *ExtraKeyTuple `protobuf:"bytes,4,opt,name=tuple,proto3,oneof"`
+}
+
+func (*ExtraKeyValue_Str) isExtraKeyValue_Value() {}
+
+func (*ExtraKeyValue_Int) isExtraKeyValue_Value() {}
+
+func (*ExtraKeyValue_Bytes) isExtraKeyValue_Value() {}
+
+func (*ExtraKeyValue_Tuple) isExtraKeyValue_Value() {}
+
+// ExtraKeyTuple is a tuple nested in a block's extra keys.
+type ExtraKeyTuple struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tuple's elements.
+	Values        []*ExtraKeyValue `protobuf:"bytes,1,rep,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtraKeyTuple) Reset() {
+	*x = ExtraKeyTuple{}
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtraKeyTuple) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtraKeyTuple) ProtoMessage() {}
+
+func (x *ExtraKeyTuple) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_kvindex_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtraKeyTuple.ProtoReflect.Descriptor instead.
+func (*ExtraKeyTuple) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_kvindex_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ExtraKeyTuple) GetValues() []*ExtraKeyValue {
+	if x != nil {
+		return x.Values
+	}
+	return nil
 }
 
 var File_kvindex_v1_kvindex_proto protoreflect.FileDescriptor
@@ -2079,12 +2702,18 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\n" +
 	"hash_check\x18\x11 \x01(\x0e2\x15.kvindex.v1.HashCheckR\thashCheck\x12+\n" +
 	"\x12last_event_unix_ms\x18\x12 \x01(\x03R\x0flastEventUnixMs\x12\x18\n" +
-	"\amessage\x18\x13 \x01(\tR\amessage\"\xb9\x01\n" +
+	"\amessage\x18\x13 \x01(\tR\amessage\"\x80\x02\n" +
 	"\x10ListPodsResponse\x12'\n" +
 	"\x04pods\x18\x01 \x03(\v2\x13.kvindex.v1.PodInfoR\x04pods\x12,\n" +
 	"\x05fleet\x18\x02 \x03(\v2\x16.kvindex.v1.FleetCacheR\x05fleet\x121\n" +
 	"\tpod_cache\x18\x03 \x03(\v2\x14.kvindex.v1.PodCacheR\bpodCache\x12\x1b\n" +
-	"\tindex_seq\x18\x04 \x01(\x04R\bindexSeq\"\xb9\x01\n" +
+	"\tindex_seq\x18\x04 \x01(\x04R\bindexSeq\x12E\n" +
+	"\x10tokenizer_checks\x18\x05 \x03(\v2\x1a.kvindex.v1.TokenizerCheckR\x0ftokenizerChecks\"t\n" +
+	"\x0eTokenizerCheck\x12\x12\n" +
+	"\x04form\x18\x01 \x01(\tR\x04form\x12\x18\n" +
+	"\averdict\x18\x02 \x01(\tR\averdict\x12\x1c\n" +
+	"\tdisagrees\x18\x03 \x01(\bR\tdisagrees\x12\x16\n" +
+	"\x06detail\x18\x04 \x01(\tR\x06detail\"\xb9\x01\n" +
 	"\n" +
 	"FleetCache\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1f\n" +
@@ -2123,7 +2752,44 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\tlora_name\x18\f \x01(\tR\bloraName\x12!\n" +
 	"\freset_reason\x18\r \x01(\tR\vresetReason\x12&\n" +
 	"\x0fapplied_unix_ms\x18\x0e \x01(\x03R\rappliedUnixMs\x12\x18\n" +
-	"\adropped\x18\x0f \x01(\x04R\adropped*Y\n" +
+	"\adropped\x18\x0f \x01(\x04R\adropped\">\n" +
+	"\x12HashSamplesRequest\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
+	"\x04pods\x18\x02 \x03(\tR\x04pods\"N\n" +
+	"\x13HashSamplesResponse\x127\n" +
+	"\aengines\x18\x01 \x03(\v2\x1d.kvindex.v1.EngineHashSamplesR\aengines\"\x88\x01\n" +
+	"\x11EngineHashSamples\x12\x10\n" +
+	"\x03pod\x18\x01 \x01(\tR\x03pod\x12\x17\n" +
+	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\x12\x14\n" +
+	"\x05model\x18\x03 \x01(\tR\x05model\x122\n" +
+	"\asamples\x18\x04 \x03(\v2\x18.kvindex.v1.StoredSampleR\asamples\"\xf5\x02\n" +
+	"\fStoredSample\x12!\n" +
+	"\fblock_hashes\x18\x01 \x03(\x04R\vblockHashes\x12#\n" +
+	"\rblock_digests\x18\x02 \x03(\fR\fblockDigests\x12\x1d\n" +
+	"\n" +
+	"has_parent\x18\x03 \x01(\bR\thasParent\x12\x1f\n" +
+	"\vparent_hash\x18\x04 \x01(\x04R\n" +
+	"parentHash\x12#\n" +
+	"\rparent_digest\x18\x05 \x01(\fR\fparentDigest\x12\x1b\n" +
+	"\ttoken_ids\x18\x06 \x03(\x04R\btokenIds\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\a \x01(\rR\tblockSize\x12\x1b\n" +
+	"\tlora_name\x18\b \x01(\tR\bloraName\x12$\n" +
+	"\x0ehas_extra_keys\x18\t \x01(\bR\fhasExtraKeys\x129\n" +
+	"\n" +
+	"extra_keys\x18\n" +
+	" \x03(\v2\x1a.kvindex.v1.BlockExtraKeysR\textraKeys\"W\n" +
+	"\x0eBlockExtraKeys\x12\x12\n" +
+	"\x04none\x18\x01 \x01(\bR\x04none\x121\n" +
+	"\x06values\x18\x02 \x03(\v2\x19.kvindex.v1.ExtraKeyValueR\x06values\"\x8b\x01\n" +
+	"\rExtraKeyValue\x12\x12\n" +
+	"\x03str\x18\x01 \x01(\tH\x00R\x03str\x12\x12\n" +
+	"\x03int\x18\x02 \x01(\x03H\x00R\x03int\x12\x16\n" +
+	"\x05bytes\x18\x03 \x01(\fH\x00R\x05bytes\x121\n" +
+	"\x05tuple\x18\x04 \x01(\v2\x19.kvindex.v1.ExtraKeyTupleH\x00R\x05tupleB\a\n" +
+	"\x05value\"B\n" +
+	"\rExtraKeyTuple\x121\n" +
+	"\x06values\x18\x01 \x03(\v2\x19.kvindex.v1.ExtraKeyValueR\x06values*Y\n" +
 	"\tHashCheck\x12\x1a\n" +
 	"\x16HASH_CHECK_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13HASH_CHECK_VERIFIED\x10\x01\x12\x17\n" +
@@ -2141,13 +2807,14 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\x17EVENT_KIND_BLOCK_STORED\x10\x01\x12\x1c\n" +
 	"\x18EVENT_KIND_BLOCK_REMOVED\x10\x02\x12!\n" +
 	"\x1dEVENT_KIND_ALL_BLOCKS_CLEARED\x10\x03\x12\x14\n" +
-	"\x10EVENT_KIND_RESET\x10\x042\xf7\x02\n" +
+	"\x10EVENT_KIND_RESET\x10\x042\xc7\x03\n" +
 	"\fIndexService\x12T\n" +
 	"\rLongestPrefix\x12 .kvindex.v1.LongestPrefixRequest\x1a!.kvindex.v1.LongestPrefixResponse\x12?\n" +
 	"\x06Lookup\x12\x19.kvindex.v1.LookupRequest\x1a\x1a.kvindex.v1.LookupResponse\x12E\n" +
 	"\bListPods\x12\x1b.kvindex.v1.ListPodsRequest\x1a\x1c.kvindex.v1.ListPodsResponse\x12>\n" +
 	"\x05Watch\x12\x18.kvindex.v1.WatchRequest\x1a\x19.kvindex.v1.WatchResponse0\x01\x12I\n" +
-	"\rGetHashConfig\x12 .kvindex.v1.GetHashConfigRequest\x1a\x16.kvindex.v1.HashConfigB4Z2github.com/kvindex/kvindex/api/kvindexv1;kvindexv1b\x06proto3"
+	"\rGetHashConfig\x12 .kvindex.v1.GetHashConfigRequest\x1a\x16.kvindex.v1.HashConfig\x12N\n" +
+	"\vHashSamples\x12\x1e.kvindex.v1.HashSamplesRequest\x1a\x1f.kvindex.v1.HashSamplesResponseB4Z2github.com/kvindex/kvindex/api/kvindexv1;kvindexv1b\x06proto3"
 
 var (
 	file_kvindex_v1_kvindex_proto_rawDescOnce sync.Once
@@ -2162,7 +2829,7 @@ func file_kvindex_v1_kvindex_proto_rawDescGZIP() []byte {
 }
 
 var file_kvindex_v1_kvindex_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kvindex_v1_kvindex_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_kvindex_v1_kvindex_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_kvindex_v1_kvindex_proto_goTypes = []any{
 	(HashCheck)(0),                // 0: kvindex.v1.HashCheck
 	(EngineHealth)(0),             // 1: kvindex.v1.EngineHealth
@@ -2185,11 +2852,19 @@ var file_kvindex_v1_kvindex_proto_goTypes = []any{
 	(*ListPodsRequest)(nil),       // 18: kvindex.v1.ListPodsRequest
 	(*PodInfo)(nil),               // 19: kvindex.v1.PodInfo
 	(*ListPodsResponse)(nil),      // 20: kvindex.v1.ListPodsResponse
-	(*FleetCache)(nil),            // 21: kvindex.v1.FleetCache
-	(*PodCache)(nil),              // 22: kvindex.v1.PodCache
-	(*WatchRequest)(nil),          // 23: kvindex.v1.WatchRequest
-	(*WatchResponse)(nil),         // 24: kvindex.v1.WatchResponse
-	nil,                           // 25: kvindex.v1.PodMatch.TiersEntry
+	(*TokenizerCheck)(nil),        // 21: kvindex.v1.TokenizerCheck
+	(*FleetCache)(nil),            // 22: kvindex.v1.FleetCache
+	(*PodCache)(nil),              // 23: kvindex.v1.PodCache
+	(*WatchRequest)(nil),          // 24: kvindex.v1.WatchRequest
+	(*WatchResponse)(nil),         // 25: kvindex.v1.WatchResponse
+	(*HashSamplesRequest)(nil),    // 26: kvindex.v1.HashSamplesRequest
+	(*HashSamplesResponse)(nil),   // 27: kvindex.v1.HashSamplesResponse
+	(*EngineHashSamples)(nil),     // 28: kvindex.v1.EngineHashSamples
+	(*StoredSample)(nil),          // 29: kvindex.v1.StoredSample
+	(*BlockExtraKeys)(nil),        // 30: kvindex.v1.BlockExtraKeys
+	(*ExtraKeyValue)(nil),         // 31: kvindex.v1.ExtraKeyValue
+	(*ExtraKeyTuple)(nil),         // 32: kvindex.v1.ExtraKeyTuple
+	nil,                           // 33: kvindex.v1.PodMatch.TiersEntry
 }
 var file_kvindex_v1_kvindex_proto_depIdxs = []int32{
 	4,  // 0: kvindex.v1.Prompt.tokens:type_name -> kvindex.v1.TokenIds
@@ -2198,7 +2873,7 @@ var file_kvindex_v1_kvindex_proto_depIdxs = []int32{
 	10, // 3: kvindex.v1.Prompt.mm_items:type_name -> kvindex.v1.MultimodalItem
 	9,  // 4: kvindex.v1.ChatMessages.messages:type_name -> kvindex.v1.ChatMessage
 	3,  // 5: kvindex.v1.LongestPrefixRequest.prompt:type_name -> kvindex.v1.Prompt
-	25, // 6: kvindex.v1.PodMatch.tiers:type_name -> kvindex.v1.PodMatch.TiersEntry
+	33, // 6: kvindex.v1.PodMatch.tiers:type_name -> kvindex.v1.PodMatch.TiersEntry
 	0,  // 7: kvindex.v1.PodMatch.hash_check:type_name -> kvindex.v1.HashCheck
 	1,  // 8: kvindex.v1.PodMatch.health:type_name -> kvindex.v1.EngineHealth
 	12, // 9: kvindex.v1.LongestPrefixResponse.pods:type_name -> kvindex.v1.PodMatch
@@ -2208,24 +2883,33 @@ var file_kvindex_v1_kvindex_proto_depIdxs = []int32{
 	1,  // 13: kvindex.v1.PodInfo.health:type_name -> kvindex.v1.EngineHealth
 	0,  // 14: kvindex.v1.PodInfo.hash_check:type_name -> kvindex.v1.HashCheck
 	19, // 15: kvindex.v1.ListPodsResponse.pods:type_name -> kvindex.v1.PodInfo
-	21, // 16: kvindex.v1.ListPodsResponse.fleet:type_name -> kvindex.v1.FleetCache
-	22, // 17: kvindex.v1.ListPodsResponse.pod_cache:type_name -> kvindex.v1.PodCache
-	2,  // 18: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.EventKind
-	11, // 19: kvindex.v1.IndexService.LongestPrefix:input_type -> kvindex.v1.LongestPrefixRequest
-	14, // 20: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
-	18, // 21: kvindex.v1.IndexService.ListPods:input_type -> kvindex.v1.ListPodsRequest
-	23, // 22: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
-	6,  // 23: kvindex.v1.IndexService.GetHashConfig:input_type -> kvindex.v1.GetHashConfigRequest
-	13, // 24: kvindex.v1.IndexService.LongestPrefix:output_type -> kvindex.v1.LongestPrefixResponse
-	17, // 25: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
-	20, // 26: kvindex.v1.IndexService.ListPods:output_type -> kvindex.v1.ListPodsResponse
-	24, // 27: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
-	7,  // 28: kvindex.v1.IndexService.GetHashConfig:output_type -> kvindex.v1.HashConfig
-	24, // [24:29] is the sub-list for method output_type
-	19, // [19:24] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	22, // 16: kvindex.v1.ListPodsResponse.fleet:type_name -> kvindex.v1.FleetCache
+	23, // 17: kvindex.v1.ListPodsResponse.pod_cache:type_name -> kvindex.v1.PodCache
+	21, // 18: kvindex.v1.ListPodsResponse.tokenizer_checks:type_name -> kvindex.v1.TokenizerCheck
+	2,  // 19: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.EventKind
+	28, // 20: kvindex.v1.HashSamplesResponse.engines:type_name -> kvindex.v1.EngineHashSamples
+	29, // 21: kvindex.v1.EngineHashSamples.samples:type_name -> kvindex.v1.StoredSample
+	30, // 22: kvindex.v1.StoredSample.extra_keys:type_name -> kvindex.v1.BlockExtraKeys
+	31, // 23: kvindex.v1.BlockExtraKeys.values:type_name -> kvindex.v1.ExtraKeyValue
+	32, // 24: kvindex.v1.ExtraKeyValue.tuple:type_name -> kvindex.v1.ExtraKeyTuple
+	31, // 25: kvindex.v1.ExtraKeyTuple.values:type_name -> kvindex.v1.ExtraKeyValue
+	11, // 26: kvindex.v1.IndexService.LongestPrefix:input_type -> kvindex.v1.LongestPrefixRequest
+	14, // 27: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
+	18, // 28: kvindex.v1.IndexService.ListPods:input_type -> kvindex.v1.ListPodsRequest
+	24, // 29: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
+	6,  // 30: kvindex.v1.IndexService.GetHashConfig:input_type -> kvindex.v1.GetHashConfigRequest
+	26, // 31: kvindex.v1.IndexService.HashSamples:input_type -> kvindex.v1.HashSamplesRequest
+	13, // 32: kvindex.v1.IndexService.LongestPrefix:output_type -> kvindex.v1.LongestPrefixResponse
+	17, // 33: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
+	20, // 34: kvindex.v1.IndexService.ListPods:output_type -> kvindex.v1.ListPodsResponse
+	25, // 35: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
+	7,  // 36: kvindex.v1.IndexService.GetHashConfig:output_type -> kvindex.v1.HashConfig
+	27, // 37: kvindex.v1.IndexService.HashSamples:output_type -> kvindex.v1.HashSamplesResponse
+	32, // [32:38] is the sub-list for method output_type
+	26, // [26:32] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_kvindex_v1_kvindex_proto_init() }
@@ -2239,15 +2923,21 @@ func file_kvindex_v1_kvindex_proto_init() {
 		(*Prompt_Messages)(nil),
 		(*Prompt_BlockHashes)(nil),
 	}
-	file_kvindex_v1_kvindex_proto_msgTypes[18].OneofWrappers = []any{}
 	file_kvindex_v1_kvindex_proto_msgTypes[19].OneofWrappers = []any{}
+	file_kvindex_v1_kvindex_proto_msgTypes[20].OneofWrappers = []any{}
+	file_kvindex_v1_kvindex_proto_msgTypes[28].OneofWrappers = []any{
+		(*ExtraKeyValue_Str)(nil),
+		(*ExtraKeyValue_Int)(nil),
+		(*ExtraKeyValue_Bytes)(nil),
+		(*ExtraKeyValue_Tuple)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvindex_v1_kvindex_proto_rawDesc), len(file_kvindex_v1_kvindex_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   23,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

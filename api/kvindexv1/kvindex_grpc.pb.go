@@ -28,6 +28,7 @@ const (
 	IndexService_ListPods_FullMethodName      = "/kvindex.v1.IndexService/ListPods"
 	IndexService_Watch_FullMethodName         = "/kvindex.v1.IndexService/Watch"
 	IndexService_GetHashConfig_FullMethodName = "/kvindex.v1.IndexService/GetHashConfig"
+	IndexService_HashSamples_FullMethodName   = "/kvindex.v1.IndexService/HashSamples"
 )
 
 // IndexServiceClient is the client API for IndexService service.
@@ -49,6 +50,12 @@ type IndexServiceClient interface {
 	// so that a caller can hash its prompts itself and query by
 	// block_hashes.
 	GetHashConfig(ctx context.Context, in *GetHashConfigRequest, opts ...grpc.CallOption) (*HashConfig, error)
+	// HashSamples returns, for each engine whose hashes kvindex could not
+	// reproduce (hash check MISMATCH), the last BlockStored events it sent
+	// since, so that a caller (kvindex doctor) can search for the hashing
+	// configuration the engine runs. It needs the admin scope: the events
+	// carry the token ids of the engines' prompts.
+	HashSamples(ctx context.Context, in *HashSamplesRequest, opts ...grpc.CallOption) (*HashSamplesResponse, error)
 }
 
 type indexServiceClient struct {
@@ -118,6 +125,16 @@ func (c *indexServiceClient) GetHashConfig(ctx context.Context, in *GetHashConfi
 	return out, nil
 }
 
+func (c *indexServiceClient) HashSamples(ctx context.Context, in *HashSamplesRequest, opts ...grpc.CallOption) (*HashSamplesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HashSamplesResponse)
+	err := c.cc.Invoke(ctx, IndexService_HashSamples_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // IndexServiceServer is the server API for IndexService service.
 // All implementations must embed UnimplementedIndexServiceServer
 // for forward compatibility.
@@ -137,6 +154,12 @@ type IndexServiceServer interface {
 	// so that a caller can hash its prompts itself and query by
 	// block_hashes.
 	GetHashConfig(context.Context, *GetHashConfigRequest) (*HashConfig, error)
+	// HashSamples returns, for each engine whose hashes kvindex could not
+	// reproduce (hash check MISMATCH), the last BlockStored events it sent
+	// since, so that a caller (kvindex doctor) can search for the hashing
+	// configuration the engine runs. It needs the admin scope: the events
+	// carry the token ids of the engines' prompts.
+	HashSamples(context.Context, *HashSamplesRequest) (*HashSamplesResponse, error)
 	mustEmbedUnimplementedIndexServiceServer()
 }
 
@@ -161,6 +184,9 @@ func (UnimplementedIndexServiceServer) Watch(*WatchRequest, grpc.ServerStreaming
 }
 func (UnimplementedIndexServiceServer) GetHashConfig(context.Context, *GetHashConfigRequest) (*HashConfig, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetHashConfig not implemented")
+}
+func (UnimplementedIndexServiceServer) HashSamples(context.Context, *HashSamplesRequest) (*HashSamplesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method HashSamples not implemented")
 }
 func (UnimplementedIndexServiceServer) mustEmbedUnimplementedIndexServiceServer() {}
 func (UnimplementedIndexServiceServer) testEmbeddedByValue()                      {}
@@ -266,6 +292,24 @@ func _IndexService_GetHashConfig_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _IndexService_HashSamples_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HashSamplesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IndexServiceServer).HashSamples(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: IndexService_HashSamples_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IndexServiceServer).HashSamples(ctx, req.(*HashSamplesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // IndexService_ServiceDesc is the grpc.ServiceDesc for IndexService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -288,6 +332,10 @@ var IndexService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetHashConfig",
 			Handler:    _IndexService_GetHashConfig_Handler,
+		},
+		{
+			MethodName: "HashSamples",
+			Handler:    _IndexService_HashSamples_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

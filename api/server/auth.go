@@ -33,6 +33,7 @@ var endpointScopes = map[string]security.Scope{
 	kvindexv1.IndexService_ListPods_FullMethodName:       security.ScopeQuery,
 	kvindexv1.IndexService_GetHashConfig_FullMethodName:  security.ScopeQuery,
 	kvindexv1.IndexService_Watch_FullMethodName:          security.ScopeWatch,
+	kvindexv1.IndexService_HashSamples_FullMethodName:    security.ScopeAdmin,
 	indexerv1.IndexerService_GetPodScores_FullMethodName: security.ScopeQuery,
 }
 

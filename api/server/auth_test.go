@@ -102,6 +102,8 @@ func endpointCalls(t *testing.T, c *client.Client, hub *watchhub.Hub) map[string
 	out["Lookup"] = status.Code(err)
 	_, err = c.ListPods(ctx, "")
 	out["ListPods"] = status.Code(err)
+	_, err = c.HashSamples(ctx, "", nil)
+	out["HashSamples"] = status.Code(err)
 	_, err = c.Indexer.GetPodScores(ctx, &indexerv1.GetPodScoresRequest{Prompt: "", ModelName: testModel})
 	if status.Code(err) == codes.FailedPrecondition { // no tokenizer: past authorization
 		err = nil
@@ -126,11 +128,11 @@ func TestTokenScopes(t *testing.T) {
 		token string
 		want  map[string]codes.Code
 	}{
-		{"TOKEN-query", map[string]codes.Code{"LongestPrefix": ok, "Lookup": ok, "ListPods": ok, "GetPodScores": ok, "Watch": perm, "health": ok}},
-		{"TOKEN-watch", map[string]codes.Code{"LongestPrefix": perm, "Lookup": perm, "ListPods": perm, "GetPodScores": perm, "Watch": ok, "health": ok}},
-		{"TOKEN-admin", map[string]codes.Code{"LongestPrefix": perm, "Lookup": perm, "ListPods": perm, "GetPodScores": perm, "Watch": perm, "health": ok}},
-		{"wrong-token", map[string]codes.Code{"LongestPrefix": unauth, "Lookup": unauth, "ListPods": unauth, "GetPodScores": unauth, "Watch": unauth, "health": ok}},
-		{"", map[string]codes.Code{"LongestPrefix": unauth, "Lookup": unauth, "ListPods": unauth, "GetPodScores": unauth, "Watch": unauth, "health": ok}},
+		{"TOKEN-query", map[string]codes.Code{"LongestPrefix": ok, "Lookup": ok, "ListPods": ok, "HashSamples": perm, "GetPodScores": ok, "Watch": perm, "health": ok}},
+		{"TOKEN-watch", map[string]codes.Code{"LongestPrefix": perm, "Lookup": perm, "ListPods": perm, "HashSamples": perm, "GetPodScores": perm, "Watch": ok, "health": ok}},
+		{"TOKEN-admin", map[string]codes.Code{"LongestPrefix": perm, "Lookup": perm, "ListPods": perm, "HashSamples": ok, "GetPodScores": perm, "Watch": perm, "health": ok}},
+		{"wrong-token", map[string]codes.Code{"LongestPrefix": unauth, "Lookup": unauth, "ListPods": unauth, "HashSamples": unauth, "GetPodScores": unauth, "Watch": unauth, "health": ok}},
+		{"", map[string]codes.Code{"LongestPrefix": unauth, "Lookup": unauth, "ListPods": unauth, "HashSamples": unauth, "GetPodScores": unauth, "Watch": unauth, "health": ok}},
 	}
 	for _, tc := range tests {
 		t.Run("grpc "+cmp.Or(tc.token, "no token"), func(t *testing.T) {

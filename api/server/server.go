@@ -85,6 +85,10 @@ type Config struct {
 	// Fleet gives ListPods the fleet's cached-prefix fraction; nil: none
 	// (no picker scraping the engines).
 	Fleet FleetSource
+	// TokenizerChecks gives ListPods the comparison of the local
+	// tokenizer with the engine's /tokenize, per prompt form, once made;
+	// nil: none.
+	TokenizerChecks func() []TokenizerCheck
 	// IndexSeq reports the index sequence: how far through its ordered
 	// input the index has applied, so that the answers of kvindex
 	// replicas fed the same input can be compared. Fed from a NATS
@@ -866,6 +870,11 @@ func (s *Server) ListPods(_ context.Context, req *kvindexv1.ListPodsRequest) (*k
 		return cmp.Or(cmp.Compare(a.Pod, b.Pod), cmp.Compare(a.DpRank, b.DpRank), cmp.Compare(a.Model, b.Model))
 	})
 	fleetCache(out, s.cfg.Fleet, req.GetModel())
+	if s.cfg.TokenizerChecks != nil {
+		for _, c := range s.cfg.TokenizerChecks() {
+			out.TokenizerChecks = append(out.TokenizerChecks, &kvindexv1.TokenizerCheck{Form: c.Form, Verdict: c.Verdict, Disagrees: c.Disagrees, Detail: c.Detail})
+		}
+	}
 	return out, nil
 }
 
@@ -982,4 +991,73 @@ func indexStatus(err error) error {
 		return status.FromContextError(err).Err()
 	}
 	return status.Error(codes.Internal, "index: "+err.Error())
+}
+
+// TokenizerCheck is the verdict of comparing the local tokenizer with the
+// engine's /tokenize on one prompt form (ListPodsResponse.tokenizer_checks).
+type TokenizerCheck struct {
+	Form, Verdict, Detail string
+	Disagrees             bool
+}
+
+// hashSampler is an Index that keeps the BlockStored events of engines
+// flagged mismatch (indexer.Index.HashSamples).
+type hashSampler interface {
+	HashSamples(model string) []indexer.EngineSamples
+}
+
+// HashSamples implements kvindex.v1.IndexService: the events kept of each
+// engine flagged mismatch, for kvindex doctor's search.
+func (s *Server) HashSamples(_ context.Context, req *kvindexv1.HashSamplesRequest) (*kvindexv1.HashSamplesResponse, error) {
+	hs, ok := s.index.(hashSampler)
+	if !ok {
+		return nil, status.Error(codes.Unimplemented, "this kvindex keeps no hash samples")
+	}
+	for i, p := range req.GetPods() {
+		if p == "" {
+			return nil, status.Errorf(codes.InvalidArgument, "pods[%d] is empty", i)
+		}
+	}
+	out := &kvindexv1.HashSamplesResponse{}
+	for _, es := range hs.HashSamples(req.GetModel()) {
+		if len(req.GetPods()) > 0 && !slices.Contains(req.GetPods(), es.Engine.Pod) {
+			continue
+		}
+		e := &kvindexv1.EngineHashSamples{Pod: es.Engine.Pod, DpRank: uint32(es.Engine.DPRank), Model: es.Engine.Model}
+		for i := range es.Events {
+			e.Samples = append(e.Samples, storedSample(&es.Events[i]))
+		}
+		out.Engines = append(out.Engines, e)
+	}
+	return out, nil
+}
+
+// storedSample is the wire form of one kept BlockStored event.
+func storedSample(ev *kvevents.Event) *kvindexv1.StoredSample {
+	s := &kvindexv1.StoredSample{
+		BlockHashes: ev.Hashes, BlockDigests: ev.Digests, HasParent: ev.HasParent, ParentHash: ev.Parent,
+		ParentDigest: ev.ParentDigest, TokenIds: ev.TokenIDs, BlockSize: uint32(ev.BlockSize), LoraName: ev.LoRAName,
+		HasExtraKeys: ev.ExtraKeys != nil,
+	}
+	for _, x := range ev.ExtraKeys {
+		s.ExtraKeys = append(s.ExtraKeys, &kvindexv1.BlockExtraKeys{None: x == nil, Values: extraValues(x)})
+	}
+	return s
+}
+
+func extraValues(x blockhash.BlockExtra) []*kvindexv1.ExtraKeyValue {
+	out := make([]*kvindexv1.ExtraKeyValue, len(x))
+	for i, v := range x {
+		switch v.Kind {
+		case blockhash.KindStr:
+			out[i] = &kvindexv1.ExtraKeyValue{Value: &kvindexv1.ExtraKeyValue_Str{Str: v.Str}}
+		case blockhash.KindInt:
+			out[i] = &kvindexv1.ExtraKeyValue{Value: &kvindexv1.ExtraKeyValue_Int{Int: v.Int}}
+		case blockhash.KindBytes:
+			out[i] = &kvindexv1.ExtraKeyValue{Value: &kvindexv1.ExtraKeyValue_Bytes{Bytes: v.Bytes}}
+		default:
+			out[i] = &kvindexv1.ExtraKeyValue{Value: &kvindexv1.ExtraKeyValue_Tuple{Tuple: &kvindexv1.ExtraKeyTuple{Values: extraValues(v.Tuple)}}}
+		}
+	}
+	return out
 }

@@ -97,7 +97,7 @@ Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{msg: err.Error()} })
 	root.AddCommand(newHashCmd(), newServeCmd(), newQueryCmd(), newLookupCmd(), newPodsCmd(), newTailCmd(),
-		newPickerCmd(), newRelayCmd(), newDemoCmd(), newSimCmd(), newLoadgenCmd(), newTopCmd(), newVersionCmd())
+		newPickerCmd(), newRelayCmd(), newDemoCmd(), newSimCmd(), newLoadgenCmd(), newTopCmd(), newDoctorCmd(), newVersionCmd())
 	return root
 }
 

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,6 +51,9 @@ type Service struct {
 
 	localTok tokenizer.Tokenizer // the local tokenizer; nil without one
 	tracing  *telemetry.Tracing  // nil: tracing off
+	// tokChecks is the local tokenizer's comparison with the engine's
+	// /tokenize, once made (ListPods reports it).
+	tokChecks atomic.Pointer[[]server.TokenizerCheck]
 }
 
 // localTokenizer is the local tokenizer among toks, nil without one.
@@ -157,6 +161,12 @@ func build(o *Options, log *slog.Logger, restore bool) (*Service, error) {
 		DefaultModel: o.Model, MaxTokens: o.MaxQueryTokens, ExpectStreams: expectedStreams(o.Engines), ReadyGrace: grace,
 		Logger: log.With("component", "api"), Limits: o.limits(), Security: o.Security,
 		Fleet: o.Picker.fleetSource(), Tracer: tracing.Tracer(),
+		TokenizerChecks: func() []server.TokenizerCheck {
+			if c := s.tokChecks.Load(); c != nil {
+				return *c
+			}
+			return nil
+		},
 	}
 	if replica != nil {
 		// Ready once caught up with the stream, however long that takes.
@@ -256,7 +266,10 @@ func (s *Service) assemble() {
 		return nil
 	}})
 	if o.TokenizeURL != "" && o.TokenizerFile != "" {
-		g.Go("tokenizer check", func(ctx context.Context) error { checkServeTokenizer(ctx, s.localTok, o, s.log); return nil })
+		g.Go("tokenizer check", func(ctx context.Context) error {
+			checkServeTokenizer(ctx, s.localTok, o, s.log, func(c []server.TokenizerCheck) { s.tokChecks.Store(&c) })
+			return nil
+		})
 	}
 	for _, p := range s.src.parts() {
 		g.Add(p)

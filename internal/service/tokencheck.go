@@ -7,6 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/internal/configerr"
 	"github.com/kvindex/kvindex/internal/promptinput"
 	"github.com/kvindex/kvindex/tokenizer"
@@ -68,14 +69,18 @@ func localTokenizerSummary(file, chatTemplate string) string {
 // fallback, with the engine's /tokenize (tokenizer.CheckEngines), once
 // the engine answers, and logs the verdict of each form: a local
 // tokenizer that differs would give, while the engine is unreachable,
-// ids that match none of the engines' blocks.
-func checkServeTokenizer(ctx context.Context, local tokenizer.Tokenizer, o *Options, log *slog.Logger) {
+// ids that match none of the engines' blocks. It hands the verdicts to
+// store, for ListPods.
+func checkServeTokenizer(ctx context.Context, local tokenizer.Tokenizer, o *Options, log *slog.Logger, store func([]server.TokenizerCheck)) {
 	rs, err := tokenizer.CheckEngines(ctx, local, func() []string { return []string{o.TokenizeURL} }, tokenizer.CheckConfig{Model: o.Model, Logger: log})
 	if err != nil {
 		return // stopped first
 	}
+	var checks []server.TokenizerCheck
 	for _, f := range tokenizer.Forms {
 		r, _ := tokenizer.FormResult(rs, f)
+		checks = append(checks, server.TokenizerCheck{Form: string(f), Verdict: r.Verdict.String(), Detail: r.String(),
+			Disagrees: r.Verdict == tokenizer.Mismatch || r.Verdict == tokenizer.LocalFailed})
 		switch r.Verdict {
 		case tokenizer.Match, tokenizer.LocalDeclined:
 			log.Info("tokenizer check: the local tokenizer against the engine's /tokenize", "form", f, "verdict", r.Verdict.String(), "check", r.String())
@@ -86,4 +91,5 @@ func checkServeTokenizer(ctx context.Context, local tokenizer.Tokenizer, o *Opti
 				"form", f, "verdict", r.Verdict.String(), "check", r.String())
 		}
 	}
+	store(checks)
 }

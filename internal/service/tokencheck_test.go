@@ -92,15 +92,16 @@ func TestPickerServiceChecksItsTokenizer(t *testing.T) {
 }
 
 // kvindex serve with both --tokenize-url and --tokenizer compares them at
-// start and logs each form's verdict.
+// start, logs each form's verdict and reports it in ListPods.
 func TestServeChecksItsTokenizers(t *testing.T) {
 	for _, tc := range []struct {
 		name, template string
 		want           []string
+		disagrees      string // the forms ListPods says disagree
 	}{
 		{"same", qwenTemplateFile, []string{"level=INFO msg=\"tokenizer check: the local tokenizer against the engine's /tokenize\" form=completion verdict=match",
-			"level=INFO msg=\"tokenizer check: the local tokenizer against the engine's /tokenize\" form=chat verdict=match"}},
-		{"other template", phiTemplateFile, []string{"form=completion verdict=match", "level=WARN msg=\"tokenizer check: the local tokenizer (the fallback when the engine's /tokenize fails) does not give the engine's ids: its queries would match nothing\" form=chat verdict=mismatch"}},
+			"level=INFO msg=\"tokenizer check: the local tokenizer against the engine's /tokenize\" form=chat verdict=match"}, ""},
+		{"other template", phiTemplateFile, []string{"form=completion verdict=match", "level=WARN msg=\"tokenizer check: the local tokenizer (the fallback when the engine's /tokenize fails) does not give the engine's ids: its queries would match nothing\" form=chat verdict=mismatch"}, "chat"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, ec := newEngine(t, "pod-a")
@@ -115,6 +116,23 @@ func TestServeChecksItsTokenizers(t *testing.T) {
 				}
 				return true
 			})
+			var disagrees []string
+			testutil.Await(t, testDeadline, "the tokenizer check in ListPods", func() bool {
+				r, err := s.client.Pods(context.Background(), "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				disagrees = nil
+				for _, c := range r.GetTokenizerChecks() {
+					if c.GetDisagrees() {
+						disagrees = append(disagrees, c.GetForm())
+					}
+				}
+				return len(r.GetTokenizerChecks()) == 2
+			})
+			if got := strings.Join(disagrees, ","); got != tc.disagrees {
+				t.Errorf("ListPods says the forms %q disagree, want %q", got, tc.disagrees)
+			}
 		})
 	}
 }
