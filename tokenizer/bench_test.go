@@ -384,3 +384,47 @@ func BenchmarkSegmentHit(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPreTokenizeScanner cuts the ~8k-token prompt into pieces with
+// Qwen2's pattern, by the scanner and by regexp2 (pre-tokenizing alone,
+// no BPE).
+func BenchmarkPreTokenizeScanner(b *testing.B) {
+	text, _ := longPrompt(b)
+	runes := []rune(text)
+	re, err := compileHFRegex(qwen2Pattern)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var counts [2]int
+	b.Run("scanner", func(b *testing.B) {
+		b.SetBytes(int64(len(text)))
+		b.ReportAllocs()
+		for b.Loop() {
+			n := 0
+			for i := 0; i < len(runes); n++ {
+				i = scanQwen2.next(runes, i)
+			}
+			counts[0] = n
+		}
+		b.ReportMetric(float64(counts[0]), "pieces/op")
+	})
+	b.Run("regexp2", func(b *testing.B) {
+		b.SetBytes(int64(len(text)))
+		b.ReportAllocs()
+		for b.Loop() {
+			n := 0
+			m, err := re.FindRunesMatch(runes)
+			for ; m != nil && err == nil; m, err = re.FindNextMatch(m) {
+				n++
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			counts[1] = n
+		}
+		b.ReportMetric(float64(counts[1]), "pieces/op")
+	})
+	if counts[0] != counts[1] && counts[0] > 0 && counts[1] > 0 { // both run
+		b.Fatalf("scanner %d pieces, regexp2 %d", counts[0], counts[1])
+	}
+}

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"unicode/utf8"
 
-	"github.com/dlclark/regexp2"
 	"golang.org/x/text/unicode/norm"
 )
 
@@ -31,10 +30,10 @@ type Local struct {
 	added     int         // number of added tokens
 	forms     []norm.Form // normalizer steps, in order
 
-	splits         []*regexp2.Regexp // Split pre-tokenizers, in order
-	byteLevel      bool              // a ByteLevel pre-tokenizer is present (always, once built)
-	addPrefixSpace bool              // ByteLevel prepends a space to each piece not starting with one
-	byteLevelRegex *regexp2.Regexp   // ByteLevel's own GPT-2 split, when use_regex
+	splits         []splitter // Split pre-tokenizers, in order
+	byteLevel      bool       // a ByteLevel pre-tokenizer is present (always, once built)
+	addPrefixSpace bool       // ByteLevel prepends a space to each piece not starting with one
+	byteLevelSplit bool       // ByteLevel splits with gpt2Pattern (use_regex)
 
 	prefix, suffix []uint64 // post-processor tokens around the text
 
@@ -292,15 +291,25 @@ func (l *Local) preTokenize(dst []uint64, seg string, s *encodeScratch) []uint64
 // piece: matches and the text between them become pieces of their own
 // (behavior Isolated); empty pieces are dropped.
 //
-// regexp2 allocates a Match per piece and takes most of the encoding
-// time; a scanner written for the few patterns in use would remove both,
-// but at the rate BenchmarkLocalTokenize measures the library is not the
-// bottleneck of a router, and it runs any pattern.
+// A step whose pattern the scanner recognises (scannedPatterns: GPT-2's,
+// cl100k's and Qwen2's, which is every tokenizer this package is known to
+// serve) is cut by the scanner, in one pass and without allocating;
+// regexp2, which allocates a Match per piece and took most of the
+// encoding time (BenchmarkPreTokenizeScanner), runs any other pattern.
 func (l *Local) splitStep(dst []uint64, piece []rune, step int, s *encodeScratch) []uint64 {
 	if step == len(l.splits) {
 		return l.byteLevelStep(dst, piece, s)
 	}
-	re := l.splits[step]
+	sp := &l.splits[step]
+	if sp.scan != scanNone {
+		for i := 0; i < len(piece) && s.err == nil; {
+			j := sp.scan.next(piece, i)
+			dst = l.splitStep(dst, piece[i:j], step+1, s)
+			i = j
+		}
+		return dst
+	}
+	re := sp.re
 	m, err := re.FindRunesMatch(piece)
 	prev := 0
 	for m != nil && err == nil && s.err == nil {
@@ -323,7 +332,8 @@ func (l *Local) splitStep(dst []uint64, piece []rune, step int, s *encodeScratch
 }
 
 // byteLevelStep is the ByteLevel pre-tokenizer (optional prefix space and
-// GPT-2 split) followed by the BPE model on the piece's UTF-8 bytes.
+// GPT-2 split, always by the scanner) followed by the BPE model on the
+// piece's UTF-8 bytes.
 func (l *Local) byteLevelStep(dst []uint64, piece []rune, s *encodeScratch) []uint64 {
 	if len(piece) == 0 {
 		return dst
@@ -332,25 +342,13 @@ func (l *Local) byteLevelStep(dst []uint64, piece []rune, s *encodeScratch) []ui
 		s.prefix = append(append(s.prefix[:0], ' '), piece...)
 		piece = s.prefix
 	}
-	re := l.byteLevelRegex
-	if re == nil {
+	if !l.byteLevelSplit {
 		return l.modelStep(dst, piece, s)
 	}
-	m, err := re.FindRunesMatch(piece)
-	prev := 0
-	for m != nil && err == nil && s.err == nil {
-		if m.Index > prev {
-			dst = l.modelStep(dst, piece[prev:m.Index], s)
-		}
-		dst = l.modelStep(dst, piece[m.Index:m.Index+m.Length], s)
-		prev = m.Index + m.Length
-		m, err = re.FindNextMatch(m)
-	}
-	if err != nil && s.err == nil {
-		s.err = fmt.Errorf("tokenizer: ByteLevel regex: %w", err)
-	}
-	if prev < len(piece) && s.err == nil {
-		dst = l.modelStep(dst, piece[prev:], s)
+	for i := 0; i < len(piece) && s.err == nil; {
+		j := nextGPT2(piece, i)
+		dst = l.modelStep(dst, piece[i:j], s)
+		i = j
 	}
 	return dst
 }

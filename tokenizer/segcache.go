@@ -102,11 +102,9 @@ const (
 // cached.
 var chunkPatterns = map[string]boundaryRule{
 	// ByteLevel with use_regex, HuggingFace's fixed pattern.
-	gpt2Pattern: afterNonSpaceNL,
-	// GPT-4's cl100k_base, as in Llama 3's tokenizer.json.
-	`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`: afterNewline,
-	// Qwen2, 2.5 and 3: cl100k with single digits.
-	`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`: afterNewline,
+	gpt2Pattern:   afterNonSpaceNL,
+	cl100kPattern: afterNewline,
+	qwen2Pattern:  afterNewline,
 	// GPT-4o's o200k_base.
 	`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`: afterNewline,
 }

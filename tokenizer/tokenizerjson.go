@@ -96,6 +96,14 @@ func unsupported(format string, args ...any) error {
 // is set, as HuggingFace defines it.
 const gpt2Pattern = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 
+// cl100kPattern is GPT-4's cl100k_base split, as in Llama 3's
+// tokenizer.json.
+const cl100kPattern = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+
+// qwen2Pattern is Qwen2's, 2.5's and 3's split: cl100k's with single
+// digits.
+const qwen2Pattern = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+
 // compileHFRegex compiles a tokenizer.json regex. HuggingFace runs these
 // with Oniguruma in Ruby syntax; regexp2 (a .NET-compatible engine) agrees
 // on the constructs these patterns use: look-ahead, \p{L}/\p{N}, scoped
@@ -273,13 +281,7 @@ func (l *Local) buildPreTokenizer(raw json.RawMessage) error {
 		if len(l.splits) == 0 && !l.addPrefixSpace && (p.UseRegex == nil || *p.UseRegex) {
 			l.firstSplit = gpt2Pattern
 		}
-		if p.UseRegex == nil || *p.UseRegex {
-			re, err := compileHFRegex(gpt2Pattern)
-			if err != nil {
-				return err
-			}
-			l.byteLevelRegex = re
-		}
+		l.byteLevelSplit = p.UseRegex == nil || *p.UseRegex
 	case "Split":
 		if p.Behavior != "Isolated" {
 			return unsupported("pre_tokenizer Split behavior %q (supported: Isolated)", p.Behavior)
@@ -296,14 +298,14 @@ func (l *Local) buildPreTokenizer(raw json.RawMessage) error {
 		default:
 			return errors.New("pre_tokenizer Split has no pattern")
 		}
-		re, err := compileHFRegex(pattern)
+		sp, err := newSplitter(pattern)
 		if err != nil {
 			return unsupported("pre_tokenizer Split regex %q: %v", pattern, err)
 		}
 		if len(l.splits) == 0 {
 			l.firstSplit = pattern
 		}
-		l.splits = append(l.splits, re)
+		l.splits = append(l.splits, sp)
 	default:
 		return unsupported("pre_tokenizer %s (supported: ByteLevel, Split, Sequence of them)", p.Type)
 	}
