@@ -32,8 +32,10 @@
 // tokenizers' ids exactly, which is what vLLM uses for these models: added
 // tokens are cut out first (leftmost-longest, with their lstrip, rstrip,
 // single_word and normalized flags), then NFC/NFD/NFKC/NFKD normalisation,
-// the Split regexes (Oniguruma look-ahead included, through regexp2) and
-// the ByteLevel step, then the BPE merges in merge-rank order, then the
+// the Split regexes and the ByteLevel step (the GPT-2, cl100k, Qwen2 and
+// o200k patterns by a one-pass scanner that FuzzPreTokenizeScanner holds to
+// regexp2's matches, any other through regexp2, Oniguruma look-ahead
+// included), then the BPE merges in merge-rank order, then the
 // post-processor's special tokens (TemplateProcessing, Roberta, Bert) when
 // add_special_tokens is set. The tests check every id of a few hundred
 // varied texts (ASCII, code, CJK, emoji, combining marks, NBSP/ZWSP, digit
@@ -98,7 +100,9 @@
 // BenchmarkLocalTokenize (encoding an 8k-token prompt), BenchmarkLoad,
 // BenchmarkHTTPCached, BenchmarkLocalHostile, BenchmarkChatTurn and
 // BenchmarkGrowingPrompt (a 16k-token conversation or prompt growing by
-// ~300 tokens, with and without the segment cache) measure this package;
+// ~300 tokens, with and without the segment cache) and
+// BenchmarkPreTokenizeScanner (the scanner against regexp2) measure this
+// package;
 // README.md's Performance section holds their figures. The merge loop is
 // O(n log n) in the length of a pre-tokenized piece, so hostile input (one
 // long whitespace run) costs time proportional to its size, not quadratic

@@ -292,8 +292,8 @@ func (l *Local) preTokenize(dst []uint64, seg string, s *encodeScratch) []uint64
 // (behavior Isolated); empty pieces are dropped.
 //
 // A step whose pattern the scanner recognises (scannedPatterns: GPT-2's,
-// cl100k's and Qwen2's, which is every tokenizer this package is known to
-// serve) is cut by the scanner, in one pass and without allocating;
+// cl100k's, Qwen2's and o200k's, those of every tokenizer this package is
+// known to serve) is cut by the scanner, in one pass and without allocating;
 // regexp2, which allocates a Match per piece and took most of the
 // encoding time (BenchmarkPreTokenizeScanner), runs any other pattern.
 func (l *Local) splitStep(dst []uint64, piece []rune, step int, s *encodeScratch) []uint64 {

@@ -17,13 +17,13 @@ import (
 // Exactness. The scanner reproduces regexp2's matches, which are what the
 // golden tests hold against HuggingFace's ids:
 //
-//   - Character classes are regexp2's own: \p{L} and \p{N} are Go's
-//     unicode.Letter and unicode.Number tables, \s is unicode.IsSpace,
-//     and (?i:...) compares unicode.ToLower of the input with the
+//   - Character classes are regexp2's own: \p{L}, \p{N} and o200k's
+//     \p{Lu}, \p{M} and the like are Go's unicode category tables, \s is
+//     unicode.IsSpace, and (?i:...) compares unicode.ToLower of the input with the
 //     pattern's lower-case letters.
 //   - Alternatives are tried left to right and the first that matches
 //     wins (leftmost-first, not longest), each with its backtracking
-//     worked out below, in nextQwen2 and nextGPT2.
+//     worked out below, in nextQwen2, nextO200k and nextGPT2.
 //   - Every position starts a match in these patterns (a letter, a digit,
 //     white space and any other character each have an alternative), so
 //     the pieces are consecutive matches with no text between them, and
@@ -41,6 +41,7 @@ const (
 	scanGPT2               // gpt2Pattern
 	scanCL100k             // cl100kPattern
 	scanQwen2              // qwen2Pattern
+	scanO200k              // o200kPattern
 )
 
 // scannedPatterns maps each recognised pattern, as written in
@@ -49,6 +50,7 @@ var scannedPatterns = map[string]scanPattern{
 	gpt2Pattern:   scanGPT2,
 	cl100kPattern: scanCL100k,
 	qwen2Pattern:  scanQwen2,
+	o200kPattern:  scanO200k,
 }
 
 // splitter is one Split pre-tokenizer step: the scanner when its pattern
@@ -78,6 +80,8 @@ func (p scanPattern) next(r []rune, i int) int {
 		return nextGPT2(r, i)
 	case scanCL100k:
 		return nextQwen2(r, i, 3)
+	case scanO200k:
+		return nextO200k(r, i)
 	default:
 		return nextQwen2(r, i, 1)
 	}
@@ -240,6 +244,154 @@ func nextQwen2(r []rune, i, maxDigits int) int {
 		return lastNL + 1
 	}
 	return spacesEnd(r, i)
+}
+
+// nextO200k matches GPT-4o's o200k pattern:
+//
+//	[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
+//	[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
+//	\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+//
+// Each of the first two alternatives is tried with its optional first
+// rune, then without it (a mark is both that rune and a word rune).
+func nextO200k(r []rune, i int) int {
+	cl := classOf(r[i])
+	optional := cl == classOther || cl == classSpace // [^\r\n\p{L}\p{N}]
+	if optional {
+		if j := o200kLowerWord(r, i+1); j > 0 {
+			return j
+		}
+	}
+	if j := o200kLowerWord(r, i); j > 0 {
+		return j
+	}
+	if optional {
+		if j := o200kUpperWord(r, i+1); j > 0 {
+			return j
+		}
+	}
+	if j := o200kUpperWord(r, i); j > 0 {
+		return j
+	}
+	if cl == classNumber {
+		j := i + 1
+		for j < len(r) && j-i < 3 && classOf(r[j]) == classNumber {
+			j++
+		}
+		return j
+	}
+	if cl == classOther {
+		return newlinesSlashesEnd(r, runEnd(r, i+1, classOther))
+	}
+	if r[i] == ' ' && i+1 < len(r) && classOf(r[i+1]) == classOther {
+		return newlinesSlashesEnd(r, runEnd(r, i+2, classOther))
+	}
+	// White space: as in Qwen2's pattern.
+	lastNL := -1
+	for end := i; end < len(r); end++ {
+		k := classOf(r[end])
+		if !isSpace(k) {
+			break
+		}
+		if k == classNewline {
+			lastNL = end
+		}
+	}
+	if lastNL >= 0 {
+		return lastNL + 1
+	}
+	return spacesEnd(r, i)
+}
+
+// o200kLowerWord matches [UPPER]*[LOWER]+(?i:'s|...)? at r[s] (UPPER and
+// LOWER as in wordCase), returning 0 when it does not match. [UPPER]*
+// takes its whole run and gives back one rune at a time until [LOWER]+
+// matches: right after the run when a lower-case-only rune follows,
+// else at the run's last rune that is both, where [LOWER]+ ends after
+// that one rune (the runes after it in the run are upper-case only).
+func o200kLowerWord(r []rune, s int) int {
+	u := s
+	for u < len(r) && wordCase(r[u])&caseUpper != 0 {
+		u++
+	}
+	var end int
+	if u < len(r) && wordCase(r[u])&caseLower != 0 {
+		end = u + 1
+		for end < len(r) && wordCase(r[end])&caseLower != 0 {
+			end++
+		}
+	} else {
+		k := u - 1
+		for k >= s && wordCase(r[k])&caseLower == 0 {
+			k--
+		}
+		if k < s {
+			return 0
+		}
+		end = k + 1
+	}
+	return contractionAfter(r, end)
+}
+
+// o200kUpperWord matches [UPPER]+[LOWER]*(?i:'s|...)? at r[s], returning
+// 0 when it does not match; nothing after [UPPER]+ can fail, so no
+// backtracking.
+func o200kUpperWord(r []rune, s int) int {
+	if s >= len(r) || wordCase(r[s])&caseUpper == 0 {
+		return 0
+	}
+	u := s + 1
+	for u < len(r) && wordCase(r[u])&caseUpper != 0 {
+		u++
+	}
+	for u < len(r) && wordCase(r[u])&caseLower != 0 {
+		u++
+	}
+	return contractionAfter(r, u)
+}
+
+// contractionAfter is an optional (?i:'s|'t|'re|'ve|'m|'ll|'d) at r[i].
+func contractionAfter(r []rune, i int) int {
+	if i < len(r) && r[i] == '\'' {
+		return contraction(r, i, true)
+	}
+	return i
+}
+
+// newlinesSlashesEnd is [\r\n/]* from i.
+func newlinesSlashesEnd(r []rune, i int) int {
+	for i < len(r) && (r[i] == '\r' || r[i] == '\n' || r[i] == '/') {
+		i++
+	}
+	return i
+}
+
+// The word classes of o200k's pattern, as bits: a rune in Lm, Lo or M
+// is in both.
+const (
+	caseUpper = 1 << iota // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]
+	caseLower             // [\p{Ll}\p{Lm}\p{Lo}\p{M}]
+)
+
+// wordCase returns r's word classes, with regexp2's category tables.
+func wordCase(r rune) uint8 {
+	switch {
+	case r < 0x80:
+		switch {
+		case 'A' <= r && r <= 'Z':
+			return caseUpper
+		case 'a' <= r && r <= 'z':
+			return caseLower
+		}
+		return 0
+	case unicode.Is(unicode.Lu, r) || unicode.Is(unicode.Lt, r):
+		return caseUpper
+	case unicode.Is(unicode.Ll, r):
+		return caseLower
+	case unicode.Is(unicode.Lm, r) || unicode.Is(unicode.Lo, r) || unicode.Is(unicode.M, r):
+		return caseUpper | caseLower
+	}
+	return 0
 }
 
 // nextGPT2 matches GPT-2's pattern (ByteLevel's use_regex):

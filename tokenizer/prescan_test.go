@@ -70,6 +70,9 @@ var scannerSeeds = []string{
 	"a\u0085b\u0085\u0085", "\v\f x", "\u2028\u2029a", "\u200b\ufeffa",
 	"!!!\n\n", "...\r\r\n", " !!! ", "(x) [y] {z}", "a.b,c;d",
 	"func main() {\n\tfmt.Println(\"hi\")\n}\n",
+	"HELLOworld helloWORLD HelloWorld camelCase ABC'S xY's Don'T",
+	"ǅungla Ǆ ʰa aʰB ABCʰDEF 中文ABC aḀb \u0301\u0301A A\u0301\u0301b",
+	"a/b\n//c ./\r\n/ x /// //\n",
 }
 
 // FuzzPreTokenizeScanner: the scanner's pieces are regexp2's, for every
@@ -125,7 +128,8 @@ func TestPreTokenizeScannerRandom(t *testing.T) {
 }
 
 // TestRuneClasses: the scanner's classes are regexp2's \p{L}, \p{N}, \s
-// and [\r\n], on every rune below U+3400 and a sample of the rest.
+// and [\r\n], and o200k's word classes, on every rune below U+3400 and a
+// sample of the rest.
 func TestRuneClasses(t *testing.T) {
 	classes := []struct {
 		class   runeClass
@@ -136,6 +140,17 @@ func TestRuneClasses(t *testing.T) {
 		{classSpace, `^[^\S\r\n]$`},
 		{classNewline, `^[\r\n]$`},
 		{classOther, `^[^\s\p{L}\p{N}]$`},
+	}
+	cases := []struct {
+		bit     uint8
+		pattern string
+	}{
+		{caseUpper, `^[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]$`},
+		{caseLower, `^[\p{Ll}\p{Lm}\p{Lo}\p{M}]$`},
+	}
+	caseRes := make([]*regexp2.Regexp, len(cases))
+	for i, c := range cases {
+		caseRes[i] = regexp2.MustCompile(c.pattern, 0)
 	}
 	res := make([]*regexp2.Regexp, len(classes))
 	for i, c := range classes {
@@ -159,6 +174,16 @@ func TestRuneClasses(t *testing.T) {
 				t.Fatalf("U+%04X: class %d, regexp2 %s says %v", r, got, c.pattern, ok)
 			}
 		}
+		wc := wordCase(r)
+		for i, c := range cases {
+			ok, err := caseRes[i].MatchRunes([]rune{r})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok != (wc&c.bit != 0) {
+				t.Fatalf("U+%04X: word case %b, regexp2 %s says %v", r, wc, c.pattern, ok)
+			}
+		}
 	}
 }
 
@@ -174,7 +199,7 @@ func TestScannerChosen(t *testing.T) {
 		{"qwen2", scanQwen2},
 		{"cl100k", scanCL100k},
 		{"two_splits", scanGPT2},
-		{"o200k", scanNone},
+		{"o200k", scanO200k},
 		{"unknown_pattern", scanNone},
 		{"string_pattern", scanNone},
 	}

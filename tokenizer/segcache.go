@@ -105,8 +105,7 @@ var chunkPatterns = map[string]boundaryRule{
 	gpt2Pattern:   afterNonSpaceNL,
 	cl100kPattern: afterNewline,
 	qwen2Pattern:  afterNewline,
-	// GPT-4o's o200k_base.
-	`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`: afterNewline,
+	o200kPattern:  afterNewline,
 }
 
 // isBoundary reports whether seg may be cut before seg[p] under rule.
