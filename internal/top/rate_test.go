@@ -59,6 +59,7 @@ func TestLagText(t *testing.T) {
 		want string
 	}{
 		{Num{}, "-"},
+		{known(0.000412, true), "412µs"},
 		{known(0.0354, true), "35ms"},
 		{known(-0.2, true), "-200ms"},
 		{known(7.34, true), "7.3s"},

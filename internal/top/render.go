@@ -242,14 +242,17 @@ func age(e Engine) string {
 	return d.Round(time.Second).String() + " ago"
 }
 
-// lag prints an engine's ingest lag, "-" if unknown: milliseconds below
-// a second, tenths below a minute.
+// lag prints an engine's ingest lag, "-" if unknown: microseconds below
+// a millisecond (a healthy local lag), milliseconds below a second,
+// tenths below a minute.
 func lag(n Num) string {
 	if !n.OK {
 		return "-"
 	}
 	d := time.Duration(n.V * float64(time.Second))
 	switch a := d.Abs(); {
+	case a < time.Millisecond:
+		return d.Round(time.Microsecond).String()
 	case a < time.Second:
 		return d.Round(time.Millisecond).String()
 	case a < time.Minute:
