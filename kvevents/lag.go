@@ -5,9 +5,10 @@ import (
 	"time"
 )
 
-// maxStampSeconds bounds the batch timestamps taken as a wall clock: past
-// it (the year 2255) nanoseconds since 1970 would overflow an int64, so a
-// larger stamp, like NaN, infinity or a negative one, is not a clock.
+// maxStampSeconds bounds the batch timestamps taken as a wall clock: 2^33
+// seconds (the year 2242) is short of where nanoseconds since 1970
+// overflow an int64 (2262), so a larger stamp, like NaN, infinity or a
+// negative one, is not a clock.
 const maxStampSeconds = 1 << 33
 
 // stampUnixNano converts a batch's TS (the engine's wall clock in seconds)
