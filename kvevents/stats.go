@@ -1,10 +1,12 @@
 package kvevents
 
+import "time"
+
 // StreamStats is a snapshot of one stream's counters: one engine's
 // data-parallel rank, as a transport (package zmqtransport) reports it.
 // Counters only grow (a restart does not zero them), so they export
-// directly as Prometheus counters; Connected, Health, Replaying, LastSeq
-// and LastEventUnixNano are gauges.
+// directly as Prometheus counters; Connected, Health, Replaying, LastSeq,
+// LastEventUnixNano, LastBatchStampUnixNano and LastBatchLag are gauges.
 type StreamStats struct {
 	Engine EngineID
 	// Endpoint is the SUB endpoint the stream is read from: the engine's
@@ -45,6 +47,16 @@ type StreamStats struct {
 	Connected         bool   // the SUB socket has a live connection (bind mode: the listener has peers)
 	Health            Health // what kvindex can vouch for (see Health)
 	Replaying         bool   // a replay is outstanding
+
+	// LastBatchStampUnixNano is the engine's wall clock stamped on the
+	// last applied batch that carried one (Batch.TS); 0 if none did.
+	LastBatchStampUnixNano int64
+	// LastBatchLag is kvindex's wall clock when it applied that batch
+	// minus its stamp: how far behind the engine the index is (queueing,
+	// a slow consumer, a stream behind), plus any skew between the two
+	// clocks. Negative means the engine's clock is ahead of kvindex's.
+	// Meaningful only when LastBatchStampUnixNano is not 0.
+	LastBatchLag time.Duration
 }
 
 // ListenerStats is a snapshot of a bind-mode listen socket's counters:

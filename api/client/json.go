@@ -145,7 +145,8 @@ type FleetCacheJSON struct {
 }
 
 // PodInfoJSON is one engine and its ingest state. LastEventAgeSeconds is
-// null if no batch was applied yet.
+// null if no batch was applied yet; LastBatchLagSeconds (see
+// kvindex.v1.PodInfo) if no applied batch carried the engine's stamp.
 type PodInfoJSON struct {
 	Pod                 string   `json:"pod"`
 	DPRank              uint32   `json:"dp_rank"`
@@ -166,6 +167,7 @@ type PodInfoJSON struct {
 	HashCheck           string   `json:"hash_check"`
 	LastEventUnixMs     int64    `json:"last_event_unix_ms"`
 	LastEventAgeSeconds *float64 `json:"last_event_age_seconds"`
+	LastBatchLagSeconds *float64 `json:"last_batch_lag_seconds"`
 	Message             string   `json:"message,omitempty"`
 }
 
@@ -193,6 +195,10 @@ func PodsJSONOf(r *kvindexv1.ListPodsResponse, now time.Time) PodsJSON {
 		if ms := p.GetLastEventUnixMs(); ms > 0 {
 			age := max(now.Sub(time.UnixMilli(ms)).Seconds(), 0)
 			pj.LastEventAgeSeconds = &age
+		}
+		if p.LastBatchLagSeconds != nil {
+			lag := p.GetLastBatchLagSeconds()
+			pj.LastBatchLagSeconds = &lag
 		}
 		out.Pods[i] = pj
 	}

@@ -1350,9 +1350,15 @@ type PodInfo struct {
 	LastEventUnixMs int64 `protobuf:"varint,18,opt,name=last_event_unix_ms,json=lastEventUnixMs,proto3" json:"last_event_unix_ms,omitempty"`
 	// Why the engine is flagged, if it is: for a hash mismatch, the first
 	// block that differed and what to check.
-	Message       string `protobuf:"bytes,19,opt,name=message,proto3" json:"message,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Message string `protobuf:"bytes,19,opt,name=message,proto3" json:"message,omitempty"`
+	// Seconds between the engine stamping its last applied batch and
+	// kvindex applying it, by each side's own wall clock: queueing, a slow
+	// consumer or a stream behind, plus any clock skew (negative: the
+	// engine's clock is ahead of kvindex's). Unset if no applied batch
+	// carried a stamp.
+	LastBatchLagSeconds *float64 `protobuf:"fixed64,21,opt,name=last_batch_lag_seconds,json=lastBatchLagSeconds,proto3,oneof" json:"last_batch_lag_seconds,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *PodInfo) Reset() {
@@ -1516,6 +1522,13 @@ func (x *PodInfo) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *PodInfo) GetLastBatchLagSeconds() float64 {
+	if x != nil && x.LastBatchLagSeconds != nil {
+		return *x.LastBatchLagSeconds
+	}
+	return 0
 }
 
 // ListPodsResponse lists engines sorted by pod and rank.
@@ -2679,7 +2692,7 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\rprompt_tokens\x18\x03 \x01(\rR\fpromptTokens\x12!\n" +
 	"\ftoken_source\x18\x04 \x01(\tR\vtokenSource\"'\n" +
 	"\x0fListPodsRequest\x12\x14\n" +
-	"\x05model\x18\x01 \x01(\tR\x05model\"\xd6\x04\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\"\xab\x05\n" +
 	"\aPodInfo\x12\x10\n" +
 	"\x03pod\x18\x01 \x01(\tR\x03pod\x12\x17\n" +
 	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\x12\x14\n" +
@@ -2702,7 +2715,9 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\n" +
 	"hash_check\x18\x11 \x01(\x0e2\x15.kvindex.v1.HashCheckR\thashCheck\x12+\n" +
 	"\x12last_event_unix_ms\x18\x12 \x01(\x03R\x0flastEventUnixMs\x12\x18\n" +
-	"\amessage\x18\x13 \x01(\tR\amessage\"\x80\x02\n" +
+	"\amessage\x18\x13 \x01(\tR\amessage\x128\n" +
+	"\x16last_batch_lag_seconds\x18\x15 \x01(\x01H\x00R\x13lastBatchLagSeconds\x88\x01\x01B\x19\n" +
+	"\x17_last_batch_lag_seconds\"\x80\x02\n" +
 	"\x10ListPodsResponse\x12'\n" +
 	"\x04pods\x18\x01 \x03(\v2\x13.kvindex.v1.PodInfoR\x04pods\x12,\n" +
 	"\x05fleet\x18\x02 \x03(\v2\x16.kvindex.v1.FleetCacheR\x05fleet\x121\n" +
@@ -2923,6 +2938,7 @@ func file_kvindex_v1_kvindex_proto_init() {
 		(*Prompt_Messages)(nil),
 		(*Prompt_BlockHashes)(nil),
 	}
+	file_kvindex_v1_kvindex_proto_msgTypes[16].OneofWrappers = []any{}
 	file_kvindex_v1_kvindex_proto_msgTypes[19].OneofWrappers = []any{}
 	file_kvindex_v1_kvindex_proto_msgTypes[20].OneofWrappers = []any{}
 	file_kvindex_v1_kvindex_proto_msgTypes[28].OneofWrappers = []any{

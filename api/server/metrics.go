@@ -138,6 +138,7 @@ var (
 	descResets        = newDesc("kvindex_ingest_resets_total", "Losses of an engine's state: restarts plus AllBlocksCleared.", engineLabels)
 	descLastSeq       = newDesc("kvindex_ingest_last_seq", "Sequence number of the last applied batch.", engineLabels)
 	descLastEvent     = newDesc("kvindex_ingest_last_event_timestamp_seconds", "When the last batch was applied (Unix time); 0 if never.", engineLabels)
+	descLag           = newDesc("kvindex_ingest_lag_seconds", "Seconds between the engine stamping its last applied batch and kvindex applying it, by each side's clock (queueing, a slow consumer, a stream behind, plus clock skew; negative: the engine's clock is ahead). Absent until a stamped batch is applied.", engineLabels)
 	descConnected     = newDesc("kvindex_ingest_connected", "1 if the engine's event socket is connected.", engineLabels)
 	descDegraded      = newDesc("kvindex_ingest_degraded", "1 if batches were lost and not recovered: the engine's entries may be stale.", engineLabels)
 	descHealth        = newDesc("kvindex_engine_health", "Stream health of the engine: 1 for the current state (ok, partial, restored, unconfirmed, degraded, disconnected); see kvindex.v1.EngineHealth.", append(engineLabels, "state"))
@@ -255,6 +256,9 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(descResets, st.Resets, l...)
 			gauge(descLastSeq, float64(st.LastSeq), l...)
 			gauge(descLastEvent, float64(st.LastEventUnixNano)/1e9, l...)
+			if st.LastBatchStampUnixNano != 0 {
+				gauge(descLag, st.LastBatchLag.Seconds(), l...)
+			}
 			gauge(descConnected, b2f(st.Connected), l...)
 			gauge(descDegraded, b2f(st.Health == kvevents.HealthDegraded), l...)
 			h := withEviction(streamHealth(&st), evicted[st.Engine] != 0)

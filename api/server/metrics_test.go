@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/indexer"
@@ -32,7 +33,8 @@ func TestMetrics(t *testing.T) {
 	streams.set(kvevents.StreamStats{
 		Engine: engine("a", 0), Connected: true, Batches: 10, Events: 25, DecodeErrors: 2, UnknownEvents: 3,
 		Gaps: 4, ReplaysOK: 5, ReplaysFailed: 6, Resets: 7, LastSeq: 99, Health: kvevents.HealthDegraded, LastEventUnixNano: 1_500_000_000_000_000_000,
-	})
+		LastBatchStampUnixNano: 1_499_999_997_500_000_000, LastBatchLag: 2500 * time.Millisecond,
+	}, kvevents.StreamStats{Engine: engine("b", 0), Connected: true}) // no stamped batch: no lag
 	ids := testutil.Seq(1, 32)
 	engineTok := engineTokenizer(t, vllmTokenize(t, ids, http.StatusOK).URL)
 	f := newFixtureIndex(t, indexer.Options{MemoryBudget: 1 << 20}, func(c *Config) {
@@ -67,6 +69,7 @@ func TestMetrics(t *testing.T) {
 		`kvindex_ingest_connected{` + engineL + `} 1`,
 		`kvindex_ingest_degraded{` + engineL + `} 1`,
 		`kvindex_ingest_last_event_timestamp_seconds{` + engineL + `} 1.5e+09`,
+		`kvindex_ingest_lag_seconds{` + engineL + `} 2.5`,
 		`kvindex_engine_blocks{` + engineL + `} 4`,
 		`kvindex_engine_hash_check{` + engineL + `,state="verified"} 1`,
 		`kvindex_engine_hash_check{` + engineL + `,state="mismatch"} 0`,
@@ -88,6 +91,9 @@ func TestMetrics(t *testing.T) {
 		if !strings.Contains(text, want+"\n") {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+	if strings.Contains(text, `kvindex_ingest_lag_seconds{dp_rank="0",model="qwen",pod="b"}`) {
+		t.Error("a lag is exported for an engine that sent no stamped batch")
 	}
 	if !strings.Contains(text, "kvindex_index_bytes ") || strings.Contains(text, "kvindex_index_bytes 0\n") {
 		t.Error("kvindex_index_bytes missing or zero")

@@ -850,6 +850,9 @@ func (s *Server) ListPods(_ context.Context, req *kvindexv1.ListPodsRequest) (*k
 			if st.LastEventUnixNano > 0 {
 				p.LastEventUnixMs = st.LastEventUnixNano / int64(time.Millisecond)
 			}
+			if st.LastBatchStampUnixNano != 0 {
+				p.LastBatchLagSeconds = proto.Float64(st.LastBatchLag.Seconds())
+			}
 		}
 	}
 	for _, e := range s.index.Engines() {

@@ -415,7 +415,8 @@ func TestListPods(t *testing.T) {
 	loadThree(t, f, tokens)
 	last := time.UnixMilli(1_700_000_000_123)
 	streams.set(
-		kvevents.StreamStats{Engine: engine("a", 0), Endpoint: "tcp://a:5557", Connected: true, LastSeq: 9, Batches: 10, Events: 20, Gaps: 1, ReplaysOK: 1, LastEventUnixNano: last.UnixNano()},
+		kvevents.StreamStats{Engine: engine("a", 0), Endpoint: "tcp://a:5557", Connected: true, LastSeq: 9, Batches: 10, Events: 20, Gaps: 1, ReplaysOK: 1, LastEventUnixNano: last.UnixNano(),
+			LastBatchStampUnixNano: last.Add(-30 * time.Second).UnixNano(), LastBatchLag: 30 * time.Second},
 		kvevents.StreamStats{Engine: engine("b", 0), Endpoint: "tcp://b:5557", Connected: true, Health: kvevents.HealthDegraded, ReplaysFailed: 2},
 		kvevents.StreamStats{Engine: engine("c", 0), Endpoint: "tcp://c:5557"},
 		kvevents.StreamStats{Engine: kvevents.EngineID{Model: "other", Pod: "d"}, Connected: true},
@@ -447,6 +448,12 @@ func TestListPods(t *testing.T) {
 	a := pods[0]
 	if a.GetLastSeq() != 9 || a.GetBatches() != 10 || a.GetEvents() != 20 || a.GetGaps() != 1 || a.GetReplaysOk() != 1 || a.GetLastEventUnixMs() != last.UnixMilli() {
 		t.Errorf("a's counters: %v", a)
+	}
+	if a.LastBatchLagSeconds == nil || a.GetLastBatchLagSeconds() != 30 {
+		t.Errorf("a's lag = %v, want 30 s", a.LastBatchLagSeconds)
+	}
+	if b := pods[1]; b.LastBatchLagSeconds != nil {
+		t.Errorf("b sent no stamped batch, yet its lag is %v", b.GetLastBatchLagSeconds())
 	}
 	all, err := f.client.ListPods(context.Background(), "")
 	if err != nil || len(all) != 5 {

@@ -27,12 +27,21 @@ const (
 	KindUndecodable  = "undecodable"
 	KindTokenizer    = "tokenizer_disagrees"
 	KindClock        = "clock_skew"
+	KindLagging      = "ingest_lag"
+	KindEngineClock  = "engine_clock_ahead"
 )
 
-// clockTolerance is how far in this machine's future kvindex may stamp
-// an applied batch before doctor calls the clocks skewed: more than the
-// time a call takes, less than the ages an operator reads.
+// clockTolerance is how far two clocks may disagree before doctor calls
+// them skewed (kvindex stamping an applied batch in this machine's
+// future, an engine stamping a batch after kvindex applied it): more
+// than the time a call or a batch's trip takes, less than the ages an
+// operator reads.
 const clockTolerance = 2 * time.Second
+
+// lagTolerance is how long after an engine stamps a batch kvindex may
+// apply it before doctor reports the engine lagging: well past a healthy
+// trip (milliseconds), short of what makes routing stale.
+const lagTolerance = 5 * time.Second
 
 // Finding is one problem and its fix.
 type Finding struct {
@@ -207,12 +216,36 @@ func engineFindings(p *kvindexv1.PodInfo) []Finding {
 			Problem: fmt.Sprintf("%d replays of missed batches failed (%d succeeded): the replay endpoint does not answer or no longer holds them", p.GetReplaysFailed(), p.GetReplaysOk()),
 			Fix:     "check the engine's replay endpoint (--engine POD=ENDPOINT,replay=tcp://HOST:PORT against vLLM --kv-events-config replay_endpoint) is reachable from kvindex, and its buffer_steps"})
 	}
+	if f, ok := lagFinding(p); ok {
+		out = append(out, f)
+	}
 	if n := p.GetDecodeErrors() + p.GetUnknownEvents(); n > 0 {
 		out = append(out, Finding{Kind: KindUndecodable,
 			Problem: fmt.Sprintf("%d batches could not be decoded and %d events had an unknown type", p.GetDecodeErrors(), p.GetUnknownEvents()),
 			Fix:     "check that the endpoint is a vLLM or SGLang KV-event publisher, and that kvindex is recent enough for the engine's version"})
 	}
 	return out
+}
+
+// lagFinding reports an engine whose last applied batch kvindex applied
+// long after the engine stamped it, or before: lag is kvindex's clock
+// minus the engine's, so a skew between the two shows in it too.
+func lagFinding(p *kvindexv1.PodInfo) (Finding, bool) {
+	if p.LastBatchLagSeconds == nil {
+		return Finding{}, false
+	}
+	lag := time.Duration(p.GetLastBatchLagSeconds() * float64(time.Second))
+	switch {
+	case lag > lagTolerance:
+		return Finding{Kind: KindLagging,
+			Problem: fmt.Sprintf("kvindex applies the engine's events %v after it publishes them (by each side's clock): routers see its cache that late", lag.Round(100*time.Millisecond)),
+			Fix:     "a slow consumer (kvindex's CPU, a throttled pod: kvindex_ingest_lag_seconds on /metrics follows it), a NATS stream behind (in NATS mode, the replica catching up), or the engine's clock behind kvindex's (a lag that stays the same whatever the load): give kvindex more CPU, and run NTP (chrony) on the engine's and kvindex's hosts"}, true
+	case lag < -clockTolerance:
+		return Finding{Kind: KindEngineClock,
+			Problem: fmt.Sprintf("the engine stamps its batches %v after kvindex applies them: its clock is ahead of kvindex's, so the clocks disagree by at least that and kvindex cannot tell how far behind it is", (-lag).Round(100*time.Millisecond)),
+			Fix:     "clocks disagree: run NTP (chrony) on the engine's and kvindex's hosts"}, true
+	}
+	return Finding{}, false
 }
 
 func orDash(s string) string {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvindex/kvindex/api/kvindexv1"
 	"github.com/kvindex/kvindex/blockhash"
+	"google.golang.org/protobuf/proto"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata")
@@ -56,6 +57,8 @@ func TestBuild(t *testing.T) {
 			{Pod: "down", DpRank: 1, Model: "m", Endpoint: "tcp://10.0.0.9:5557", Health: kvindexv1.EngineHealth_ENGINE_HEALTH_DISCONNECTED},
 			{Pod: "lossy", Model: "m", Health: kvindexv1.EngineHealth_ENGINE_HEALTH_DEGRADED, Connected: true, Gaps: 3, ReplaysFailed: 3},
 			{Pod: "squeezed", Model: "m", Health: kvindexv1.EngineHealth_ENGINE_HEALTH_PARTIAL, Connected: true, ReplaysFailed: 1, ReplaysOk: 4},
+			{Pod: "slow", Model: "m", Health: ok, Connected: true, HashCheck: kvindexv1.HashCheck_HASH_CHECK_VERIFIED, LastBatchLagSeconds: proto.Float64(31.04)},
+			{Pod: "early", Model: "m", Health: ok, Connected: true, HashCheck: kvindexv1.HashCheck_HASH_CHECK_VERIFIED, LastBatchLagSeconds: proto.Float64(-12.5)},
 		}, TokenizerChecks: []*kvindexv1.TokenizerCheck{
 			{Form: "completion", Verdict: "match", Detail: "sample \"a\" (completion): 3 ids, the same as engine http://vllm:8000's"},
 			{Form: "chat", Verdict: "mismatch", Disagrees: true, Detail: "sample \"b\" (chat): the ids differ first at position 2"},
@@ -70,8 +73,8 @@ func TestBuild(t *testing.T) {
 	for _, f := range r.Findings {
 		kinds = append(kinds, f.Engine+":"+f.Kind)
 	}
-	want := []string{"seed42:hash_mismatch", "random:hash_mismatch", "quiet:hash_mismatch", "down/1:disconnected", "lossy:degraded", "squeezed:partial", "squeezed:replay_failed", ":tokenizer_disagrees"}
-	if r.Healthy || r.Engines != 7 || !equal(kinds, want) {
+	want := []string{"seed42:hash_mismatch", "random:hash_mismatch", "quiet:hash_mismatch", "down/1:disconnected", "lossy:degraded", "squeezed:partial", "squeezed:replay_failed", "slow:ingest_lag", "early:engine_clock_ahead", ":tokenizer_disagrees"}
+	if r.Healthy || r.Engines != 9 || !equal(kinds, want) {
 		t.Fatalf("healthy %v, %d engines, findings %v; want %v", r.Healthy, r.Engines, kinds, want)
 	}
 	if h := r.Findings[0].Hash; h.Outcome != Found || h.KvindexFlags != "--hash-algo sha256_cbor --hash-seed 42 --block-size 64" ||
@@ -153,5 +156,40 @@ func TestEngineSettings(t *testing.T) {
 	}
 	if got := KvindexFlags(blockhash.Config{Algo: blockhash.SHA256CBOR, Seed: "a b", BlockSize: 16}); got != "--hash-algo sha256_cbor --hash-seed 'a b' --block-size 16" {
 		t.Errorf("flags %q", got)
+	}
+}
+
+// An engine's lag is reported past lagTolerance, and a negative one (its
+// clock ahead of kvindex's) past clockTolerance.
+func TestLagFindings(t *testing.T) {
+	tests := []struct {
+		name string
+		lag  *float64 // seconds; nil: unknown
+		kind string   // "": no finding
+		text string   // in the problem
+	}{
+		{"unknown", nil, "", ""},
+		{"on time", proto.Float64(0.003), "", ""},
+		{"at the tolerance", proto.Float64(lagTolerance.Seconds()), "", ""},
+		{"behind", proto.Float64(7.34), KindLagging, "applies the engine's events 7.3s after it publishes them"},
+		{"far behind", proto.Float64(3600), KindLagging, "1h0m0s after"},
+		{"slightly ahead", proto.Float64(-0.5), "", ""},
+		{"at the clock tolerance", proto.Float64(-clockTolerance.Seconds()), "", ""},
+		{"clock ahead", proto.Float64(-12.5), KindEngineClock, "stamps its batches 12.5s after kvindex applies them"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := &kvindexv1.PodInfo{Pod: "p", Model: "m", Health: kvindexv1.EngineHealth_ENGINE_HEALTH_OK, Connected: true, LastBatchLagSeconds: tt.lag}
+			r := Build(Input{Pods: &kvindexv1.ListPodsResponse{Pods: []*kvindexv1.PodInfo{p}}})
+			if tt.kind == "" {
+				if !r.Healthy {
+					t.Errorf("findings %+v, want none", r.Findings)
+				}
+				return
+			}
+			if len(r.Findings) != 1 || r.Findings[0].Kind != tt.kind || !strings.Contains(r.Findings[0].Problem, tt.text) || r.Findings[0].Fix == "" {
+				t.Errorf("findings %+v, want one %s saying %q, with a fix", r.Findings, tt.kind, tt.text)
+			}
+		})
 	}
 }

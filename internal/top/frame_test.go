@@ -24,9 +24,9 @@ func ptr[T any](v T) *T { return &v }
 func fleetSample(at time.Duration, k float64) *Sample {
 	pods := &client.PodsJSON{
 		Pods: []client.PodInfoJSON{
-			{Pod: "vllm-qwen-0", Model: "Qwen/Qwen2.5-7B", Health: "ok", Events: uint64(1000 * k), Blocks: 2500, HashCheck: "verified", LastEventAgeSeconds: ptr(0.2)},
-			{Pod: "vllm-qwen-0", DPRank: 1, Model: "Qwen/Qwen2.5-7B", Health: "ok", Events: uint64(800 * k), Blocks: 2412, HashCheck: "verified", LastEventAgeSeconds: ptr(0.4)},
-			{Pod: "vllm-llama-deployment-7f9c6d5b8-x2kqz", Model: "meta-llama/Llama-3.1-8B", Health: "degraded", Events: uint64(300 * k), Blocks: 870, Gaps: 2, ReplaysOK: 1, ReplaysFailed: 1, HashCheck: "mismatch", LastEventAgeSeconds: ptr(75.0)},
+			{Pod: "vllm-qwen-0", Model: "Qwen/Qwen2.5-7B", Health: "ok", Events: uint64(1000 * k), Blocks: 2500, HashCheck: "verified", LastEventAgeSeconds: ptr(0.2), LastBatchLagSeconds: ptr(0.035)},
+			{Pod: "vllm-qwen-0", DPRank: 1, Model: "Qwen/Qwen2.5-7B", Health: "ok", Events: uint64(800 * k), Blocks: 2412, HashCheck: "verified", LastEventAgeSeconds: ptr(0.4), LastBatchLagSeconds: ptr(31.04)},
+			{Pod: "vllm-llama-deployment-7f9c6d5b8-x2kqz", Model: "meta-llama/Llama-3.1-8B", Health: "degraded", Events: uint64(300 * k), Blocks: 870, Gaps: 2, ReplaysOK: 1, ReplaysFailed: 1, HashCheck: "mismatch", LastEventAgeSeconds: ptr(75.0), LastBatchLagSeconds: ptr(-12.5)},
 			{Pod: "vllm-llama-1", Model: "meta-llama/Llama-3.1-8B", Health: "disconnected", HashCheck: "unknown"},
 			{Pod: "vllm-llama-2", Model: "meta-llama/Llama-3.1-8B", Health: "restored", Blocks: 1200, HashCheck: "unknown"},
 		},

@@ -85,6 +85,10 @@ type Engine struct {
 	// snapshot.
 	LastEvent Num
 	Restored  bool
+	// Lag is how many seconds after the engine stamped its last applied
+	// batch kvindex applied it, by each side's clock (negative: the
+	// engine's clock is ahead); unknown until a stamped batch is applied.
+	Lag Num
 }
 
 // Fraction is the share of prompt tokens served from cache, for one model
@@ -156,6 +160,9 @@ func buildEngines(m *Model, prev, cur *Sample, dt time.Duration) {
 		}
 		if p.LastEventAgeSeconds != nil {
 			e.LastEvent = known(*p.LastEventAgeSeconds, true)
+		}
+		if p.LastBatchLagSeconds != nil {
+			e.Lag = known(*p.LastBatchLagSeconds, true)
 		}
 		now := engineEvents(cur, p)
 		if prev != nil && prev.Pods != nil {

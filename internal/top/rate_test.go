@@ -52,3 +52,22 @@ func TestIncrease(t *testing.T) {
 		})
 	}
 }
+
+func TestLagText(t *testing.T) {
+	for _, tc := range []struct {
+		lag  Num
+		want string
+	}{
+		{Num{}, "-"},
+		{known(0.000412, true), "412µs"},
+		{known(0.0354, true), "35ms"},
+		{known(-0.2, true), "-200ms"},
+		{known(7.34, true), "7.3s"},
+		{known(-12.5, true), "-12.5s"},
+		{known(3725.4, true), "1h2m5s"},
+	} {
+		if got := lag(tc.lag); got != tc.want {
+			t.Errorf("lag(%+v) = %q, want %q", tc.lag, got, tc.want)
+		}
+	}
+}

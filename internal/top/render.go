@@ -94,13 +94,15 @@ func engineTable(engines []Engine, width int) []string {
 	rows := make([][]string, len(engines))
 	for i, e := range engines {
 		rows[i] = []string{e.Name, e.Model, e.Health, strconv.FormatUint(e.Blocks, 10), rate(e.EventsPerSec),
-			strconv.FormatUint(e.Gaps, 10), fmt.Sprintf("%d/%d", e.ReplaysOK, e.ReplaysFailed), e.HashCheck, age(e)}
+			strconv.FormatUint(e.Gaps, 10), fmt.Sprintf("%d/%d", e.ReplaysOK, e.ReplaysFailed), e.HashCheck, age(e), lag(e.Lag)}
 	}
-	header := []string{"ENGINE", "MODEL", "HEALTH", "BLOCKS", "EVENTS/S", "GAPS", "REPLAYS OK/FAILED", "HASH CHECK", "LAST EVENT"}
-	right := []bool{false, false, false, true, true, true, true, false, true}
+	header := []string{"ENGINE", "MODEL", "HEALTH", "BLOCKS", "EVENTS/S", "GAPS", "REPLAYS OK/FAILED", "HASH CHECK", "LAST EVENT", "LAG"}
+	right := []bool{false, false, false, true, true, true, true, false, true, true}
 	// Dropped first when the terminal is narrow: the replays and gaps
-	// (their totals are on the summary line), then the model.
-	drop := []int{6, 5, 1, 8, 7, 3}
+	// (their totals are on the summary line), then the model, then the
+	// last event's age before the lag (the health tells an engine gone
+	// quiet).
+	drop := []int{6, 5, 1, 8, 9, 7, 3}
 	return table(header, rows, right, []int{0, 1}, drop, width)
 }
 
@@ -238,4 +240,23 @@ func age(e Engine) string {
 		return d.Round(time.Second/10).String() + " ago"
 	}
 	return d.Round(time.Second).String() + " ago"
+}
+
+// lag prints an engine's ingest lag, "-" if unknown: microseconds below
+// a millisecond (a healthy local lag), milliseconds below a second,
+// tenths below a minute.
+func lag(n Num) string {
+	if !n.OK {
+		return "-"
+	}
+	d := time.Duration(n.V * float64(time.Second))
+	switch a := d.Abs(); {
+	case a < time.Millisecond:
+		return d.Round(time.Microsecond).String()
+	case a < time.Second:
+		return d.Round(time.Millisecond).String()
+	case a < time.Minute:
+		return d.Round(time.Second / 10).String()
+	}
+	return d.Round(time.Second).String()
 }

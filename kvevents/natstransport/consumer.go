@@ -131,6 +131,7 @@ type engState struct {
 	gaps, lost, duplicates, restarts, resets     atomic.Uint64
 	lastSeq                                      atomic.Uint64
 	lastEvent                                    atomic.Int64
+	clock                                        kvevents.BatchClock
 	health                                       atomic.Uint32
 }
 
@@ -415,7 +416,9 @@ func (c *Consumer) batchRecord(st *engState, rec Record, data []byte) {
 	if c.batch.Skipped > 0 {
 		st.unknownEvents.Add(uint64(c.batch.Skipped))
 	}
-	st.lastEvent.Store(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	st.lastEvent.Store(now)
+	st.clock.Note(c.batch.TS, now)
 	c.sink.Apply(st.id, rec.Seq, c.batch.Events)
 	if cleared > 0 {
 		st.resets.Add(uint64(cleared))
@@ -530,6 +533,7 @@ func (c *Consumer) Streams() []kvevents.StreamStats {
 	c.regMu.RLock()
 	out := make([]kvevents.StreamStats, 0, len(c.eng))
 	for _, st := range c.eng {
+		stamp, lag := st.clock.Load()
 		out = append(out, kvevents.StreamStats{
 			Engine:            st.id,
 			Endpoint:          "nats:" + BatchSubject(st.id),
@@ -545,6 +549,9 @@ func (c *Consumer) Streams() []kvevents.StreamStats {
 			LastSeq:           st.lastSeq.Load(),
 			LastEventUnixNano: st.lastEvent.Load(),
 			Health:            kvevents.Health(st.health.Load()),
+
+			LastBatchStampUnixNano: stamp,
+			LastBatchLag:           lag,
 		})
 	}
 	c.regMu.RUnlock()

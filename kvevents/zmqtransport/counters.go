@@ -23,6 +23,7 @@ type streamCounters struct {
 	verified, replayRestarts                     atomic.Uint64
 	lastSeq                                      atomic.Uint64
 	lastEvent                                    atomic.Int64
+	clock                                        kvevents.BatchClock
 	connected, replaying                         atomic.Bool
 	health                                       atomic.Uint32 // kvevents.Health, mirrored from the sequencer's NoteHealth
 	// pending marks a bind-mode stream resumed from a position whose
@@ -61,6 +62,7 @@ func (c *streamCounters) snapshot() kvevents.StreamStats {
 		Health:            kvevents.Health(c.health.Load()),
 		Replaying:         c.replaying.Load(),
 	}
+	st.LastBatchStampUnixNano, st.LastBatchLag = c.clock.Load()
 	if c.listener != nil && !c.tracked.Load() {
 		st.Connected = !c.pending.Load() && c.listener.peers.Load() > 0
 	}

@@ -497,7 +497,9 @@ func (st *stream) Deliver(seq uint64, payload []byte) {
 		st.ctr.unknownEvents.Add(uint64(b.Skipped))
 	}
 	st.ctr.lastSeq.Store(seq)
-	st.ctr.lastEvent.Store(st.s.cfg.Now().UnixNano())
+	now := st.s.cfg.Now().UnixNano()
+	st.ctr.lastEvent.Store(now)
+	st.ctr.clock.Note(b.TS, now)
 	var accepted bool
 	if st.s.psink != nil {
 		// A relay has no verdict: as kvevents.ApplyVerdict takes a Sink

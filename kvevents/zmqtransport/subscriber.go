@@ -182,7 +182,8 @@ type SubscriberConfig struct {
 	// Pollers is the number of I/O loops serving connect-mode engines
 	// (default GOMAXPROCS).
 	Pollers int
-	// Now is the wall clock for LastEventUnixNano (default time.Now).
+	// Now is the wall clock for LastEventUnixNano and the lag behind the
+	// engines' batch stamps (default time.Now).
 	Now func() time.Time
 }
 

@@ -51,6 +51,10 @@ func TestSubscriberInOrder(t *testing.T) {
 		Engine: e, Endpoint: pub.PubEP, ReplayEndpoint: pub.ReplayEP,
 		Batches: n, Events: n, LastSeq: n - 1, LastEventUnixNano: fixedClock().UnixNano(), Connected: true,
 		ReplaysOK: 1, // the empty engine's buffer, asked for on connecting
+		// The batches' stamp (1750000000.5 s) is after the fixed clock:
+		// the engine's clock is ahead by half a second, less 42 ns.
+		LastBatchStampUnixNano: 1_750_000_000_500_000_000,
+		LastBatchLag:           fixedClock().Sub(time.Unix(1_750_000_000, 500_000_000)),
 	}
 	if st != want {
 		t.Fatalf("stats\n got  %+v\n want %+v", st, want)
