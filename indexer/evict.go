@@ -156,6 +156,7 @@ type evictPlan struct {
 type victim struct {
 	id    uint32
 	quota int64
+	gone  tierDelta      // holdings dropped, by medium
 	byAge [numGens]int64 // sampled holdings by age (generations before now)
 	all   int
 	some  int
@@ -294,6 +295,7 @@ func (ns *namespace) evictOver(p *evictPlan, gen uint64) uint64 {
 						if vc := p.victim(id - 1); id != 0 && vc != nil && vc.drop(age, 1) {
 							nv &^= 0xffff << f
 							perEngine[p.slot[id-1]]++
+							vc.gone.add(mediumGPU, -1)
 							sh.holdings--
 							sh.assocs--
 							evicted++
@@ -332,7 +334,7 @@ func (ns *namespace) evictOver(p *evictPlan, gen uint64) uint64 {
 					if !vc.drop(age, n) {
 						continue
 					}
-					hs.removeEngine(e)
+					hs.removeEngine(e, &vc.gone)
 					perEngine[p.slot[e]] += int64(n)
 					sh.holdings -= n
 					sh.assocs--
@@ -363,8 +365,14 @@ func (ns *namespace) evictOver(p *evictPlan, gen uint64) uint64 {
 	for k, n := range perEngine {
 		id := p.vs[k].id
 		if n != 0 && int(id) < len(et.byID) && et.byID[id] != nil {
-			et.byID[id].holderBlocks.Add(-n)
-			et.byID[id].evicted.Add(uint64(n))
+			e := et.byID[id]
+			e.holderBlocks.Add(-n)
+			// The counters exist already (the engine held those
+			// media): nothing grows, but were it to, it is counted.
+			if grew := e.tiers.add(&p.vs[k].gone); grew != 0 {
+				ns.bytes.Add(grew)
+			}
+			e.evicted.Add(uint64(n))
 		}
 	}
 	return evicted
@@ -423,8 +431,7 @@ func (ix *Index) shedUnvouched(target int64) bool {
 			var b batch
 			ix.clearEngine(c.ns, c.e, &b)
 			b.bytes += c.e.dropSamples() // kept again from its next events
-			c.e.holderBlocks.Add(b.holdings)
-			c.ns.bytes.Add(b.bytes)
+			b.commit(c.ns, c.e)
 			// After clearEngine, which counts entries exact again:
 			// these were dropped, not cleared by the engine.
 			c.e.evicted.Add(uint64(max(-b.holdings, 1)))

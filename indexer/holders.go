@@ -181,16 +181,19 @@ func (hs *holderSet) remove(e uint32, g, m int) (found, removed, assocGone bool)
 	return true, false, false
 }
 
-// removeEngine drops every holding of e and returns how many there were.
-func (hs *holderSet) removeEngine(e uint32) int {
+// removeEngine drops every holding of e and returns how many there were,
+// counting them by medium in gone (as negative changes).
+func (hs *holderSet) removeEngine(e uint32, gone *tierDelta) int {
 	n := 0
 	if hs.clearBit(e) {
 		n++
+		gone.add(mediumGPU, -1)
 	}
 	j := 0
 	for _, x := range hs.d {
 		if hEngine(x) == e {
 			n++
+			gone.add(hMedium(x), -1)
 			continue
 		}
 		hs.d[j] = x

@@ -68,7 +68,8 @@ type Query struct {
 	Candidates []string
 }
 
-// TierCount is how many of an engine's matched blocks sit in one medium.
+// TierCount is how many of an engine's blocks (a PodMatch's matched
+// ones, an EngineInfo's holder-blocks) sit in one medium.
 type TierCount struct {
 	Medium string
 	Blocks int
@@ -133,6 +134,11 @@ type EngineInfo struct {
 	// health). AllBlocksCleared or a reset makes the entries exact again
 	// and zeroes it.
 	Evicted uint64
+	// Tiers splits HolderBlocks by medium, in the order the model's
+	// engines first used the media (the GPU first); media the engine
+	// holds nothing in are left out, so at rest the counts add up to
+	// HolderBlocks.
+	Tiers []TierCount
 }
 
 // Stats sizes the index.
@@ -286,10 +292,7 @@ func (ix *Index) ApplyVerdict(id kvevents.EngineID, seq uint64, events []kvevent
 			e.malformed.Add(1)
 		}
 	}
-	e.holderBlocks.Add(b.holdings)
-	if b.bytes != 0 {
-		ns.bytes.Add(b.bytes)
-	}
+	b.commit(ns, e)
 	ix.stored.Add(stored)
 	accepted := len(events) > 0 && e.malformed.Load() == malformed && e.dropped.Load() == dropped
 	e.mu.Unlock()
@@ -300,7 +303,7 @@ func (ix *Index) ApplyVerdict(id kvevents.EngineID, seq uint64, events []kvevent
 // clearEngine removes every entry of e (mu held): what the index holds of
 // it is exact again (nothing), whatever eviction took before.
 func (ix *Index) clearEngine(ns *namespace, e *engine, b *batch) {
-	b.holdings -= int64(ns.clearEngine(e.id))
+	ns.clearEngine(e.id, b)
 	b.bytes += e.forgetKeys()
 	e.evicted.Store(0)
 }
@@ -337,8 +340,7 @@ func (ix *Index) clear(id kvevents.EngineID, reason kvevents.ResetReason) {
 	}
 	var b batch
 	ix.clearEngine(ns, e, &b)
-	e.holderBlocks.Add(b.holdings)
-	ns.bytes.Add(b.bytes)
+	b.commit(ns, e)
 	switch reason {
 	case kvevents.ResetRestart:
 		e.forgetVerification()
@@ -399,6 +401,11 @@ func (ix *Index) Engines() []EngineInfo {
 			}
 			if m := e.message.Load(); m != nil {
 				info.Message = *m
+			}
+			for m, c := range e.tiers.load() {
+				if n := c.Load(); n != 0 {
+					info.Tiers = append(info.Tiers, TierCount{Medium: ns.media.name(m), Blocks: int(n)})
+				}
 			}
 			out = append(out, info)
 		}

@@ -42,6 +42,7 @@ type engine struct {
 	removed bool
 
 	holderBlocks atomic.Int64
+	tiers        tierCounts    // holderBlocks by medium
 	evicted      atomic.Uint64 // EngineInfo.Evicted
 	health       atomic.Uint32 // kvevents.Health, as the transport last said (Index.Health)
 	check        atomic.Uint32 // HashCheck
@@ -86,7 +87,7 @@ func newEngine(id uint32, eid kvevents.EngineID, digestEntries int) *engine {
 }
 
 func (e *engine) bytes() int64 {
-	return int64(unsafe.Sizeof(*e)) + int64(len(e.eid.Pod)+len(e.eid.Model))
+	return int64(unsafe.Sizeof(*e)) + int64(len(e.eid.Pod)+len(e.eid.Model)) + e.tiers.bytes()
 }
 
 func (e *engine) setMessage(s string) { e.message.Store(&s) }
@@ -115,7 +116,24 @@ func (e *engine) forgetKeys() int64 {
 // batch accumulates the per-call changes of one Apply.
 type batch struct {
 	holdings int64
+	tiers    tierDelta // holdings by medium
 	bytes    int64
+}
+
+// hold counts n more holdings (fewer when negative) in medium m.
+func (b *batch) hold(m int, n int64) {
+	b.holdings += n
+	b.tiers.add(m, n)
+}
+
+// commit folds the batch's holdings into e's counters and its bytes into
+// the namespace. e.mu held.
+func (b *batch) commit(ns *namespace, e *engine) {
+	e.holderBlocks.Add(b.holdings)
+	b.bytes += e.tiers.add(&b.tiers)
+	if b.bytes != 0 {
+		ns.bytes.Add(b.bytes)
+	}
 }
 
 // applyStored indexes one BlockStored event.
@@ -136,6 +154,11 @@ func (ix *Index) applyStored(ns *namespace, e *engine, ev *kvevents.Event, gen u
 		e.malformed.Add(1)
 		return
 	}
+	// The counter exists before the first holding does: eviction,
+	// which may take that holding before this batch commits, only ever
+	// finds counters to decrement.
+	_, grew := e.tiers.counter(m)
+	b.bytes += grew
 	if ns.blockSize.Load() != int64(ev.BlockSize) {
 		ns.blockSize.Store(int64(ev.BlockSize))
 	}
@@ -190,7 +213,7 @@ func (ix *Index) applyStored(ns *namespace, e *engine, ev *kvevents.Event, gen u
 func (ix *Index) addHolding(ns *namespace, e *engine, key uint64, g, m int, gen uint64, b *batch) {
 	newHolding, saturated := ns.add(e.id, key, g, m, 1, gen)
 	if newHolding {
-		b.holdings++
+		b.hold(m, 1)
 	}
 	if saturated {
 		e.malformed.Add(1)
@@ -430,7 +453,7 @@ func (ix *Index) removeHolding(ns *namespace, e *engine, key uint64, g, m int, b
 		e.removeMisses.Add(1)
 	}
 	if removed {
-		b.holdings--
+		b.hold(m, -1)
 	}
 }
 

@@ -13,6 +13,7 @@ func checkInvariants(t testing.TB, ix *Index) {
 	for _, ns := range *ix.models.Load() {
 		et := ns.engines.Load()
 		perEngine := make([]int64, len(et.byID))
+		perMedium := make([]map[int]int64, len(et.byID)) // engine id -> medium id -> holdings
 		var shardBytes int64
 		for si := range ns.shards {
 			sh := &ns.shards[si]
@@ -52,6 +53,10 @@ func checkInvariants(t testing.TB, ix *Index) {
 				for _, x := range hs.holdings(nil) {
 					if e := hEngine(x); int(e) < len(perEngine) {
 						perEngine[e]++
+						if perMedium[e] == nil {
+							perMedium[e] = map[int]int64{}
+						}
+						perMedium[e][hMedium(x)]++
 					} else {
 						t.Fatalf("shard %d slot %d: unknown engine %d", si, i, e)
 					}
@@ -96,10 +101,37 @@ func checkInvariants(t testing.TB, ix *Index) {
 			if got := e.holderBlocks.Load(); got != perEngine[id] {
 				t.Fatalf("engine %v: counter %d, holds %d", e.eid, got, perEngine[id])
 			}
+			checkTiers(t, ns, e, perMedium[id])
 			engBytes += e.bytes() + e.extraBytes + e.sampleBytes
 		}
 		if want := int64(unsafe.Sizeof(*ns)) + shardBytes + engBytes; ns.bytes.Load() != want {
 			t.Fatalf("model %s: bytes %d, structures add up to %d", ns.model, ns.bytes.Load(), want)
 		}
+	}
+}
+
+// checkTiers verifies engine e's per-medium counters against a recount
+// of its holdings by medium id (held) and against its holder-block
+// counter.
+func checkTiers(t testing.TB, ns *namespace, e *engine, held map[int]int64) {
+	t.Helper()
+	counters := e.tiers.load()
+	var sum int64
+	for m, c := range counters {
+		if got := c.Load(); got != held[m] {
+			t.Fatalf("engine %v: %d holdings in medium %q, counter says %d", e.eid, held[m], ns.media.name(m), got)
+		}
+		sum += c.Load()
+	}
+	for m, n := range held {
+		if m >= len(counters) {
+			t.Fatalf("engine %v: %d holdings in medium %q, which has no counter", e.eid, n, ns.media.name(m))
+		}
+	}
+	if sum != e.holderBlocks.Load() {
+		t.Fatalf("engine %v: media counters add up to %d, holder-blocks %d", e.eid, sum, e.holderBlocks.Load())
+	}
+	if len(counters) > len(*ns.media.names.Load()) {
+		t.Fatalf("engine %v: %d media counters, the model has %d media", e.eid, len(counters), len(*ns.media.names.Load()))
 	}
 }

@@ -336,10 +336,9 @@ func (ns *namespace) holds(e uint32, key uint64) bool {
 // clearEngine removes every holding of engine e, shard by shard: for each
 // entry of its reverse list it scans the probe run from that home slot
 // for the keys e holds there. Work is chunked into short write sections
-// so that readers are never held up for long. It returns the number of
-// holdings removed.
-func (ns *namespace) clearEngine(e uint32) int {
-	removed := 0
+// so that readers are never held up for long. It counts the holdings
+// removed in b.
+func (ns *namespace) clearEngine(e uint32, b *batch) {
 	for si := range ns.shards {
 		sh := &ns.shards[si]
 		sh.mu.Lock()
@@ -378,7 +377,7 @@ func (ns *namespace) clearEngine(e uint32) int {
 						}
 						sh.holdings--
 						sh.assocs--
-						removed++
+						b.hold(mediumGPU, -1)
 						if v&payloadMask == 0 {
 							sh.deleteAt(d, i, s.val)
 							continue // a shifted key may now sit in slot i
@@ -386,10 +385,10 @@ func (ns *namespace) clearEngine(e uint32) int {
 						atomic.StoreUint64(&d.slots[i].val, v)
 					} else if placeBits(mixKey(s.key)) == p && sh.holdsSlot(d, s.val, e) {
 						hs := sh.decodeW(d, s.val)
-						c := hs.removeEngine(e)
+						c := hs.removeEngine(e, &b.tiers)
 						sh.holdings -= c
 						sh.assocs--
-						removed += c
+						b.holdings -= int64(c)
 						sh.store(i, s.val, hs, valGen(s.val))
 						continue // a shifted key may now sit in slot i
 					}
@@ -408,7 +407,6 @@ func (ns *namespace) clearEngine(e uint32) int {
 		ns.accountShard(sh)
 		sh.mu.Unlock()
 	}
-	return removed
 }
 
 // holdsSlot reports whether engine e holds the block of slot value v.

@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
 	"math/rand/v2"
@@ -84,6 +85,24 @@ func (r *refModel) holdings(id kvevents.EngineID) int {
 		n += len(hs)
 	}
 	return n
+}
+
+// tiers returns the engine's holdings by medium, as EngineInfo.Tiers
+// lists them: media holding nothing left out, in the order ids (the order
+// the model first saw each medium) gives.
+func (r *refModel) tiers(id kvevents.EngineID, ids func(string) int) []TierCount {
+	n := map[string]int{}
+	for _, hs := range r.engines[id] {
+		for h := range hs {
+			n[h.medium]++
+		}
+	}
+	var out []TierCount
+	for m, c := range n {
+		out = append(out, TierCount{Medium: m, Blocks: c})
+	}
+	slices.SortFunc(out, func(a, b TierCount) int { return cmp.Compare(ids(a.Medium), ids(b.Medium)) })
+	return out
 }
 
 func (r *refModel) longestPrefix(model string, keys []uint64, pods []string, bs int) Result {
@@ -407,9 +426,51 @@ func checkAgainstRef(t *testing.T, ix *Index, ref *refModel, w *propWorld, queri
 		if want := int64(ref.holdings(e.Engine)); e.HolderBlocks != want {
 			t.Fatalf("engine %v: %d holder-blocks, reference %d", e.Engine, e.HolderBlocks, want)
 		}
+		checkEngineTiers(t, ix, ref, e)
 	}
 	if perEngine != holdings {
 		t.Fatalf("engines sum to %d holder-blocks, want %d", perEngine, holdings)
+	}
+}
+
+// checkRestore restores a snapshot of ix into a fresh index and checks
+// that the copy's engines hold as many blocks, by medium too.
+func checkRestore(t testing.TB, ix *Index) {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := ix.Snapshot(&buf); err != nil {
+		t.Fatal(err)
+	}
+	cp := mustNew(t, Options{})
+	if err := cp.Restore(&buf); err != nil {
+		t.Fatal(err)
+	}
+	checkInvariants(t, cp)
+	want, got := ix.Engines(), cp.Engines()
+	if len(got) != len(want) {
+		t.Fatalf("restored %d engines, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i].Engine != want[i].Engine || got[i].HolderBlocks != want[i].HolderBlocks || !reflect.DeepEqual(got[i].Tiers, want[i].Tiers) {
+			t.Fatalf("restored engine %v holds %d %v, want %v: %d %v", got[i].Engine, got[i].HolderBlocks, got[i].Tiers, want[i].Engine, want[i].HolderBlocks, want[i].Tiers)
+		}
+	}
+}
+
+// checkEngineTiers compares an engine's holder-blocks by medium with the
+// reference's.
+func checkEngineTiers(t testing.TB, ix *Index, ref *refModel, e EngineInfo) {
+	t.Helper()
+	ns := ix.namespace(e.Engine.Model, false)
+	ids := func(m string) int {
+		id, ok := ns.media.lookup(m)
+		if !ok {
+			t.Fatalf("engine %v: the reference holds blocks in medium %q, unknown to the index", e.Engine, m)
+		}
+		return id
+	}
+	if want := ref.tiers(e.Engine, ids); !reflect.DeepEqual(e.Tiers, want) {
+		t.Fatalf("engine %v: holder-blocks by medium %v, reference %v", e.Engine, e.Tiers, want)
 	}
 }
 
@@ -463,6 +524,7 @@ func TestPropertyAgainstReference(t *testing.T) {
 				}
 			}
 			checkAgainstRef(t, ix, ref, w, 200)
+			checkRestore(t, ix)
 			for _, e := range ix.Engines() {
 				if e.Malformed != 0 || e.Mismatches != 0 || e.Dropped != 0 {
 					t.Errorf("engine %v: %+v", e.Engine, e)
@@ -661,6 +723,7 @@ func TestPropertyFairShare(t *testing.T) {
 					if want := int64(ref.holdings(id)); info.HolderBlocks != want || info.Evicted != 0 {
 						t.Fatalf("step %d: small engine %v holds %d (reference %d), evicted %d", step, id, info.HolderBlocks, want, info.Evicted)
 					}
+					checkEngineTiers(t, ix, ref, info)
 					var keys []uint64
 					for k := range ref.engines[id] {
 						keys = append(keys, k)
@@ -706,7 +769,13 @@ func TestPropertyFairShare(t *testing.T) {
 							keys[j] = pool[rng.IntN(len(pool))]
 						}
 					}
-					ix.Apply(floods[rng.IntN(len(floods))], 0, []kvevents.Event{stored(keys...)})
+					ev := stored(keys...)
+					if tc.media && rng.IntN(4) == 0 {
+						// Not the simple (GPU, group 0) form: evicted
+						// from the holders' records.
+						ev = storedIn("CPU", 0, keys...)
+					}
+					ix.Apply(floods[rng.IntN(len(floods))], 0, []kvevents.Event{ev})
 					flooded += len(keys)
 				}
 				if step%3000 == 0 {
@@ -723,6 +792,15 @@ func TestPropertyFairShare(t *testing.T) {
 					t.Errorf("flooder %v: %+v, want evicted (partial) but holding entries", id, info)
 				}
 			}
+			if tc.media {
+				for _, id := range floods {
+					if info := engineInfo(t, ix, id); len(info.Tiers) != 2 {
+						t.Errorf("flooder %v holds blocks by medium %v, want GPU and CPU", id, info.Tiers)
+					}
+				}
+			}
+			// What eviction left restores to the same counts.
+			checkRestore(t, ix)
 		})
 	}
 }

@@ -515,6 +515,9 @@ func (ix *Index) restoreNamespace(fr *frameReader, total *int64) (*namespace, er
 					return snapErr("holding repeated in block %d", key)
 				}
 				e.holderBlocks.Add(1)
+				c, grew := e.tiers.counter(int(rh.medium))
+				c.Add(1)
+				ns.bytes.Add(grew)
 			}
 			hi = run.ends[k]
 		}

@@ -65,7 +65,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		}
 		for i := range se {
 			s, d := se[i], de[i]
-			if s.Engine != d.Engine || s.HolderBlocks != d.HolderBlocks || s.HashCheck != d.HashCheck || s.Fallback != d.Fallback || s.LastSeq != d.LastSeq || s.Message != d.Message {
+			if s.Engine != d.Engine || s.HolderBlocks != d.HolderBlocks || !reflect.DeepEqual(s.Tiers, d.Tiers) || s.HashCheck != d.HashCheck || s.Fallback != d.Fallback || s.LastSeq != d.LastSeq || s.Message != d.Message {
 				t.Errorf("engine %d: %+v vs %+v", i, s, d)
 			}
 		}
