@@ -193,6 +193,55 @@ func TestTiersGroupsRefcounts(t *testing.T) {
 	}
 }
 
+// TestEngineTiers follows one engine's holder-blocks by medium
+// (EngineInfo.Tiers) through the operations that change them; each step
+// starts from the state the previous ones left.
+func TestEngineTiers(t *testing.T) {
+	a := eng("a", 0)
+	apply := func(evs ...kvevents.Event) func(*Index) {
+		return func(ix *Index) { ix.Apply(a, 1, evs) }
+	}
+	steps := []struct {
+		name string
+		do   func(*Index)
+		want []TierCount
+	}{
+		{"stored", apply(stored(1, 2, 3), storedIn("CPU", 0, 1, 2), storedIn("DISK", 1, 9)), []TierCount{{"GPU", 3}, {"CPU", 2}, {"DISK", 1}}},
+		{"removed", apply(removed(3), removedIn("CPU", 0, 1)), []TierCount{{"GPU", 2}, {"CPU", 1}, {"DISK", 1}}},
+		{"a second group and a second reference", apply(storedIn("CPU", 1, 2), stored(1)), []TierCount{{"GPU", 2}, {"CPU", 2}, {"DISK", 1}}},
+		{"a medium emptied is left out", apply(removedIn("DISK", 1, 9)), []TierCount{{"GPU", 2}, {"CPU", 2}}},
+		{"restored from a snapshot", func(ix *Index) {
+			var buf bytes.Buffer
+			if err := ix.Snapshot(&buf); err != nil {
+				t.Fatal(err)
+			}
+			if err := ix.Restore(&buf); err != nil {
+				t.Fatal(err)
+			}
+		}, []TierCount{{"GPU", 2}, {"CPU", 2}}},
+		{"cleared", apply(kvevents.Event{Kind: kvevents.AllBlocksCleared}), nil},
+		{"stored again, the model's media order kept", apply(storedIn("DISK", 0, 4), storedIn("CPU", 0, 4)), []TierCount{{"CPU", 1}, {"DISK", 1}}},
+		{"reset", func(ix *Index) { ix.Reset(a, kvevents.ResetRestart) }, nil},
+		{"stored after the reset", apply(stored(5)), []TierCount{{"GPU", 1}}},
+	}
+	ix := mustNew(t, Options{})
+	// Another engine's holdings in the same blocks and media stay apart.
+	ix.Apply(eng("b", 0), 1, []kvevents.Event{stored(1, 2, 3, 4, 5), storedIn("CPU", 0, 1, 2, 4)})
+	for _, st := range steps {
+		st.do(ix)
+		info := engineInfo(t, ix, a)
+		if !reflect.DeepEqual(info.Tiers, st.want) {
+			t.Fatalf("%s: tiers %v, want %v", st.name, info.Tiers, st.want)
+		}
+		if b := engineInfo(t, ix, eng("b", 0)); !reflect.DeepEqual(b.Tiers, []TierCount{{"GPU", 5}, {"CPU", 3}}) {
+			t.Fatalf("%s: the other engine's tiers %v", st.name, b.Tiers)
+		}
+		checkInvariants(t, ix)
+	}
+	ix.RemoveEngine(a)
+	checkInvariants(t, ix)
+}
+
 func TestLookupHolders(t *testing.T) {
 	ix := mustNew(t, Options{})
 	ix.Apply(eng("b", 1), 1, []kvevents.Event{stored(1, 2), stored(2), storedIn("CPU", 0, 2), storedIn("", 3, 1)})
@@ -373,6 +422,7 @@ func TestHostileEventsIgnored(t *testing.T) {
 		{"negative group", kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{5}, BlockSize: 16, GroupIdx: -1}},
 		{"huge group", kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{5}, BlockSize: 16, GroupIdx: 1 << 20}},
 		{"medium name too long", kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{5}, BlockSize: 16, Medium: string(long)}},
+		{"medium name not UTF-8", kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{5}, BlockSize: 16, Medium: "CPU\xff"}},
 		{"remove nothing", kvevents.Event{Kind: kvevents.BlockRemoved}},
 		{"remove bad group", kvevents.Event{Kind: kvevents.BlockRemoved, Hashes: []uint64{1}, GroupIdx: -3}},
 		{"unknown kind", kvevents.Event{Kind: 99, Hashes: []uint64{1}}},

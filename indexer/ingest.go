@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
@@ -466,6 +467,8 @@ type mediaTable struct {
 }
 
 // maxMediumLen bounds a medium name; engines send short tier names.
+// Names must also be valid UTF-8: they become proto strings (ListPods,
+// Lookup) and Prometheus label values, which refuse anything else.
 const maxMediumLen = 64
 
 func (t *mediaTable) init() {
@@ -488,12 +491,12 @@ func (t *mediaTable) lookup(s string) (int, bool) {
 }
 
 // intern returns the id of medium s, adding it if new; false for names too
-// long or one medium too many (hostile input).
+// long or not UTF-8, or one medium too many (hostile input).
 func (t *mediaTable) intern(s string) (int, bool) {
 	if id, ok := t.lookup(s); ok {
 		return id, true
 	}
-	if len(s) > maxMediumLen {
+	if len(s) > maxMediumLen || !utf8.ValidString(s) {
 		return 0, false
 	}
 	t.mu.Lock()
