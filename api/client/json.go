@@ -147,28 +147,30 @@ type FleetCacheJSON struct {
 // PodInfoJSON is one engine and its ingest state. LastEventAgeSeconds is
 // null if no batch was applied yet; LastBatchLagSeconds (see
 // kvindex.v1.PodInfo) if no applied batch carried the engine's stamp.
+// BlocksByMedium splits Blocks by storage medium; it is never null.
 type PodInfoJSON struct {
-	Pod                 string   `json:"pod"`
-	DPRank              uint32   `json:"dp_rank"`
-	Model               string   `json:"model"`
-	Endpoint            string   `json:"endpoint"`
-	Connected           bool     `json:"connected"`
-	Health              string   `json:"health"`
-	LastSeq             uint64   `json:"last_seq"`
-	Batches             uint64   `json:"batches"`
-	Events              uint64   `json:"events"`
-	Gaps                uint64   `json:"gaps"`
-	ReplaysOK           uint64   `json:"replays_ok"`
-	ReplaysFailed       uint64   `json:"replays_failed"`
-	Resets              uint64   `json:"resets"`
-	DecodeErrors        uint64   `json:"decode_errors"`
-	UnknownEvents       uint64   `json:"unknown_events"`
-	Blocks              uint64   `json:"blocks"`
-	HashCheck           string   `json:"hash_check"`
-	LastEventUnixMs     int64    `json:"last_event_unix_ms"`
-	LastEventAgeSeconds *float64 `json:"last_event_age_seconds"`
-	LastBatchLagSeconds *float64 `json:"last_batch_lag_seconds"`
-	Message             string   `json:"message,omitempty"`
+	Pod                 string            `json:"pod"`
+	DPRank              uint32            `json:"dp_rank"`
+	Model               string            `json:"model"`
+	Endpoint            string            `json:"endpoint"`
+	Connected           bool              `json:"connected"`
+	Health              string            `json:"health"`
+	LastSeq             uint64            `json:"last_seq"`
+	Batches             uint64            `json:"batches"`
+	Events              uint64            `json:"events"`
+	Gaps                uint64            `json:"gaps"`
+	ReplaysOK           uint64            `json:"replays_ok"`
+	ReplaysFailed       uint64            `json:"replays_failed"`
+	Resets              uint64            `json:"resets"`
+	DecodeErrors        uint64            `json:"decode_errors"`
+	UnknownEvents       uint64            `json:"unknown_events"`
+	Blocks              uint64            `json:"blocks"`
+	BlocksByMedium      map[string]uint64 `json:"blocks_by_medium"`
+	HashCheck           string            `json:"hash_check"`
+	LastEventUnixMs     int64             `json:"last_event_unix_ms"`
+	LastEventAgeSeconds *float64          `json:"last_event_age_seconds"`
+	LastBatchLagSeconds *float64          `json:"last_batch_lag_seconds"`
+	Message             string            `json:"message,omitempty"`
 }
 
 // Restored reports whether the engine has entries but sent nothing to
@@ -191,6 +193,10 @@ func PodsJSONOf(r *kvindexv1.ListPodsResponse, now time.Time) PodsJSON {
 			DecodeErrors: p.GetDecodeErrors(), UnknownEvents: p.GetUnknownEvents(),
 			Blocks: p.GetBlocks(), HashCheck: HashCheckName(p.GetHashCheck()), LastEventUnixMs: p.GetLastEventUnixMs(),
 			Message: p.GetMessage(),
+		}
+		pj.BlocksByMedium = make(map[string]uint64, len(p.GetBlocksByMedium()))
+		for k, v := range p.GetBlocksByMedium() {
+			pj.BlocksByMedium[k] = v
 		}
 		if ms := p.GetLastEventUnixMs(); ms > 0 {
 			age := max(now.Sub(time.UnixMilli(ms)).Seconds(), 0)

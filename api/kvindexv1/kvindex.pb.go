@@ -1351,6 +1351,10 @@ type PodInfo struct {
 	// Why the engine is flagged, if it is: for a hash mismatch, the first
 	// block that differed and what to check.
 	Message string `protobuf:"bytes,19,opt,name=message,proto3" json:"message,omitempty"`
+	// Blocks split by storage medium ("GPU", "CPU", a disk tier: the medium
+	// names the engine's events carry); media holding none are left out, so
+	// the values add up to blocks.
+	BlocksByMedium map[string]uint64 `protobuf:"bytes,20,rep,name=blocks_by_medium,json=blocksByMedium,proto3" json:"blocks_by_medium,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// Seconds between the engine stamping its last applied batch and
 	// kvindex applying it, by each side's own wall clock: queueing, a slow
 	// consumer or a stream behind, plus any clock skew (negative: the
@@ -1522,6 +1526,13 @@ func (x *PodInfo) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *PodInfo) GetBlocksByMedium() map[string]uint64 {
+	if x != nil {
+		return x.BlocksByMedium
+	}
+	return nil
 }
 
 func (x *PodInfo) GetLastBatchLagSeconds() float64 {
@@ -2692,7 +2703,7 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\rprompt_tokens\x18\x03 \x01(\rR\fpromptTokens\x12!\n" +
 	"\ftoken_source\x18\x04 \x01(\tR\vtokenSource\"'\n" +
 	"\x0fListPodsRequest\x12\x14\n" +
-	"\x05model\x18\x01 \x01(\tR\x05model\"\xab\x05\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\"\xc1\x06\n" +
 	"\aPodInfo\x12\x10\n" +
 	"\x03pod\x18\x01 \x01(\tR\x03pod\x12\x17\n" +
 	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\x12\x14\n" +
@@ -2715,8 +2726,12 @@ const file_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\n" +
 	"hash_check\x18\x11 \x01(\x0e2\x15.kvindex.v1.HashCheckR\thashCheck\x12+\n" +
 	"\x12last_event_unix_ms\x18\x12 \x01(\x03R\x0flastEventUnixMs\x12\x18\n" +
-	"\amessage\x18\x13 \x01(\tR\amessage\x128\n" +
-	"\x16last_batch_lag_seconds\x18\x15 \x01(\x01H\x00R\x13lastBatchLagSeconds\x88\x01\x01B\x19\n" +
+	"\amessage\x18\x13 \x01(\tR\amessage\x12Q\n" +
+	"\x10blocks_by_medium\x18\x14 \x03(\v2'.kvindex.v1.PodInfo.BlocksByMediumEntryR\x0eblocksByMedium\x128\n" +
+	"\x16last_batch_lag_seconds\x18\x15 \x01(\x01H\x00R\x13lastBatchLagSeconds\x88\x01\x01\x1aA\n" +
+	"\x13BlocksByMediumEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01B\x19\n" +
 	"\x17_last_batch_lag_seconds\"\x80\x02\n" +
 	"\x10ListPodsResponse\x12'\n" +
 	"\x04pods\x18\x01 \x03(\v2\x13.kvindex.v1.PodInfoR\x04pods\x12,\n" +
@@ -2844,7 +2859,7 @@ func file_kvindex_v1_kvindex_proto_rawDescGZIP() []byte {
 }
 
 var file_kvindex_v1_kvindex_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kvindex_v1_kvindex_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_kvindex_v1_kvindex_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_kvindex_v1_kvindex_proto_goTypes = []any{
 	(HashCheck)(0),                // 0: kvindex.v1.HashCheck
 	(EngineHealth)(0),             // 1: kvindex.v1.EngineHealth
@@ -2880,6 +2895,7 @@ var file_kvindex_v1_kvindex_proto_goTypes = []any{
 	(*ExtraKeyValue)(nil),         // 31: kvindex.v1.ExtraKeyValue
 	(*ExtraKeyTuple)(nil),         // 32: kvindex.v1.ExtraKeyTuple
 	nil,                           // 33: kvindex.v1.PodMatch.TiersEntry
+	nil,                           // 34: kvindex.v1.PodInfo.BlocksByMediumEntry
 }
 var file_kvindex_v1_kvindex_proto_depIdxs = []int32{
 	4,  // 0: kvindex.v1.Prompt.tokens:type_name -> kvindex.v1.TokenIds
@@ -2897,34 +2913,35 @@ var file_kvindex_v1_kvindex_proto_depIdxs = []int32{
 	16, // 12: kvindex.v1.LookupResponse.blocks:type_name -> kvindex.v1.BlockInfo
 	1,  // 13: kvindex.v1.PodInfo.health:type_name -> kvindex.v1.EngineHealth
 	0,  // 14: kvindex.v1.PodInfo.hash_check:type_name -> kvindex.v1.HashCheck
-	19, // 15: kvindex.v1.ListPodsResponse.pods:type_name -> kvindex.v1.PodInfo
-	22, // 16: kvindex.v1.ListPodsResponse.fleet:type_name -> kvindex.v1.FleetCache
-	23, // 17: kvindex.v1.ListPodsResponse.pod_cache:type_name -> kvindex.v1.PodCache
-	21, // 18: kvindex.v1.ListPodsResponse.tokenizer_checks:type_name -> kvindex.v1.TokenizerCheck
-	2,  // 19: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.EventKind
-	28, // 20: kvindex.v1.HashSamplesResponse.engines:type_name -> kvindex.v1.EngineHashSamples
-	29, // 21: kvindex.v1.EngineHashSamples.samples:type_name -> kvindex.v1.StoredSample
-	30, // 22: kvindex.v1.StoredSample.extra_keys:type_name -> kvindex.v1.BlockExtraKeys
-	31, // 23: kvindex.v1.BlockExtraKeys.values:type_name -> kvindex.v1.ExtraKeyValue
-	32, // 24: kvindex.v1.ExtraKeyValue.tuple:type_name -> kvindex.v1.ExtraKeyTuple
-	31, // 25: kvindex.v1.ExtraKeyTuple.values:type_name -> kvindex.v1.ExtraKeyValue
-	11, // 26: kvindex.v1.IndexService.LongestPrefix:input_type -> kvindex.v1.LongestPrefixRequest
-	14, // 27: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
-	18, // 28: kvindex.v1.IndexService.ListPods:input_type -> kvindex.v1.ListPodsRequest
-	24, // 29: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
-	6,  // 30: kvindex.v1.IndexService.GetHashConfig:input_type -> kvindex.v1.GetHashConfigRequest
-	26, // 31: kvindex.v1.IndexService.HashSamples:input_type -> kvindex.v1.HashSamplesRequest
-	13, // 32: kvindex.v1.IndexService.LongestPrefix:output_type -> kvindex.v1.LongestPrefixResponse
-	17, // 33: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
-	20, // 34: kvindex.v1.IndexService.ListPods:output_type -> kvindex.v1.ListPodsResponse
-	25, // 35: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
-	7,  // 36: kvindex.v1.IndexService.GetHashConfig:output_type -> kvindex.v1.HashConfig
-	27, // 37: kvindex.v1.IndexService.HashSamples:output_type -> kvindex.v1.HashSamplesResponse
-	32, // [32:38] is the sub-list for method output_type
-	26, // [26:32] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	34, // 15: kvindex.v1.PodInfo.blocks_by_medium:type_name -> kvindex.v1.PodInfo.BlocksByMediumEntry
+	19, // 16: kvindex.v1.ListPodsResponse.pods:type_name -> kvindex.v1.PodInfo
+	22, // 17: kvindex.v1.ListPodsResponse.fleet:type_name -> kvindex.v1.FleetCache
+	23, // 18: kvindex.v1.ListPodsResponse.pod_cache:type_name -> kvindex.v1.PodCache
+	21, // 19: kvindex.v1.ListPodsResponse.tokenizer_checks:type_name -> kvindex.v1.TokenizerCheck
+	2,  // 20: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.EventKind
+	28, // 21: kvindex.v1.HashSamplesResponse.engines:type_name -> kvindex.v1.EngineHashSamples
+	29, // 22: kvindex.v1.EngineHashSamples.samples:type_name -> kvindex.v1.StoredSample
+	30, // 23: kvindex.v1.StoredSample.extra_keys:type_name -> kvindex.v1.BlockExtraKeys
+	31, // 24: kvindex.v1.BlockExtraKeys.values:type_name -> kvindex.v1.ExtraKeyValue
+	32, // 25: kvindex.v1.ExtraKeyValue.tuple:type_name -> kvindex.v1.ExtraKeyTuple
+	31, // 26: kvindex.v1.ExtraKeyTuple.values:type_name -> kvindex.v1.ExtraKeyValue
+	11, // 27: kvindex.v1.IndexService.LongestPrefix:input_type -> kvindex.v1.LongestPrefixRequest
+	14, // 28: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
+	18, // 29: kvindex.v1.IndexService.ListPods:input_type -> kvindex.v1.ListPodsRequest
+	24, // 30: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
+	6,  // 31: kvindex.v1.IndexService.GetHashConfig:input_type -> kvindex.v1.GetHashConfigRequest
+	26, // 32: kvindex.v1.IndexService.HashSamples:input_type -> kvindex.v1.HashSamplesRequest
+	13, // 33: kvindex.v1.IndexService.LongestPrefix:output_type -> kvindex.v1.LongestPrefixResponse
+	17, // 34: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
+	20, // 35: kvindex.v1.IndexService.ListPods:output_type -> kvindex.v1.ListPodsResponse
+	25, // 36: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
+	7,  // 37: kvindex.v1.IndexService.GetHashConfig:output_type -> kvindex.v1.HashConfig
+	27, // 38: kvindex.v1.IndexService.HashSamples:output_type -> kvindex.v1.HashSamplesResponse
+	33, // [33:39] is the sub-list for method output_type
+	27, // [27:33] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_kvindex_v1_kvindex_proto_init() }
@@ -2953,7 +2970,7 @@ func file_kvindex_v1_kvindex_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvindex_v1_kvindex_proto_rawDesc), len(file_kvindex_v1_kvindex_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   31,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

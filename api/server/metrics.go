@@ -151,6 +151,7 @@ var (
 	descLsnForgot      = newDesc("kvindex_listener_forgotten_engines_total", "Engine ranks forgotten, their entries dropped, by reason (departed: their connection gone for --forget-after; unproven: nothing they sent in their first seconds was accepted; displaced: silent longest when a newcomer needed their slot).", append(listenerLabels, "reason"))
 	descLsnConnRef     = newDesc("kvindex_listener_refused_connections_total", "Connections to the listen socket refused, by reason (handshake: no engine allow rule names the source address; full: the listener had --max-engines connections from sources no exact rule names).", append(listenerLabels, "reason"))
 	descEngineBlocks   = newDesc("kvindex_engine_blocks", "Blocks the engine holds in the index (all media and groups).", engineLabels)
+	descEngineMedium   = newDesc("kvindex_engine_blocks_by_medium", "Blocks the engine holds in the index in one storage medium (GPU, CPU, a disk tier), all groups; the media it holds blocks in add up to kvindex_engine_blocks.", append(engineLabels, "medium"))
 	descHashCheck      = newDesc("kvindex_engine_hash_check", "Hash verification state of the engine: 1 for the current state (verified, mismatch, unknown).", append(engineLabels, "state"))
 	descHashVerified   = newDesc("kvindex_engine_hash_verified_blocks_total", "Blocks whose recomputed hash matched the engine's.", engineLabels)
 	descHashMismatch   = newDesc("kvindex_engine_hash_mismatch_blocks_total", "Blocks whose recomputed hash differed from the engine's.", engineLabels)
@@ -291,6 +292,9 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		l := []string{e.Engine.Pod, strconv.Itoa(e.Engine.DPRank), e.Engine.Model}
 		gauge(descEngineBlocks, float64(e.HolderBlocks), l...)
+		for _, t := range e.Tiers {
+			gauge(descEngineMedium, float64(t.Blocks), append(l, t.Medium)...)
+		}
 		for _, hc := range []indexer.HashCheck{indexer.HashVerified, indexer.HashMismatch, indexer.HashUnknown} {
 			gauge(descHashCheck, b2f(e.HashCheck == hc), append(l, hc.String())...)
 		}

@@ -42,6 +42,9 @@ func TestMetrics(t *testing.T) {
 		c.Tokenizers = []NamedTokenizer{{client.SourceEngine, engineTok}}
 	})
 	loadThree(t, f, testutil.Seq(1, 64))
+	offloaded := stored(t, testutil.Seq(1, 64), 2)
+	offloaded.Medium = "CPU"
+	f.hub.Apply(engine("a", 0), 1, []kvevents.Event{offloaded})
 	ctx := context.Background()
 	if _, err := f.client.LongestPrefixTokens(ctx, testModel, ids, nil); err != nil {
 		t.Fatal(err)
@@ -70,10 +73,13 @@ func TestMetrics(t *testing.T) {
 		`kvindex_ingest_degraded{` + engineL + `} 1`,
 		`kvindex_ingest_last_event_timestamp_seconds{` + engineL + `} 1.5e+09`,
 		`kvindex_ingest_lag_seconds{` + engineL + `} 2.5`,
-		`kvindex_engine_blocks{` + engineL + `} 4`,
+		`kvindex_engine_blocks{` + engineL + `} 6`,
+		`kvindex_engine_blocks_by_medium{dp_rank="0",medium="GPU",model="qwen",pod="a"} 4`,
+		`kvindex_engine_blocks_by_medium{dp_rank="0",medium="CPU",model="qwen",pod="a"} 2`,
+		`kvindex_engine_blocks_by_medium{dp_rank="0",medium="GPU",model="qwen",pod="b"} 2`,
 		`kvindex_engine_hash_check{` + engineL + `,state="verified"} 1`,
 		`kvindex_engine_hash_check{` + engineL + `,state="mismatch"} 0`,
-		`kvindex_index_holder_blocks 9`,
+		`kvindex_index_holder_blocks 11`,
 		`kvindex_index_blocks 4`,
 		`kvindex_index_engines 3`,
 		`kvindex_index_evictions_total 0`,

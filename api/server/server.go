@@ -861,6 +861,14 @@ func (s *Server) ListPods(_ context.Context, req *kvindexv1.ListPodsRequest) (*k
 		}
 		p := get(e.Engine)
 		p.Blocks = uint64(max(e.HolderBlocks, 0))
+		if len(e.Tiers) > 0 {
+			p.BlocksByMedium = make(map[string]uint64, len(e.Tiers))
+			for _, t := range e.Tiers {
+				if t.Blocks > 0 {
+					p.BlocksByMedium[t.Medium] = uint64(t.Blocks)
+				}
+			}
+		}
 		p.HashCheck = hashCheck(e.HashCheck)
 		p.Health = withEviction(p.Health, e.Evicted != 0)
 		p.Message = e.Message

@@ -413,6 +413,9 @@ func TestListPods(t *testing.T) {
 	f := newFixture(t, func(c *Config) { c.Streams = streams })
 	tokens := testutil.Seq(1000, 4*testBlockSize)
 	loadThree(t, f, tokens)
+	offloaded := stored(t, tokens, 2)
+	offloaded.Medium = "CPU"
+	f.hub.Apply(engine("b", 1), 1, []kvevents.Event{offloaded})
 	last := time.UnixMilli(1_700_000_000_123)
 	streams.set(
 		kvevents.StreamStats{Engine: engine("a", 0), Endpoint: "tcp://a:5557", Connected: true, LastSeq: 9, Batches: 10, Events: 20, Gaps: 1, ReplaysOK: 1, LastEventUnixNano: last.UnixNano(),
@@ -430,20 +433,35 @@ func TestListPods(t *testing.T) {
 		endpoint string
 		health   string
 		blocks   uint64
+		media    string
 		check    string
 	}
 	var got []row
 	for _, p := range pods {
-		got = append(got, row{p.GetPod() + "/" + uitoa(uint64(p.GetDpRank())), p.GetEndpoint(), client.HealthName(p.GetHealth()), p.GetBlocks(), client.HashCheckName(p.GetHashCheck())})
+		got = append(got, row{p.GetPod() + "/" + uitoa(uint64(p.GetDpRank())), p.GetEndpoint(), client.HealthName(p.GetHealth()), p.GetBlocks(), fmt.Sprint(p.GetBlocksByMedium()), client.HashCheckName(p.GetHashCheck())})
 	}
 	want := []row{
-		{"a/0", "tcp://a:5557", "ok", 4, "verified"},
-		{"b/0", "tcp://b:5557", "degraded", 2, "verified"},
-		{"b/1", "", "unknown", 3, "verified"},
-		{"c/0", "tcp://c:5557", "disconnected", 0, "unknown"},
+		{"a/0", "tcp://a:5557", "ok", 4, "map[GPU:4]", "verified"},
+		{"b/0", "tcp://b:5557", "degraded", 2, "map[GPU:2]", "verified"},
+		{"b/1", "", "unknown", 5, "map[CPU:2 GPU:3]", "verified"},
+		{"c/0", "tcp://c:5557", "disconnected", 0, "map[]", "unknown"},
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("pods:\n got %v\nwant %v", got, want)
+	}
+	// The JSON form carries the split too, as an object even when empty.
+	var pj client.PodsJSON
+	resp, err := http.Get(f.url + "/v1/pods?model=" + testModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = json.NewDecoder(resp.Body).Decode(&pj)
+	resp.Body.Close()
+	if err != nil || len(pj.Pods) != 4 {
+		t.Fatalf("/v1/pods: %v, %+v", err, pj)
+	}
+	if m := pj.Pods[2].BlocksByMedium; pj.Pods[2].Pod != "b" || m["CPU"] != 2 || m["GPU"] != 3 || len(m) != 2 || pj.Pods[3].BlocksByMedium == nil {
+		t.Errorf("/v1/pods: %+v", pj.Pods)
 	}
 	a := pods[0]
 	if a.GetLastSeq() != 9 || a.GetBatches() != 10 || a.GetEvents() != 20 || a.GetGaps() != 1 || a.GetReplaysOk() != 1 || a.GetLastEventUnixMs() != last.UnixMilli() {
