@@ -144,7 +144,7 @@ func TestTopTerminal(t *testing.T) {
 	term.keys(line, "Enter")
 	rows := map[string]*regexp.Regexp{}
 	for _, pod := range []string{"pod-a", "pod-b"} {
-		rows[pod] = regexp.MustCompile(`(?m)^` + pod + `\s+\S+\s+ok\s+\d+\s+\d+\.\d`) // ENGINE MODEL HEALTH BLOCKS EVENTS/S
+		rows[pod] = regexp.MustCompile(`(?m)^` + pod + `\s+\S+\s+ok\s+(?:GPU:)?\d+\s+\d+\.\d`) // ENGINE MODEL HEALTH BLOCKS (by medium) EVENTS/S
 	}
 	s := term.await("both engines, ok, with their events/s", func(s string) bool {
 		return rows["pod-a"].MatchString(s) && rows["pod-b"].MatchString(s)

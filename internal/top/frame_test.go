@@ -24,11 +24,11 @@ func ptr[T any](v T) *T { return &v }
 func fleetSample(at time.Duration, k float64) *Sample {
 	pods := &client.PodsJSON{
 		Pods: []client.PodInfoJSON{
-			{Pod: "vllm-qwen-0", Model: "Qwen/Qwen2.5-7B", Health: "ok", Events: uint64(1000 * k), Blocks: 2500, HashCheck: "verified", LastEventAgeSeconds: ptr(0.2), LastBatchLagSeconds: ptr(0.035)},
-			{Pod: "vllm-qwen-0", DPRank: 1, Model: "Qwen/Qwen2.5-7B", Health: "ok", Events: uint64(800 * k), Blocks: 2412, HashCheck: "verified", LastEventAgeSeconds: ptr(0.4), LastBatchLagSeconds: ptr(31.04)},
-			{Pod: "vllm-llama-deployment-7f9c6d5b8-x2kqz", Model: "meta-llama/Llama-3.1-8B", Health: "degraded", Events: uint64(300 * k), Blocks: 870, Gaps: 2, ReplaysOK: 1, ReplaysFailed: 1, HashCheck: "mismatch", LastEventAgeSeconds: ptr(75.0), LastBatchLagSeconds: ptr(-12.5)},
+			{Pod: "vllm-qwen-0", Model: "Qwen/Qwen2.5-7B", Health: "ok", Events: uint64(1000 * k), Blocks: 2500, BlocksByMedium: map[string]uint64{"GPU": 2000, "CPU": 500}, HashCheck: "verified", LastEventAgeSeconds: ptr(0.2), LastBatchLagSeconds: ptr(0.035)},
+			{Pod: "vllm-qwen-0", DPRank: 1, Model: "Qwen/Qwen2.5-7B", Health: "ok", Events: uint64(800 * k), Blocks: 2412, BlocksByMedium: map[string]uint64{"GPU": 2412}, HashCheck: "verified", LastEventAgeSeconds: ptr(0.4), LastBatchLagSeconds: ptr(31.04)},
+			{Pod: "vllm-llama-deployment-7f9c6d5b8-x2kqz", Model: "meta-llama/Llama-3.1-8B", Health: "degraded", Events: uint64(300 * k), Blocks: 870, BlocksByMedium: map[string]uint64{"GPU": 870}, Gaps: 2, ReplaysOK: 1, ReplaysFailed: 1, HashCheck: "mismatch", LastEventAgeSeconds: ptr(75.0), LastBatchLagSeconds: ptr(-12.5)},
 			{Pod: "vllm-llama-1", Model: "meta-llama/Llama-3.1-8B", Health: "disconnected", HashCheck: "unknown"},
-			{Pod: "vllm-llama-2", Model: "meta-llama/Llama-3.1-8B", Health: "restored", Blocks: 1200, HashCheck: "unknown"},
+			{Pod: "vllm-llama-2", Model: "meta-llama/Llama-3.1-8B", Health: "restored", Blocks: 1200, BlocksByMedium: map[string]uint64{"LocalDisk": 100, "GPU": 800, "CPU": 300}, HashCheck: "unknown"},
 		},
 		Fleet: []client.FleetCacheJSON{{Model: "", Fraction: ptr(0.41)}, {Model: "Qwen/Qwen2.5-7B", Fraction: ptr(0.52)}},
 	}
@@ -64,6 +64,7 @@ func TestFrames(t *testing.T) {
 	}{
 		{"first", nil, fleetSample(0, 1), 160, 40},
 		{"second", fleetSample(0, 1), fleetSample(2*time.Second, 2), 160, 40},
+		{"medium", fleetSample(0, 1), fleetSample(2*time.Second, 2), 110, 40},
 		{"narrow", fleetSample(0, 1), fleetSample(2*time.Second, 2), 72, 40},
 		{"tiny", fleetSample(0, 1), fleetSample(2*time.Second, 2), 40, 40},
 		{"short", fleetSample(0, 1), fleetSample(2*time.Second, 2), 160, 8},
@@ -102,6 +103,30 @@ func golden(t *testing.T, file, got string) {
 	}
 	if got != string(want) {
 		t.Errorf("frame differs from %s (go test -update rewrites it):\n%s\nwant:\n%s", file, got, want)
+	}
+}
+
+// An engine's BLOCKS cell splits its blocks by medium, the GPU first, then
+// the CPU, then the other tiers by name; a kvindex that does not report
+// the split shows the total.
+func TestBlocksCell(t *testing.T) {
+	for _, tc := range []struct {
+		blocks   uint64
+		byMedium map[string]uint64
+		want     string
+	}{
+		{0, nil, "0"},
+		{0, map[string]uint64{}, "0"},
+		{42, nil, "42"},
+		{42, map[string]uint64{"GPU": 42}, "GPU:42"},
+		{160, map[string]uint64{"CPU": 40, "GPU": 120}, "GPU:120 CPU:40"},
+		{7, map[string]uint64{"STORAGE": 1, "LocalDisk": 2, "CPU": 4}, "CPU:4 LocalDisk:2 STORAGE:1"},
+	} {
+		pods := &client.PodsJSON{Pods: []client.PodInfoJSON{{Pod: "p", Blocks: tc.blocks, BlocksByMedium: tc.byMedium}}}
+		m := Build(header, nil, &Sample{At: t0, Pods: pods})
+		if got := blocks(m.Engines[0]); got != tc.want {
+			t.Errorf("%d blocks, %v by medium: %q, want %q", tc.blocks, tc.byMedium, got, tc.want)
+		}
 	}
 }
 

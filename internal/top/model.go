@@ -74,11 +74,15 @@ type HealthCount struct {
 type Engine struct {
 	Name, Model, Health string
 	Blocks              uint64
-	EventsPerSec        Num
-	Gaps                uint64
-	ReplaysOK           uint64
-	ReplaysFailed       uint64
-	HashCheck           string
+	// ByMedium splits Blocks by storage medium, the GPU first, then the
+	// CPU, then the other tiers by name; empty from a kvindex that does
+	// not report the split.
+	ByMedium      []MediumBlocks
+	EventsPerSec  Num
+	Gaps          uint64
+	ReplaysOK     uint64
+	ReplaysFailed uint64
+	HashCheck     string
 	// LastEvent is the age in seconds of the engine's last applied batch:
 	// how far its entries may lag; unknown if it sent none to this
 	// process, when Restored says whether its entries came from a
@@ -89,6 +93,32 @@ type Engine struct {
 	// batch kvindex applied it, by each side's clock (negative: the
 	// engine's clock is ahead); unknown until a stamped batch is applied.
 	Lag Num
+}
+
+// MediumBlocks is how many of an engine's blocks sit in one medium.
+type MediumBlocks struct {
+	Medium string
+	Blocks uint64
+}
+
+// byMedium orders an engine's blocks by medium as Engine.ByMedium says:
+// from the fastest tier kvindex knows to the rest by name.
+func byMedium(m map[string]uint64) []MediumBlocks {
+	rank := func(medium string) int {
+		switch medium {
+		case "GPU":
+			return 0
+		case "CPU":
+			return 1
+		}
+		return 2
+	}
+	var out []MediumBlocks
+	for _, medium := range sortedKeys(m) {
+		out = append(out, MediumBlocks{Medium: medium, Blocks: m[medium]})
+	}
+	slices.SortStableFunc(out, func(a, b MediumBlocks) int { return cmp.Compare(rank(a.Medium), rank(b.Medium)) })
+	return out
 }
 
 // Fraction is the share of prompt tokens served from cache, for one model
@@ -155,7 +185,7 @@ func buildEngines(m *Model, prev, cur *Sample, dt time.Duration) {
 	var totalOK bool
 	for _, p := range cur.Pods.Pods {
 		e := Engine{
-			Name: client.EngineName(p.Pod, p.DPRank), Model: p.Model, Health: p.Health, Blocks: p.Blocks,
+			Name: client.EngineName(p.Pod, p.DPRank), Model: p.Model, Health: p.Health, Blocks: p.Blocks, ByMedium: byMedium(p.BlocksByMedium),
 			Gaps: p.Gaps, ReplaysOK: p.ReplaysOK, ReplaysFailed: p.ReplaysFailed, HashCheck: p.HashCheck, Restored: p.Restored(),
 		}
 		if p.LastEventAgeSeconds != nil {

@@ -91,19 +91,82 @@ func summary(m Model, width int) []string {
 }
 
 func engineTable(engines []Engine, width int) []string {
-	rows := make([][]string, len(engines))
-	for i, e := range engines {
-		rows[i] = []string{e.Name, e.Model, e.Health, strconv.FormatUint(e.Blocks, 10), rate(e.EventsPerSec),
-			strconv.FormatUint(e.Gaps, 10), fmt.Sprintf("%d/%d", e.ReplaysOK, e.ReplaysFailed), e.HashCheck, age(e), lag(e.Lag)}
+	rows := func(split bool) [][]string {
+		rows := make([][]string, len(engines))
+		for i, e := range engines {
+			b := strconv.FormatUint(e.Blocks, 10)
+			if split {
+				b = blocks(e)
+			}
+			rows[i] = []string{e.Name, e.Model, e.Health, b, rate(e.EventsPerSec),
+				strconv.FormatUint(e.Gaps, 10), fmt.Sprintf("%d/%d", e.ReplaysOK, e.ReplaysFailed), e.HashCheck, age(e), lag(e.Lag)}
+		}
+		return rows
 	}
 	header := []string{"ENGINE", "MODEL", "HEALTH", "BLOCKS", "EVENTS/S", "GAPS", "REPLAYS OK/FAILED", "HASH CHECK", "LAST EVENT", "LAG"}
-	right := []bool{false, false, false, true, true, true, true, false, true, true}
+	right := []bool{false, false, false, false, true, true, true, false, true, true}
+	shrinkable := []int{0, 1}
 	// Dropped first when the terminal is narrow: the replays and gaps
-	// (their totals are on the summary line), then the model, then the
-	// last event's age before the lag (the health tells an engine gone
-	// quiet).
+	// (their totals are on the summary line), then the model. Then the
+	// blocks by medium give way to their total, before the last event's
+	// age goes, then the lag (the health tells an engine gone quiet).
 	drop := []int{6, 5, 1, 8, 9, 7, 3}
-	return table(header, rows, right, []int{0, 1}, drop, width)
+	r := rows(true)
+	if width > 0 && !fits(header, r, shrinkable, drop[:3], width) {
+		r = rows(false)
+		right[3] = true
+	}
+	return table(header, r, right, shrinkable, drop, width)
+}
+
+// fits reports whether table would lay rows out within width with no
+// more columns dropped than hidden.
+func fits(header []string, rows [][]string, shrinkable, hidden []int, width int) bool {
+	widths := columnWidths(header, rows)
+	shown := make([]bool, len(header))
+	for i := range shown {
+		shown[i] = !slices.Contains(hidden, i)
+	}
+	return span(widths, shown, shrinkable, minKept) <= width
+}
+
+// columnWidths is, per column, the width of its widest cell.
+func columnWidths(header []string, rows [][]string) []int {
+	widths := make([]int, len(header))
+	for _, r := range append([][]string{header}, rows...) {
+		for i, c := range r {
+			widths[i] = max(widths[i], utf8.RuneCountInString(c))
+		}
+	}
+	return widths
+}
+
+// span is the width of the shown columns, two spaces apart, with the
+// shrinkable ones cut to minName.
+func span(widths []int, shown []bool, shrinkable []int, minName int) int {
+	total := -2
+	for i, w := range widths {
+		if shown[i] {
+			if slices.Contains(shrinkable, i) {
+				w = min(w, minName)
+			}
+			total += w + 2
+		}
+	}
+	return total
+}
+
+// blocks is an engine's BLOCKS cell: its blocks by medium ("GPU:120
+// CPU:40"), or the total from a kvindex that does not split it.
+func blocks(e Engine) string {
+	if len(e.ByMedium) == 0 {
+		return strconv.FormatUint(e.Blocks, 10)
+	}
+	parts := make([]string, len(e.ByMedium))
+	for i, m := range e.ByMedium {
+		parts[i] = m.Medium + ":" + strconv.FormatUint(m.Blocks, 10)
+	}
+	return strings.Join(parts, " ")
 }
 
 // table lays rows out under header in columns two spaces apart, each as
@@ -113,30 +176,13 @@ func engineTable(engines []Engine, width int) []string {
 // are cut, widest first, down to minShrunk, their cells ending in an
 // ellipsis.
 func table(header []string, rows [][]string, right []bool, shrinkable, drop []int, width int) []string {
-	widths := make([]int, len(header))
-	for _, r := range append([][]string{header}, rows...) {
-		for i, c := range r {
-			widths[i] = max(widths[i], utf8.RuneCountInString(c))
-		}
-	}
+	widths := columnWidths(header, rows)
 	shown := make([]bool, len(header))
 	for i := range shown {
 		shown[i] = true
 	}
-	span := func(minName int) int {
-		total := -2
-		for i, w := range widths {
-			if shown[i] {
-				if slices.Contains(shrinkable, i) {
-					w = min(w, minName)
-				}
-				total += w + 2
-			}
-		}
-		return total
-	}
 	for _, i := range drop {
-		if width <= 0 || span(minKept) <= width {
+		if width <= 0 || span(widths, shown, shrinkable, minKept) <= width {
 			break
 		}
 		shown[i] = false
@@ -146,7 +192,7 @@ func table(header []string, rows [][]string, right []bool, shrinkable, drop []in
 			widths[i] = 0
 		}
 	}
-	total := span(math.MaxInt)
+	total := span(widths, shown, shrinkable, math.MaxInt)
 	for width > 0 && total > width {
 		widest := -1
 		for _, i := range shrinkable {
