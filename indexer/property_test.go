@@ -805,6 +805,76 @@ func TestPropertyFairShare(t *testing.T) {
 	}
 }
 
+// TestPropertyConcurrentEviction has engines store, remove and clear
+// from goroutines of their own, in several media and groups, over a
+// budget that keeps eviction (which changes an engine's counters without
+// its lock) running beside their Apply (which adds counters for media
+// new to the engine), while other goroutines read the engines' counts.
+// Afterwards the counts per engine and medium must equal a recount of
+// what the index holds.
+func TestPropertyConcurrentEviction(t *testing.T) {
+	const budget = 2 << 20
+	ix := mustNew(t, Options{MemoryBudget: budget})
+	batches := 400
+	if raceEnabled || testing.Short() {
+		batches = 120
+	}
+	media := []string{"", "CPU", "DISK", "NVME", "REMOTE"}
+	stop := make(chan struct{})
+	var readers sync.WaitGroup
+	for range 2 {
+		readers.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ix.Engines() // mid-flight counts prove nothing: read for the race detector
+			}
+		})
+	}
+	var writers sync.WaitGroup
+	for w := range 6 {
+		writers.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 11))
+			id := eng(fmt.Sprintf("e%d", w), w%2)
+			next := uint64(w+1) << 48
+			for i := range batches {
+				var evs []kvevents.Event
+				// Media new to the engine arrive over time.
+				medium := media[rng.IntN(min(len(media), 1+i/20))]
+				keys := testutil.Seq(int(next), 128)
+				next += 128
+				if rng.IntN(3) == 0 {
+					// Shared keys: blocks several engines hold.
+					keys = testutil.Seq(1, 64)
+				}
+				evs = append(evs, storedIn(medium, rng.IntN(2), keys...))
+				if rng.IntN(4) == 0 {
+					evs = append(evs, removedIn(medium, 0, keys[:16]...))
+				}
+				if rng.IntN(50) == 0 {
+					evs = append(evs, kvevents.Event{Kind: kvevents.AllBlocksCleared})
+				}
+				ix.Apply(id, uint64(i), evs)
+			}
+		})
+	}
+	writers.Wait()
+	close(stop)
+	readers.Wait()
+	checkInvariants(t, ix)
+	if st := ix.Stats(); st.Evictions == 0 {
+		t.Fatalf("no eviction over a budget of %d: %+v", budget, st)
+	}
+	for _, e := range ix.Engines() {
+		if len(e.Tiers) < 2 {
+			t.Errorf("engine %v holds blocks in %v: the test meant several media", e.Engine, e.Tiers)
+		}
+	}
+}
+
 // TestFairLevel checks the max-min fair share against its definition:
 // the sizes capped at the level fit the capacity, and one more would not.
 func TestFairLevel(t *testing.T) {
