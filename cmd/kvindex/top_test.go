@@ -117,7 +117,11 @@ func (term *terminal) await(what string, cond func(string) bool) string {
 // its terminal modes back.
 func (term *terminal) awaitShellBack() {
 	term.t.Helper()
-	s := term.await("top to exit", func(s string) bool { return strings.Contains(s, "top exited ") && strings.Contains(s, "speed") })
+	// Done once stty has printed and the shell's prompt is back after it.
+	s := term.await("top to exit and the shell to prompt again", func(s string) bool {
+		f := strings.Fields(s)
+		return strings.Contains(s, "top exited ") && strings.Contains(s, "speed") && f[len(f)-1] == "shell$"
+	})
 	if !strings.Contains(s, "top exited 0") {
 		term.t.Errorf("top did not exit 0:\n%s", s)
 	}
