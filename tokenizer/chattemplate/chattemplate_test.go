@@ -64,6 +64,50 @@ func TestRewriteToJSON(t *testing.T) {
 	}
 }
 
+// An output's chain of + with a string literal among its operands is
+// written operand by operand, whitespace control kept at the ends; other
+// expressions are left alone.
+func TestSplitConcat(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{`{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}`,
+			`{{- '<|im_start|>' }}{{ message.role }}{{ '\n' }}{{ message.content }}{{ '<|im_end|>' }}{{ '\n' }}`},
+		{`{{ "a+b" + x -}}`, `{{ "a+b" }}{{ x -}}`},
+		{`{{+ 'x' + m['content'] | trim + "y" +}}`, `{{+ 'x' }}{{ m['content'] | trim }}{{ "y" +}}`},
+		{`{{ 'it\'s' + f(a + b, 'c') + [1, 2] | join(',') }}`, `{{ 'it\'s' }}{{ f(a + b, 'c') }}{{ [1, 2] | join(',') }}`},
+		// Left alone: no string literal, another operator, a test, a
+		// conditional, a unary plus, an unterminated literal, a statement.
+		{`{{ a + b }}`, `{{ a + b }}`},
+		{`{{ loop.index + 1 }}`, `{{ loop.index + 1 }}`},
+		{`{{ 'n' + (i - 1) | string }}`, `{{ 'n' }}{{ (i - 1) | string }}`},
+		{`{{ 'n' + i - 1 }}`, `{{ 'n' + i - 1 }}`},
+		{`{{ 'a' ~ b + 'c' }}`, `{{ 'a' ~ b + 'c' }}`},
+		{`{{ 'a' + b if c else 'd' }}`, `{{ 'a' + b if c else 'd' }}`},
+		{`{{ 'a' + b is defined }}`, `{{ 'a' + b is defined }}`},
+		{`{{ 'a' + b == 'c' }}`, `{{ 'a' + b == 'c' }}`},
+		{`{{ + 'a' }}`, `{{ + 'a' }}`},
+		{`{{ 'a + b }}`, `{{ 'a + b }}`},
+		{`{% set x = 'a' + b %}`, `{% set x = 'a' + b %}`},
+		{`{{ 'a' }}`, `{{ 'a' }}`},
+	} {
+		if got := rewrite(c.in); got != c.want {
+			t.Errorf("rewrite(%q)\n got %q\nwant %q", c.in, got, c.want)
+		}
+	}
+}
+
+// A template whose chains are split renders what it rendered before, for
+// strings; the chain that adds numbers is kept whole.
+func TestSplitConcatRenders(t *testing.T) {
+	const src = `{%- for m in messages %}{{- '<' + m.role + '>' + m.content | trim + '</' + m.role + '>' }}{{ loop.index + 1 }}{%- endfor %}`
+	got, err := render(t, src, Request{Messages: []byte(`[{"role":"user","content":" hi "},{"role":"assistant","content":"yo"}]`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "<user>hi</user>2<assistant>yo</assistant>3"; got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
 func TestLoad(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, content string) string {

@@ -3,15 +3,16 @@ package chattemplate
 import "strings"
 
 // rewrite renames the tojson filter in src's expressions to tojsonName,
-// so that transformers' tojson (filterToJSON) renders it, and gives every
+// so that transformers' tojson (filterToJSON) renders it, gives every
 // macro a last parameter whose default calls macroGuardName, so that each
-// call of a macro is counted (see macroCallBudget).
+// call of a macro is counted (see macroCallBudget), and writes the
+// operands of an output's string concatenation one by one (splitConcat).
 // Only code is touched: text outside {{ }} and {% %}, comments, string
 // literals and {% raw %} blocks are left as they are. A name is a filter
 // when '|' (and optional spaces) comes before it and no identifier
 // character follows it.
 func rewrite(src string) string {
-	if !strings.Contains(src, "tojson") && !strings.Contains(src, "macro") {
+	if !strings.Contains(src, "tojson") && !strings.Contains(src, "macro") && !strings.Contains(src, "+") {
 		return src
 	}
 	var out strings.Builder
@@ -41,7 +42,7 @@ func rewrite(src string) string {
 			}
 			var tag strings.Builder
 			j := scanCode(src, open+2, closer, &tag, src[open:open+2])
-			out.WriteString(guardMacro(tag.String()))
+			out.WriteString(splitConcat(guardMacro(tag.String())))
 			if src[open+1] == '%' && isRawStart(src[open+2:j]) {
 				end := strings.Index(src[j:], "endraw")
 				if end < 0 {
@@ -138,4 +139,111 @@ func guardMacro(tag string) string {
 		sep = ""
 	}
 	return tag[:end] + sep + macroGuardParam + "=" + macroGuardName + "()" + tag[end:]
+}
+
+// splitConcat turns an output tag whose expression is a chain of `+`
+// with a string literal among its operands into one tag per operand:
+// {{- '<|im_start|>' + message.role + '\n' }} becomes
+// {{- '<|im_start|>' }}{{ message.role }}{{ '\n' }}. Writing the operands
+// in turn is what the chain renders: Jinja refuses `+` between a string
+// and anything else, so in a template that renders, every operand of such
+// a chain is a string. Chat templates put every message's content in one
+// of these chains, and each `+` copied the growing string again: the
+// copies were most of what rendering a long conversation allocated
+// (BenchmarkChatTurn/render). Any other tag, and any chain with another
+// operator, a test or a conditional at its top level, is left as it is.
+func splitConcat(tag string) string {
+	if !strings.HasPrefix(tag, "{{") || !strings.HasSuffix(tag, "}}") || !strings.Contains(tag, "+") {
+		return tag
+	}
+	expr := tag[2 : len(tag)-2]
+	lead, trail := "", ""
+	if expr != "" && (expr[0] == '-' || expr[0] == '+') {
+		lead, expr = expr[:1], expr[1:]
+	}
+	if n := len(expr); n > 0 && (expr[n-1] == '-' || expr[n-1] == '+') {
+		trail, expr = expr[n-1:], expr[:n-1]
+	}
+	var operands []string
+	literal := false
+	depth, start := 0, 0
+	for i := 0; i < len(expr); i++ {
+		c := expr[i]
+		switch {
+		case c == '\'' || c == '"':
+			j := i + 1
+			for j < len(expr) && expr[j] != c {
+				if expr[j] == '\\' {
+					j++
+				}
+				j++
+			}
+			if j >= len(expr) {
+				return tag // an unterminated literal: the engine will say so
+			}
+			i = j
+		case c == '(' || c == '[' || c == '{':
+			depth++
+		case c == ')' || c == ']' || c == '}':
+			depth--
+		case depth > 0:
+		case c == '+':
+			operands = append(operands, strings.TrimSpace(expr[start:i]))
+			start = i + 1
+		case strings.IndexByte("-*/%~<>=!", c) >= 0:
+			return tag // another operator: precedence would matter
+		case isIdentStart(c):
+			j := i
+			for j < len(expr) && isIdent(expr[j]) {
+				j++
+			}
+			switch expr[i:j] {
+			case "if", "else", "and", "or", "not", "in", "is":
+				return tag
+			}
+			i = j - 1
+		}
+	}
+	operands = append(operands, strings.TrimSpace(expr[start:]))
+	if depth != 0 || len(operands) < 2 {
+		return tag
+	}
+	for _, op := range operands {
+		if op == "" {
+			return tag // a unary +
+		}
+		if q := op[0]; (q == '\'' || q == '"') && closingQuote(op) == len(op)-1 {
+			literal = true
+		}
+	}
+	if !literal {
+		return tag // numbers or lists may be what it adds
+	}
+	var b strings.Builder
+	for i, op := range operands {
+		b.WriteString("{{")
+		if i == 0 {
+			b.WriteString(lead)
+		}
+		b.WriteString(" " + op + " ")
+		if i == len(operands)-1 {
+			b.WriteString(trail)
+		}
+		b.WriteString("}}")
+	}
+	return b.String()
+}
+
+// closingQuote returns the index of the quote that closes the string
+// literal lit starts with.
+func closingQuote(lit string) int {
+	q := lit[0]
+	j := 1
+	for j < len(lit) && lit[j] != q {
+		if lit[j] == '\\' {
+			j++
+		}
+		j++
+	}
+	return j
 }
