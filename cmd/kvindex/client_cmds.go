@@ -85,6 +85,22 @@ func (f *clientFlags) httpPortError() error {
 }
 
 // callError turns an RPC failure into the CLI's one line.
+// call dials, makes one call within the timeout and closes; a failed
+// call's error is explained by callError, a failed dial's by dial.
+func (f *clientFlags) call(ctx context.Context, do func(context.Context, *client.Client) error) error {
+	c, err := f.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	cctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	if err := do(cctx, c); err != nil {
+		return f.callError(err)
+	}
+	return nil
+}
+
 func (f *clientFlags) callError(err error) error {
 	if problem, ok := client.TokenizerUnavailable(err); ok {
 		return fmt.Errorf("kvindex at %s could not tokenize the prompt: %s", f.server, problem)
@@ -216,16 +232,12 @@ pods sorted by matched_blocks, descending.`,
 			if err := pods.validate(); err != nil {
 				return err
 			}
-			c, err := cf.dial(cmd.Context())
-			if err != nil {
+			var r *kvindexv1.LongestPrefixResponse
+			if err := cf.call(cmd.Context(), func(ctx context.Context, c *client.Client) (err error) {
+				r, err = c.LongestPrefix(ctx, pf.model, p, &client.QueryOptions{Candidates: pods})
 				return err
-			}
-			defer c.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
-			defer cancel()
-			r, err := c.LongestPrefix(ctx, pf.model, p, &client.QueryOptions{Candidates: pods})
-			if err != nil {
-				return cf.callError(err)
+			}); err != nil {
+				return err
 			}
 			out := client.LongestPrefixJSONOf(r)
 			sort.SliceStable(out.Pods, func(i, j int) bool { return out.Pods[i].MatchedBlocks > out.Pods[j].MatchedBlocks })
@@ -324,16 +336,12 @@ data-parallel rank above 0, then the medium in brackets, e.g. pod-a[GPU].
 			if err := pods.validate(); err != nil {
 				return err
 			}
-			c, err := cf.dial(cmd.Context())
-			if err != nil {
+			var r *kvindexv1.LookupResponse
+			if err := cf.call(cmd.Context(), func(ctx context.Context, c *client.Client) (err error) {
+				r, err = c.Lookup(ctx, pf.model, p, nil)
 				return err
-			}
-			defer c.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
-			defer cancel()
-			r, err := c.Lookup(ctx, pf.model, p, nil)
-			if err != nil {
-				return cf.callError(err)
+			}); err != nil {
+				return err
 			}
 			out := client.LookupJSONOf(r)
 			for i := range out.Blocks {
@@ -396,16 +404,12 @@ window, overall and per model, then each engine's own.`,
 			if err := pods.validate(); err != nil {
 				return err
 			}
-			c, err := cf.dial(cmd.Context())
-			if err != nil {
+			var r *kvindexv1.ListPodsResponse
+			if err := cf.call(cmd.Context(), func(ctx context.Context, c *client.Client) (err error) {
+				r, err = c.Index.ListPods(ctx, &kvindexv1.ListPodsRequest{Model: model})
 				return err
-			}
-			defer c.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
-			defer cancel()
-			r, err := c.Index.ListPods(ctx, &kvindexv1.ListPodsRequest{Model: model})
-			if err != nil {
-				return cf.callError(err)
+			}); err != nil {
+				return err
 			}
 			out := client.PodsJSONOf(r, time.Now())
 			out.Pods = slices.DeleteFunc(out.Pods, func(p client.PodInfoJSON) bool { return !pods.has(p.Pod) })
@@ -443,7 +447,7 @@ window, overall and per model, then each engine's own.`,
 					fmt.Fprintf(w, "%s: %s\n", client.EngineName(p.Pod, p.DPRank), p.Message)
 				}
 			}
-			_, err = io.WriteString(w, out.CachedFractionLines())
+			_, err := io.WriteString(w, out.CachedFractionLines())
 			return err
 		},
 	}

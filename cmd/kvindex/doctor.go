@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/internal/doctor"
 )
 
@@ -40,18 +41,15 @@ Exit status: 0 when healthy, 1 with findings, 2 on a usage error.`,
 			if err := pods.validate(); err != nil {
 				return err
 			}
-			c, err := cf.dial(cmd.Context())
-			if err != nil {
+			var in doctor.Input
+			if err := cf.call(cmd.Context(), func(ctx context.Context, c *client.Client) (err error) {
+				in, err = doctor.Collect(ctx, c, seeds, pods)
+				return err
+			}); err != nil {
 				return err
 			}
-			defer c.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
-			defer cancel()
-			in, err := doctor.Collect(ctx, c, seeds, pods)
-			if err != nil {
-				return cf.callError(err)
-			}
 			r := doctor.Build(in)
+			var err error
 			if asJSON {
 				err = r.WriteJSON(cmd.OutOrStdout())
 			} else {

@@ -73,14 +73,7 @@ func scanCode(src string, start int, closer string, out *strings.Builder, prefix
 		c := src[i]
 		switch {
 		case c == '\'' || c == '"':
-			j := i + 1
-			for j < len(src) && src[j] != c {
-				if src[j] == '\\' {
-					j++
-				}
-				j++
-			}
-			j = min(j+1, len(src))
+			j := min(i+closingQuote(src[i:])+1, len(src))
 			out.WriteString(src[i:j])
 			lastNonSpace = c
 			i = j
@@ -171,13 +164,7 @@ func splitConcat(tag string) string {
 		c := expr[i]
 		switch {
 		case c == '\'' || c == '"':
-			j := i + 1
-			for j < len(expr) && expr[j] != c {
-				if expr[j] == '\\' {
-					j++
-				}
-				j++
-			}
+			j := i + closingQuote(expr[i:])
 			if j >= len(expr) {
 				return tag // an unterminated literal: the engine will say so
 			}
@@ -235,7 +222,7 @@ func splitConcat(tag string) string {
 }
 
 // closingQuote returns the index of the quote that closes the string
-// literal lit starts with.
+// literal lit starts with (len(lit) or more if none does).
 func closingQuote(lit string) int {
 	q := lit[0]
 	j := 1
