@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -128,4 +129,32 @@ func (s *started) awaitHeld(t *testing.T, pod string, tokens []uint64) {
 	t.Helper()
 	want := uint32(len(tokens) / testBlockSize)
 	await(t, pod+" holding the prompt", func() bool { return s.matched(t, tokens)[pod] == want })
+}
+
+// startPicker builds and starts a picker from o, logging to log; stop
+// ends it and reports a failed stop (tests that check for leaked
+// goroutines call it themselves, the others leave it to t.Cleanup, where
+// it is called again harmlessly).
+func startPicker(t *testing.T, o *PickerServiceOptions, log *slog.Logger) (pk *PickerService, stop func()) {
+	t.Helper()
+	pk, err := NewPicker(o, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := pk.Start(ctx); err != nil {
+		cancel()
+		t.Fatalf("the picker did not start: %v", err)
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := pk.Wait(); err != nil {
+				t.Errorf("picker stop: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return pk, stop
 }

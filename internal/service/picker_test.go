@@ -44,15 +44,7 @@ func TestPickerServiceRoutesByTheRemoteIndex(t *testing.T) {
 		HTTPAddr: "127.0.0.1:0",
 	}
 	log, _ := testLogger(t)
-	pk, err := NewPicker(o, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := pk.Start(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
+	pk, stop := startPicker(t, o, log)
 	body := fmt.Sprintf(`{"model":%q,"prompt":%s}`, testModel, strings.ReplaceAll(fmt.Sprint(p), " ", ","))
 	resp, err := http.Post("http://"+pk.HTTPAddr()+"/v1/pick", "application/json", strings.NewReader(body))
 	if err != nil {
@@ -67,10 +59,7 @@ func TestPickerServiceRoutesByTheRemoteIndex(t *testing.T) {
 	if pk.ExtProcAddr() == "" {
 		t.Error("no ext_proc address")
 	}
-	cancel()
-	if err := pk.Wait(); err != nil {
-		t.Errorf("picker stop: %v", err)
-	}
+	stop()
 	goroutines(t, before)
 }
 
@@ -89,21 +78,7 @@ func TestPickerServiceStartsWithoutItsIndex(t *testing.T) {
 		HTTPAddr: "127.0.0.1:0",
 	}
 	log, logs := testLogger(t)
-	pk, err := NewPicker(o, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := pk.Start(ctx); err != nil {
-		cancel()
-		t.Fatalf("the picker did not start without its index: %v", err)
-	}
-	defer func() {
-		cancel()
-		if err := pk.Wait(); err != nil {
-			t.Errorf("picker stop: %v", err)
-		}
-	}()
+	pk, _ := startPicker(t, o, log) // without its index
 	base := "http://" + pk.HTTPAddr()
 	get := func(path string) (int, map[string]string) {
 		resp, err := http.Get(base + path)

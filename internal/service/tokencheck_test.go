@@ -62,15 +62,7 @@ func TestPickerServiceChecksItsTokenizer(t *testing.T) {
 		TokenizerFile: qwenTokenizerFile, ChatTemplateFile: phiTemplateFile,
 	}
 	log, logs := testLogger(t)
-	pk, err := NewPicker(o, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := pk.Start(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
+	pk, stop := startPicker(t, o, log)
 	want := []string{`kvindex_picker_local_tokenizer_verified{form="chat"} 0`, `kvindex_picker_local_tokenizer_verified{form="completion"} 1`}
 	testutil.Await(t, testDeadline, "the tokenizer check's verdicts in /metrics", func() bool {
 		resp, err := http.Get("http://" + pk.HTTPAddr() + "/metrics")
@@ -84,10 +76,7 @@ func TestPickerServiceChecksItsTokenizer(t *testing.T) {
 	if !strings.Contains(logs.String(), "level=WARN msg=\"picker: the local tokenizer's ids differ from the engine's: chat prompts go to the index as text") {
 		t.Errorf("no WARN of the chat template that differs:\n%s", logs)
 	}
-	cancel()
-	if err := pk.Wait(); err != nil {
-		t.Errorf("picker stop: %v", err)
-	}
+	stop()
 	goroutines(t, before)
 }
 

@@ -134,21 +134,7 @@ func startTracedFleet(t *testing.T, serveTracing, pickerTracing telemetry.Config
 		HTTPAddr: "127.0.0.1:0", TokenizerFile: qwenTokenizerFile, Tracing: pickerTracing,
 	}
 	log, _ := testLogger(t)
-	pk, err := NewPicker(po, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := pk.Start(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		if err := pk.Wait(); err != nil {
-			t.Errorf("picker stop: %v", err)
-		}
-	})
+	pk, _ := startPicker(t, po, log)
 	return s, pk
 }
 
