@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -74,7 +75,7 @@ func TestBuild(t *testing.T) {
 		kinds = append(kinds, f.Engine+":"+f.Kind)
 	}
 	want := []string{"seed42:hash_mismatch", "random:hash_mismatch", "quiet:hash_mismatch", "down/1:disconnected", "lossy:degraded", "squeezed:partial", "squeezed:replay_failed", "slow:ingest_lag", "early:engine_clock_ahead", ":tokenizer_disagrees"}
-	if r.Healthy || r.Engines != 9 || !equal(kinds, want) {
+	if r.Healthy || r.Engines != 9 || !slices.Equal(kinds, want) {
 		t.Fatalf("healthy %v, %d engines, findings %v; want %v", r.Healthy, r.Engines, kinds, want)
 	}
 	if h := r.Findings[0].Hash; h.Outcome != Found || h.KvindexFlags != "--hash-algo sha256_cbor --hash-seed 42 --block-size 64" ||
@@ -124,18 +125,6 @@ func TestBuild(t *testing.T) {
 	if r := Build(in); r.Findings[0].Hash.Outcome != NoSamples {
 		t.Errorf("samples refused: %+v", r.Findings[0])
 	}
-}
-
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestEngineSettings(t *testing.T) {
