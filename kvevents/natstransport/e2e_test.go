@@ -238,8 +238,8 @@ func TestRelayCutOff(t *testing.T) {
 	_, js := connect(t, ns.url())
 	s := ensureStream(t, js)
 	f := newFleet(t, 2, 1)
-	px := newProxy(t, ns.s.Addr().String())
-	_, rjs := connect(t, px.url())
+	px := testutil.NewTCPProxy(t, ns.s.Addr().String())
+	_, rjs := connect(t, "nats://"+px.Addr())
 	relay := startRelay(t, rjs, natstransport.RelayConfig{
 		MaxBuffer: 16 << 10, Heartbeat: 20 * time.Millisecond, PublishTimeout: 200 * time.Millisecond,
 	})
@@ -254,7 +254,7 @@ func TestRelayCutOff(t *testing.T) {
 		return len(ss) == 2 && ss[0].Connected && ss[1].Connected
 	})
 
-	px.cut()
+	px.Cut()
 	testutil.Await(t, awaitBound, "relay disconnected", func() bool { return !relay.Stats().NATSConnected })
 	testutil.Await(t, awaitBound, "streams disconnected", func() bool {
 		ss := rep.c.Streams()
@@ -271,7 +271,7 @@ func TestRelayCutOff(t *testing.T) {
 		}
 	}
 
-	px.restore()
+	px.Restore()
 	// Holes first, then the buffer: read in one Stats, the buffer could
 	// be read empty just before the holes were queued.
 	testutil.Await(t, awaitBound, "relay announcing the holes", func() bool { return relay.Stats().Holes > 0 })

@@ -365,7 +365,7 @@ func (ln *listener) handle(topic []byte, seq uint64, payload []byte, now int64) 
 	st.goneAt = 0
 	if conn != st.conn {
 		if _, _, _, history := st.seq.Position(); st.conn != 0 && conn != 0 && history {
-			st.seq.Connected(now)
+			st.connectedAgain(now)
 		}
 		st.conn = conn
 		if conn != 0 {

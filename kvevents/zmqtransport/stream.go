@@ -356,7 +356,11 @@ func (st *stream) onMonitor() {
 			st.retryAt = 0 // a lost connection's watchdog: reconnected
 			st.ctr.connected.Store(true)
 			st.logAttrs(slog.LevelInfo, "zmqtransport: connected", slog.String("addr", addr))
-			st.seq.Connected(st.s.mono())
+			if _, _, _, history := st.seq.Position(); history {
+				st.connectedAgain(st.s.mono())
+			} else {
+				st.seq.Connected(st.s.mono())
+			}
 			st.after()
 		case ev&zmq.EVENT_DISCONNECTED != 0 && st.handshook:
 			st.handshook = false
@@ -579,7 +583,23 @@ func (st *stream) RequestReplay(from uint64) bool {
 
 // CancelReplay implements kvevents.SequencerOutput: replace the DEALER so
 // replies to the abandoned request are never read.
-func (st *stream) CancelReplay() {
+func (st *stream) CancelReplay() { st.renewDealer() }
+
+// connectedAgain tells the sequencer that an engine with history came
+// back on a new connection, on a fresh replay socket: the old one may
+// still hold a connection to the departed process that libzmq has not
+// yet noticed closed, and a verifying request written into it is lost
+// (the stream would turn unconfirmed after the replay timeout). A fresh
+// DEALER dials whatever listens now, queueing the request until it does.
+func (st *stream) connectedAgain(now int64) {
+	if st.dealer != nil {
+		st.renewDealer()
+	}
+	st.seq.Connected(now)
+}
+
+// renewDealer replaces the DEALER with a fresh one to the same endpoint.
+func (st *stream) renewDealer() {
 	st.closeDealer()
 	if err := st.openDealer(); err != nil {
 		st.logAttrs(slog.LevelError, "zmqtransport: replay socket not reopened; replay disabled", slog.Any("err", err))

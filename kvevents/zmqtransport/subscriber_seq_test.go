@@ -263,6 +263,57 @@ func TestSubscriberBindModeNewConnectionVerifies(t *testing.T) {
 	}
 }
 
+// TestSubscriberRestartReplayOnFreshSocket: the replay connection to the
+// old engine process stays open after it is gone (the proxy stalls it, as
+// a vanished peer would look, or as a close libzmq has not yet noticed).
+// A verifying replay sent into it would be lost and the stream would turn
+// unconfirmed; a new event connection gets a fresh replay socket, so the
+// restart is proven.
+func TestSubscriberRestartReplayOnFreshSocket(t *testing.T) {
+	for _, bind := range []bool{false, true} {
+		t.Run(map[bool]string{false: "connect", true: "bind"}[bind], func(t *testing.T) {
+			sink := newRecSink()
+			var (
+				s *Subscriber
+				p *testPublisher
+				e kvevents.EngineID
+			)
+			if bind {
+				s = startSubscriber(t, SubscriberConfig{Listen: "tcp://127.0.0.1:*", ReplayTemplate: "tcp://{pod}"}, sink)
+				p = newTestPublisher(t, pubOptions{connect: s.ListenEndpoint()})
+			} else {
+				p = newTestPublisher(t, pubOptions{topic: "kv"})
+			}
+			px := testutil.NewTCPProxy(t, strings.TrimPrefix(p.ReplayEP, "tcp://"))
+			if bind {
+				p.opts.topic = "kv@" + px.Addr() + "@m"
+				e = kvevents.EngineID{Pod: px.Addr(), Model: "m"}
+			} else {
+				ec := connectCfg(p, "pod-stale")
+				ec.ReplayEndpoint = "tcp://" + px.Addr()
+				s = startSubscriber(t, SubscriberConfig{Engines: []EngineConfig{ec}}, sink)
+				e = kvevents.EngineID{Pod: "pod-stale", Model: "m"}
+			}
+			p.waitSubscribed(1)
+			p.publishN(5, 0)
+			sink.waitApplied(t, e, 4)
+
+			px.Stall()
+			p.restart()
+			p.dropLive(0, 1, 2, 3, 4) // lost before the new connection subscribed
+			p.publishN(5, 0)
+			p.waitSubscribed(1)
+			p.publishN(6, 0) // seq 5: would continue the old process's stream
+			testutil.Await(t, waitTimeout, "the new process's batches", func() bool { return len(sink.entries(e)) == 12 })
+			sink.wantCalls(t, e, append(append(seqRange(0, 5), "reset:restart"), seqRange(0, 6)...))
+			st := mustStream(t, s, e)
+			if st.Restarts != 1 || st.ReplayRestarts != 1 || st.Health != kvevents.HealthOK || st.ReplaysFailed != 0 {
+				t.Fatalf("stats %+v; want 1 restart detected by replay, ok, no failed replay", st)
+			}
+		})
+	}
+}
+
 // TestSubscriberBindModeDepartedEngineDisconnected: in bind mode an engine
 // whose connection closed is reported not connected, even while other
 // engines stay connected to the same listener.
