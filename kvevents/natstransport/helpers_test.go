@@ -320,4 +320,3 @@ func awaitPublished(t testing.TB, r *natstransport.Relay, records uint64) {
 	t.Helper()
 	testutil.Await(t, awaitBound, "relay acks", func() bool { return r.Stats().Published >= records && r.Stats().BufferedRecords == 0 })
 }
-
