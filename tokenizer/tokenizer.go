@@ -145,7 +145,7 @@ func (f Fallback) AppendTokenize(ctx context.Context, dst []uint64, model string
 	}
 	var errs []error
 	for _, t := range f {
-		ids, err := appendTokenize(ctx, t, dst, model, in)
+		ids, err := AppendTokenize(ctx, t, dst, model, in)
 		if err == nil {
 			return ids, nil
 		}
@@ -160,9 +160,9 @@ func (f Fallback) AppendTokenize(ctx context.Context, dst []uint64, model string
 	return dst, errors.Join(errs...)
 }
 
-// appendTokenize appends t's ids for in to dst, through Appender when t
+// AppendTokenize appends t's ids for in to dst, through Appender when t
 // implements it.
-func appendTokenize(ctx context.Context, t Tokenizer, dst []uint64, model string, in Input) ([]uint64, error) {
+func AppendTokenize(ctx context.Context, t Tokenizer, dst []uint64, model string, in Input) ([]uint64, error) {
 	if a, ok := t.(Appender); ok {
 		return a.AppendTokenize(ctx, dst, model, in)
 	}

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,7 +33,9 @@ const (
 // messages, the index holding each one's rendered prompt on one pod.
 type chatBench struct {
 	convs [][]chatMsg
-	tok   *tokenizer.ChatLocal
+	// prefix is each conversation's body up to its next message.
+	prefix [][]byte
+	tok    *tokenizer.ChatLocal
 }
 
 type chatMsg struct {
@@ -90,6 +94,11 @@ func newChatBench(b *testing.B) *chatBench {
 			msgs = msgs[:len(msgs)-1] // the benchmark's turn is the next user message
 		}
 		cb.convs = append(cb.convs, msgs)
+		prefix := []byte(`{"model":"` + testModel + `","messages":[`)
+		for _, m := range msgs {
+			prefix = appendMsg(prefix, m, ',')
+		}
+		cb.prefix = append(cb.prefix, prefix)
 	}
 	return cb
 }
@@ -112,6 +121,12 @@ func turnBody(msgs []chatMsg) []byte {
 	return b
 }
 
+// appendMsg appends m as JSON, then the closing bytes.
+func appendMsg(dst []byte, m chatMsg, closing ...byte) []byte {
+	j, _ := json.Marshal(m)
+	return append(append(dst, j...), closing...)
+}
+
 // BenchmarkPickerChatTurn measures the gateway path for what gateways
 // carry: an agent's next chat turn, sent as text (OpenAI chat messages)
 // through an Envoy-like ext_proc client in 16 KiB frames, from the
@@ -130,7 +145,8 @@ func turnBody(msgs []chatMsg) []byte {
 //     the picker or the index), the index over loopback gRPC.
 //
 // fallback-% is the share of picks made without the index's answer
-// (its deadline passed). Run with -benchtime=3000x for stable
+// (its deadline passed); faults/op the process's minor page faults per
+// request (memory touched anew, each a trip through the kernel). Run with -benchtime=3000x for stable
 // percentiles.
 func BenchmarkPickerChatTurn(b *testing.B) {
 	cb := newChatBench(b)
@@ -177,28 +193,38 @@ func BenchmarkPickerChatTurn(b *testing.B) {
 				pickOnce(b, xc, turnBody(cb.turn(i, rng)))
 			}
 			warm := fallbacks(b, reg)
-			// The bodies, built before the clock runs: every one a new
-			// turn (or, cold, a new conversation).
-			bodies := make([][]byte, b.N)
-			for i := range bodies {
-				msgs := cb.turn(i%len(cb.convs), rng)
-				if v.cold {
-					// Its own text throughout: every segment new to the
-					// picker's cache, every block new to the index.
-					for k := range msgs {
-						msgs[k].Content = fmt.Sprintf("Cold %d. ", i) + chatWords(rng, chatBenchTurnWords)
-					}
+			// Each request's body is built by its stream before its clock
+			// starts, into the stream's own buffer: every one a new turn
+			// (or, cold, a new conversation). Bodies built beforehand for
+			// all b.N requests would hold b.N x 82 KB live, a heap no
+			// picker has, whose growth the requests would pay for in page
+			// faults (faults/op).
+			build := func(dst []byte, i int, rng *rand.Rand) []byte {
+				c := i % len(cb.convs)
+				if !v.cold {
+					dst = append(dst, cb.prefix[c]...)
+					return appendMsg(dst, chatMsg{"user", chatWords(rng, chatBenchTurnWords)}, ']', '}')
 				}
-				bodies[i] = turnBody(msgs)
+				// Its own text throughout: every segment new to the
+				// picker's cache, every block new to the index.
+				dst = append(dst, `{"model":"`+testModel+`","messages":[`...)
+				for _, m := range cb.convs[c] {
+					dst = appendMsg(dst, chatMsg{m.Role, fmt.Sprintf("Cold %d. ", i) + chatWords(rng, chatBenchTurnWords)}, ',')
+				}
+				return appendMsg(dst, chatMsg{"user", chatWords(rng, chatBenchTurnWords)}, ']', '}')
 			}
 			lat := make([]time.Duration, b.N)
 			var next sync.Mutex
 			n := 0
 			var wg sync.WaitGroup
 			b.ReportAllocs()
+			faults0 := minorFaults(b)
 			b.ResetTimer()
-			for range v.streams {
+			var bodyBytes atomic.Int64
+			for stream := range v.streams {
 				wg.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(stream), uint64(len(v.name))))
+					var body []byte
 					for {
 						next.Lock()
 						i := n
@@ -207,14 +233,17 @@ func BenchmarkPickerChatTurn(b *testing.B) {
 						if i >= b.N {
 							return
 						}
+						body = build(body[:0], i, rng)
+						bodyBytes.Add(int64(len(body)))
 						t0 := time.Now()
-						pickOnce(b, xc, bodies[i])
+						pickOnce(b, xc, body)
 						lat[i] = time.Since(t0)
 					}
 				})
 			}
 			wg.Wait()
 			b.StopTimer()
+			b.ReportMetric(float64(minorFaults(b)-faults0)/float64(b.N), "faults/op")
 			fb := fallbacks(b, reg) - warm
 			if ok := mustVec(b, reg, "kvindex_picker_local_tokenize_total", "ok"); ok < float64(b.N) {
 				b.Fatalf("%v of %d requests tokenized in the picker", ok, b.N)
@@ -223,7 +252,18 @@ func BenchmarkPickerChatTurn(b *testing.B) {
 			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-us")
 			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-us")
 			b.ReportMetric(100*fb/float64(b.N), "fallback-%")
-			b.ReportMetric(float64(len(bodies[0])), "body-bytes")
+			b.ReportMetric(float64(bodyBytes.Load()/int64(b.N)), "body-bytes")
 		})
 	}
+}
+
+// minorFaults is the process's minor page faults so far: memory it
+// touches for the first time (or again, after the runtime returned it),
+// each a trip through the kernel.
+func minorFaults(b *testing.B) int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return ru.Minflt
 }

@@ -204,6 +204,7 @@ func (x *ExtProc) route(stream extprocv3.ExternalProcessor_ProcessServer, hdr ma
 			return nil, nil
 		}
 		r.cpu = cpu // given back before the index query (pick)
+		defer s.release(r)
 	}
 	d, done, err := s.Pick(s.requestContext(stream.Context(), hdr), r, subset)
 	if err != nil {

@@ -236,23 +236,32 @@ func (s *Service) hashedPrompt(r *Request) (hs *hashing, p *kvindexv1.Prompt) {
 	return hs, &kvindexv1.Prompt{Input: &kvindexv1.Prompt_BlockHashes{BlockHashes: &kvindexv1.BlockHashes{Hashes: keys, ConfigDigest: hs.digest}}}
 }
 
-// learnHashing asks the index how it hashes (GetHashConfig), at each
-// warm-up of its connection, and hashes prompts itself from then on if
-// its own hashing of the same configuration has the same digest. An
-// index that does not say (an older kvindex) or says something the
-// picker would hash otherwise is asked by token ids; the latter is
-// logged as an error, for it means two builds that disagree on hashing.
-func (s *Service) learnHashing(ctx context.Context, r Remote) {
+// hashConfigSource is an index in the same process that says how it
+// hashes (*server.Server).
+type hashConfigSource interface {
+	GetHashConfig(context.Context, *kvindexv1.GetHashConfigRequest) (*kvindexv1.HashConfig, error)
+}
+
+// learnHashing asks the index how it hashes (GetHashConfig, through ask),
+// at each warm-up of its connection (an index in the same process: at
+// Warm), and hashes prompts itself from then on if its own hashing of the
+// same configuration has the same digest: the turns of a conversation
+// then share their keys in the chain memo, and the index walks keys
+// without hashing. An index that does not say (an older kvindex) or says
+// something the picker would hash otherwise is asked by token ids; the
+// latter is logged as an error, for it means two builds that disagree on
+// hashing. index names the index in logs.
+func (s *Service) learnHashing(ctx context.Context, index string, ask func(context.Context) (*kvindexv1.HashConfig, error)) {
 	s.hash.Store(nil)
-	resp, err := r.Client.Index.GetHashConfig(ctx, &kvindexv1.GetHashConfigRequest{})
+	resp, err := ask(ctx)
 	if status.Code(err) == codes.Unimplemented {
 		s.m.hashConfig.WithLabelValues("unknown").Inc()
-		s.log.Info("picker: the index does not say how it hashes; queries send token ids", "index", r.Client.Addr(), "reason", status.Convert(err).Message())
+		s.log.Info("picker: the index does not say how it hashes; queries send token ids", "index", index, "reason", status.Convert(err).Message())
 		return
 	}
 	if err != nil {
 		s.m.hashConfig.WithLabelValues("error").Inc()
-		s.log.Warn("picker: asking the index how it hashes failed; queries send token ids until the next reconnect", "index", r.Client.Addr(), "err", err)
+		s.log.Warn("picker: asking the index how it hashes failed; queries send token ids until the next reconnect", "index", index, "err", err)
 		return
 	}
 	cfg := blockhash.Config{Algo: blockhash.Algo(resp.GetAlgo()), Seed: resp.GetSeed(), BlockSize: int(resp.GetBlockSize())}
@@ -264,7 +273,7 @@ func (s *Service) learnHashing(ctx context.Context, r Remote) {
 	if err != nil || mine != resp.GetDigest() {
 		s.m.hashConfig.WithLabelValues("mismatch").Inc()
 		s.log.Error("picker: this picker would hash prompts otherwise than its index (a different kvindex build?); queries send token ids",
-			"index", r.Client.Addr(), "algo", cfg.Algo, "seed", cfg.Seed, "block_size", cfg.BlockSize,
+			"index", index, "algo", cfg.Algo, "seed", cfg.Seed, "block_size", cfg.BlockSize,
 			"index_digest", fmt.Sprintf("%x", resp.GetDigest()), "picker_digest", fmt.Sprintf("%x", mine), "err", err)
 		return
 	}

@@ -166,16 +166,20 @@ func TestPickerHashMemo(t *testing.T) {
 	}
 }
 
-// A picker querying by the keys it hashed and one querying by token ids
-// pick the same pods, with the same matched prefixes, on the same
+// Pickers querying by the keys they hashed (a remote index, and one in
+// the same process, which Warm asks as well) and one querying by token
+// ids pick the same pods, with the same matched prefixes, on the same
 // workload: conversations whose first turns engines served.
 func TestHashQueryPicksLikeIds(t *testing.T) {
 	f := newFleet(t, "pod-a", "pod-b", "pod-c")
 	hashSvc, hashReg := newService(t, f, remote(t, f.indexAddr), nil)
+	localSvc, localReg := newService(t, f, gateway.Local{Server: f.srv}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := hashSvc.Warm(ctx, waitFor); err != nil {
-		t.Fatal(err)
+	for _, svc := range []*gateway.Service{hashSvc, localSvc} {
+		if err := svc.Warm(ctx, waitFor); err != nil {
+			t.Fatal(err)
+		}
 	}
 	idsSvc, idsReg := newService(t, f, remote(t, f.indexAddr), nil) // never warmed: has not learnt the hashing
 	var convs [][]uint64
@@ -194,8 +198,8 @@ func TestHashQueryPicksLikeIds(t *testing.T) {
 	convs = append(convs, testutil.Seq(777777, 4*bs)) // held by none
 	for i, ids := range convs {
 		body := []byte(idsBody(ids))
-		var ds [2]picker.Decision
-		for k, svc := range []*gateway.Service{hashSvc, idsSvc} {
+		var ds [3]picker.Decision
+		for k, svc := range []*gateway.Service{hashSvc, idsSvc, localSvc} {
 			r, err := gateway.ParseRequest(body, func(string) string { return "" })
 			if err != nil {
 				t.Fatal(err)
@@ -207,12 +211,16 @@ func TestHashQueryPicksLikeIds(t *testing.T) {
 			done()
 			ds[k] = d
 		}
-		if ds[0].Pod != ds[1].Pod || ds[0].Fallback != "" || ds[1].Fallback != "" || fmt.Sprint(ds[0].Scores) != fmt.Sprint(ds[1].Scores) {
-			t.Fatalf("conversation %d: by hashes %+v, by ids %+v", i, ds[0], ds[1])
+		for _, d := range ds[1:] {
+			if ds[0].Pod != d.Pod || ds[0].Fallback != "" || d.Fallback != "" || fmt.Sprint(ds[0].Scores) != fmt.Sprint(d.Scores) {
+				t.Fatalf("conversation %d: by hashes %+v, by ids or in process %+v", i, ds[0], d)
+			}
 		}
 	}
-	if n := mustVec(t, hashReg, "kvindex_picker_index_queries_total", "hashes"); n != float64(len(convs)) {
-		t.Errorf("the hashing picker sent %v queries by hashes; want %d", n, len(convs))
+	for _, reg := range []*prometheus.Registry{hashReg, localReg} {
+		if n := mustVec(t, reg, "kvindex_picker_index_queries_total", "hashes"); n != float64(len(convs)) {
+			t.Errorf("a hashing picker sent %v queries by hashes; want %d", n, len(convs))
+		}
 	}
 	if n := mustVec(t, idsReg, "kvindex_picker_index_queries_total", "tokens"); n != float64(len(convs)) {
 		t.Errorf("the other picker sent %v queries by ids; want %d", n, len(convs))

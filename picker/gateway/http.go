@@ -93,6 +93,7 @@ func (s *Service) servePick(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.cpu = cpu // given back before the index query (pick)
+	defer s.release(req)
 	var subset []string
 	if vs, ok := r.Header[http.CanonicalHeaderKey(SubsetKey)]; ok {
 		subset = []string{}

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,6 +39,27 @@ type localTokenizer struct {
 	model   string
 	forms   [2]atomic.Int32
 	results *prometheus.CounterVec
+	// ids recycles the id buffers of prompts tokenized here (*[]uint64;
+	// Service.release): a 16k-token chat's ids are 128 KiB a request.
+	ids sync.Pool
+}
+
+// maxPooledIDs bounds the id buffers kept for reuse: one huge prompt's
+// buffer is left to the garbage collector.
+const maxPooledIDs = 1 << 18
+
+func (lt *localTokenizer) getIDs() []uint64 {
+	if p, ok := lt.ids.Get().(*[]uint64); ok {
+		return (*p)[:0]
+	}
+	return nil
+}
+
+func (lt *localTokenizer) putIDs(ids []uint64) {
+	if ids != nil && cap(ids) <= maxPooledIDs {
+		ids = ids[:0]
+		lt.ids.Put(&ids)
+	}
 }
 
 func newLocalTokenizer(cfg *Config) (*localTokenizer, error) {
@@ -98,12 +120,12 @@ func (lt *localTokenizer) tokenize(ctx context.Context, s *Service, r *Request) 
 	}
 	var ids []uint64
 	if err == nil {
-		ids, err = s.tracedTokenize(ctx, lt.tok, r.Model, in)
+		ids, err = s.tracedTokenize(ctx, lt.tok, lt.getIDs(), r.Model, in)
 	}
 	switch {
 	case err == nil && len(ids) > 0:
 		lt.results.WithLabelValues(localOK).Inc()
-		r.Tokens = ids
+		r.Tokens, r.pooledIDs = ids, true
 		r.Prompt = &kvindexv1.Prompt{Input: &kvindexv1.Prompt_Tokens{Tokens: &kvindexv1.TokenIds{Ids: ids}},
 			LoraName: r.Prompt.GetLoraName(), CacheSalt: r.Prompt.GetCacheSalt()}
 	case errors.Is(err, tokenizer.ErrChatUnsupported), errors.Is(err, tokenizer.ErrChatTemplate), errors.Is(err, tokenizer.ErrUnsupported):
@@ -112,6 +134,20 @@ func (lt *localTokenizer) tokenize(ctx context.Context, s *Service, r *Request) 
 		lt.results.WithLabelValues(localError).Inc()
 		s.log.Debug("picker: tokenizing the prompt failed; the index tokenizes it", "model", r.Model, "err", err, "ids", len(ids))
 	}
+	if r.Tokens == nil {
+		lt.putIDs(ids)
+	}
+}
+
+// release recycles the ids the picker tokenized r's prompt into, once
+// r's pick is over, unless they went to the index as ids (an in-process
+// index takes them over: Local). r.Tokens and r.Prompt are then nil.
+func (s *Service) release(r *Request) {
+	if r == nil || !r.pooledIDs || r.idsSent || s.lt == nil {
+		return
+	}
+	s.lt.putIDs(r.Tokens)
+	r.Tokens, r.Prompt, r.pooledIDs = nil, nil, false
 }
 
 // CheckTokenizer verifies Config.Tokenizer against the engines: it

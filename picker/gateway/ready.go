@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
+
+	"github.com/kvindex/kvindex/api/kvindexv1"
 )
 
 // The remote index's reconnection: gRPC's backoff between connection
@@ -118,6 +120,13 @@ func (s *Service) setIndex(up bool, why string, args ...any) (changed bool) {
 func (s *Service) Warm(ctx context.Context, timeout time.Duration) error {
 	r, ok := s.src.(Remote)
 	if !ok {
+		if l, ok := s.src.(Local); ok {
+			if hc, ok := l.Server.(hashConfigSource); ok {
+				s.learnHashing(ctx, "in-process", func(ctx context.Context) (*kvindexv1.HashConfig, error) {
+					return hc.GetHashConfig(ctx, &kvindexv1.GetHashConfigRequest{})
+				})
+			}
+		}
 		return nil
 	}
 	if timeout <= 0 {
@@ -220,7 +229,9 @@ func (s *Service) warm(ctx context.Context, r Remote, timeout time.Duration, wha
 		return fmt.Errorf("warming the index connection: %w", err)
 	}
 	s.m.warmups.WithLabelValues("ok").Inc()
-	s.learnHashing(wctx, r)
+	s.learnHashing(wctx, r.Client.Addr(), func(ctx context.Context) (*kvindexv1.HashConfig, error) {
+		return r.Client.Index.GetHashConfig(ctx, &kvindexv1.GetHashConfigRequest{})
+	})
 	if !s.setIndex(true, "", "on", what, "took", took) {
 		s.log.Info("picker: index connection warm", "on", what, "took", took)
 	}

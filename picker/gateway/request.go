@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf8"
+	"unsafe"
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
@@ -60,6 +60,10 @@ type Request struct {
 	Tokens   []uint64
 	Session  string
 	Priority picker.Priority
+	// pooledIDs: Tokens are a buffer of the picker's tokenizer, recycled
+	// by Service.release unless idsSent (the ids prompt went to the
+	// index, which may keep them).
+	pooledIDs, idsSent bool
 	// cpu is the CPU slot the request was read in (Service.enterCPU),
 	// given back before its index query; nil: pick takes one.
 	cpu *cpuTurn
@@ -90,8 +94,9 @@ type body struct {
 	// array of ids (idsRead).
 	ids     []uint64
 	idsRead bool
-	// valid: scanBody read the body, and every value kept is valid JSON.
-	valid bool
+	// chat are the messages when scanBody read them (chatRead).
+	chat     []*kvindexv1.ChatMessage
+	chatRead bool
 }
 
 // ParseRequest reads an OpenAI request body: /v1/completions (prompt as
@@ -187,7 +192,8 @@ const maxScanDepth = 512
 // scanBody reads the body in one pass: each top-level value is
 // delimited, validated (json.Valid) and kept as a slice of data; the
 // prompt, when it is an array of ids, is decoded by jsonids.Parse as it
-// is delimited, which validates it too. A 16k-id prompt is so read once,
+// is delimited, which validates it too, and so are the messages, read by
+// scanMessages. A 16k-id prompt is so read once,
 // with one allocation for the ids, where encoding/json scanned it five
 // times (the body's validation, delimiting the RawMessage, a failed
 // string decode, and the []uint64 decode's validation and decoding).
@@ -199,7 +205,7 @@ const maxScanDepth = 512
 // (encoding/json matches those), a repeated field, nesting deeper than
 // maxScanDepth, a string field that does not decode, or invalid JSON.
 func scanBody(data []byte) (*body, bool) {
-	b := &body{valid: true}
+	b := new(body)
 	var seen [6]bool
 	i := jsonids.SkipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
@@ -249,6 +255,13 @@ func scanBody(data []byte) (*body, bool) {
 			ids := make([]uint64, 0, bytes.Count(data[i:], []byte{','})+1)
 			if ids, end, err := jsonids.Parse(ids, data, i, "prompt"); err == nil {
 				b.Prompt, b.ids, b.idsRead = data[i:end], ids, true
+				i = end
+				goto next
+			}
+		}
+		if field == 2 && i < len(data) && data[i] == '[' {
+			if chat, end, ok := scanMessages(data, i); ok {
+				b.Messages, b.chat, b.chatRead = data[i:end], chat, true
 				i = end
 				goto next
 			}
@@ -398,10 +411,8 @@ func idsPrompt(ids []uint64) (*kvindexv1.Prompt, []uint64, error) {
 // rendering. Plain messages (a role and a text content) travel as role
 // and content; any other message travels whole, as the engine renders it.
 func chatPrompt(b *body) (*kvindexv1.Prompt, error) {
-	if b.valid {
-		if out, ok := scanMessages(b.Messages); ok && len(out) > 0 {
-			return client.ChatPrompt(chatParamsJSON(b), out...), nil
-		}
+	if b.chatRead && len(b.chat) > 0 {
+		return client.ChatPrompt(chatParamsJSON(b), b.chat...), nil
 	}
 	var msgs []json.RawMessage
 	if err := json.Unmarshal(b.Messages, &msgs); err != nil {
@@ -421,63 +432,74 @@ func chatPrompt(b *body) (*kvindexv1.Prompt, error) {
 	return client.ChatPrompt(chatParamsJSON(b), out...), nil
 }
 
-// scanMessages reads a messages array known to be valid JSON in one
-// pass, as chatPrompt's encoding/json path reads it: a message whose only
-// fields are a role and a string content becomes role and content, any
-// other goes to chatMessage. A chat turn's body is nearly all such
-// messages, which encoding/json scanned four times (the body's
-// validation, the array, each message's object, each string):
-// BenchmarkPickerChatTurn. ok is false, for chatPrompt's encoding/json
-// path to read the array and name the error, on anything unexpected.
-func scanMessages(data []byte) (_ []*kvindexv1.ChatMessage, ok bool) {
-	i := jsonids.SkipSpace(data, 0)
-	if i >= len(data) || data[i] != '[' {
-		return nil, false
+// scanMessages reads and validates the messages array at data[i] in one
+// pass, as chatPrompt's encoding/json path reads it, and returns the
+// index past it: a message whose only fields are a role and a string
+// content becomes role and content, any other goes to chatMessage. A
+// chat turn's body is nearly all such messages, which encoding/json
+// scanned four times (the body's validation, the array, each message's
+// object, each string): BenchmarkPickerChatTurn. ok is false, for
+// scanBody's general path and chatPrompt's encoding/json path to read
+// the array and name the error, on anything unexpected.
+func scanMessages(data []byte, i int) (_ []*kvindexv1.ChatMessage, end int, ok bool) {
+	out := []*kvindexv1.ChatMessage{}
+	if i = jsonids.SkipSpace(data, i+1); i < len(data) && data[i] == ']' {
+		return out, i + 1, true
 	}
-	var out []*kvindexv1.ChatMessage
-	i = jsonids.SkipSpace(data, i+1)
-	for i < len(data) && data[i] != ']' {
-		end, ok := skipValue(data, i)
+	for i < len(data) {
+		cm, end, ok := plainMessage(data, i)
 		if !ok {
-			return nil, false
-		}
-		cm, ok := plainMessage(data[i:end])
-		if !ok {
+			if end, ok = skipValue(data, i); !ok {
+				return nil, 0, false
+			}
 			var err error
-			if cm, err = chatMessage(data[i:end]); err != nil {
-				return nil, false
+			if cm, err = chatMessage(data[i:end]); err != nil { // validated by json.Unmarshal
+				return nil, 0, false
 			}
 		}
 		out = append(out, cm)
-		if i = jsonids.SkipSpace(data, end); i < len(data) && data[i] == ',' {
+		if i = jsonids.SkipSpace(data, end); i >= len(data) {
+			break
+		}
+		switch data[i] {
+		case ',':
 			i = jsonids.SkipSpace(data, i+1)
+		case ']':
+			return out, i + 1, true
+		default:
+			return nil, 0, false
 		}
 	}
-	return out, true
+	return nil, 0, false
 }
 
-// plainMessage reads a valid JSON object whose only fields are "role" and
-// "content", each a string, the role not empty; ok is false for any other
-// (or for a string it does not decode itself).
-func plainMessage(raw []byte) (_ *kvindexv1.ChatMessage, ok bool) {
+// plainMessage reads the JSON object at raw[i] when its only fields are
+// "role" and "content", each a string, the role not empty, and returns
+// the index past it; ok is false for any other object, and for anything
+// that is not valid JSON.
+func plainMessage(raw []byte, i int) (_ *kvindexv1.ChatMessage, end int, ok bool) {
+	if i >= len(raw) || raw[i] != '{' {
+		return nil, 0, false
+	}
 	var role, content string
 	var seen [2]bool
-	i := jsonids.SkipSpace(raw, 1) // past '{'
-	for i < len(raw) && raw[i] == '"' {
+	for i = jsonids.SkipSpace(raw, i+1); ; {
+		if i >= len(raw) || raw[i] != '"' {
+			return nil, 0, false
+		}
 		key, end, ok := plainString(raw, i)
 		if !ok {
-			return nil, false
+			return nil, 0, false
 		}
 		if i = jsonids.SkipSpace(raw, end); i >= len(raw) || raw[i] != ':' {
-			return nil, false
+			return nil, 0, false
 		}
-		i = jsonids.SkipSpace(raw, i+1)
-		if i >= len(raw) || raw[i] != '"' {
-			return nil, false
+		if i = jsonids.SkipSpace(raw, i+1); i >= len(raw) || raw[i] != '"' {
+			return nil, 0, false
 		}
 		v, end, ok := plainString(raw, i)
 		if !ok {
-			return nil, false
+			return nil, 0, false
 		}
 		k := 0
 		switch key {
@@ -486,36 +508,43 @@ func plainMessage(raw []byte) (_ *kvindexv1.ChatMessage, ok bool) {
 		case "content":
 			k, content = 1, v
 		default:
-			return nil, false
+			return nil, 0, false
 		}
 		if seen[k] {
-			return nil, false // a repeated field: encoding/json's path knows which wins
+			return nil, 0, false // a repeated field: encoding/json's path knows which wins
 		}
 		seen[k] = true
-		if i = jsonids.SkipSpace(raw, end); i < len(raw) && raw[i] == ',' {
-			i = jsonids.SkipSpace(raw, i+1)
+		if i = jsonids.SkipSpace(raw, end); i >= len(raw) {
+			return nil, 0, false
 		}
+		if raw[i] == '}' {
+			break
+		}
+		if raw[i] != ',' {
+			return nil, 0, false
+		}
+		i = jsonids.SkipSpace(raw, i+1)
 	}
 	if !seen[0] || !seen[1] || role == "" {
-		return nil, false
+		return nil, 0, false
 	}
-	return &kvindexv1.ChatMessage{Role: role, Content: content}, true
+	return &kvindexv1.ChatMessage{Role: role, Content: content}, i + 1, true
 }
 
-// plainString returns the JSON string starting at raw[i] (a quote) of
-// a valid JSON text, and the index past it: its bytes when it has no
-// escape and is valid UTF-8, else as encoding/json decodes it.
+// plainString decodes the JSON string starting at raw[i] (a quote) and
+// returns the index past it; ok is false when it is not valid JSON.
 func plainString(raw []byte, i int) (string, int, bool) {
-	j := jsonstr.End(raw, i+1)
+	j, plain := jsonstr.Scan(raw, i+1)
 	if j < 0 {
 		return "", 0, false
 	}
 	v := raw[i+1 : j]
-	if bytes.IndexByte(v, '\\') < 0 && utf8.Valid(v) {
+	if plain {
 		return string(v), j + 1, true
 	}
 	out, ok := jsonstr.Append(make([]byte, 0, len(v)), v)
-	return string(out), j + 1, ok
+	// out is this string's alone and never written again: no copy.
+	return unsafe.String(unsafe.SliceData(out), len(out)), j + 1, ok
 }
 
 func chatMessage(raw json.RawMessage) (*kvindexv1.ChatMessage, error) {

@@ -108,6 +108,13 @@ func TestScanBodyDefers(t *testing.T) {
 		`{"Prompt":[1]}`, `{"pr\u006fmpt":[1]}`, `{"prompt":[1],"prompt":[2]}`, `{"model":5,"prompt":[1]}`,
 		`{"prompt":[1],"x":` + strings.Repeat("[", maxScanDepth+1) + strings.Repeat("]", maxScanDepth+1) + `}`,
 		`{"prompt":[1]} x`, `{"prompt":[1],}`, `{"prompt":[1],"x":tru}`, `null`, `{"prompt":[1]`,
+		// Messages that are not valid JSON, which the messages' one pass
+		// (scanMessages) must see as well as json.Valid did.
+		`{"messages":[{"role":"user","content":"a",}]}`, `{"messages":[{"role":"user","content":"a"},]}`,
+		`{"messages":[{"role":"user","content":"a"} {"role":"user","content":"b"}]}`,
+		`{"messages":[{"role":"user" "content":"a"}]}`, `{"messages":[{"role":"user","content":"a"}`,
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"a\tb\"}]}", `{"messages":[{"role":"user","content":"\q"}]}`,
+		`{"messages":[{"role":"user","content":"a"]}`, `{"messages":[{"role":"user","content":"a"}}]}`,
 	} {
 		if _, ok := scanBody([]byte(body)); ok {
 			t.Errorf("%.60s: read in one pass", body)
@@ -144,6 +151,9 @@ func FuzzParseRequest(f *testing.F) {
 		`{"messages":[{"role":"user","content":null},{"role":"user","content":"a","name":"n"},{"role":"","content":"x"}]}`,
 		`{"messages":[{"role":"user","role":"assistant","content":"a"}, {"role":"user","content":"\u00e9\/"} ]}`,
 		"{\"messages\":[{\"role\":\"user\",\"content\":\"bad \xff utf8\"}]}", `{"messages":[ ]}`, `{"messages":[{}]}`,
+		`{"messages":[{"role":"user","content":"a",}]}`, `{"messages":[{"role":"user","content":"a"},]}`,
+		`{"messages":[{"role":"user","content":"a"} {"role":"user","content":"b"}]}`, `{"messages":[{"role":"user","content":"a"}}]}`,
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"a\tb\"}]}", `{"messages":[{"role":"user","content":"long enough text\n"}, {"role":"a","content":"b","name":"c"} ]}`,
 	} {
 		f.Add(s)
 	}

@@ -424,7 +424,7 @@ func (s *Service) query(ctx context.Context, r *Request, st *pickState, pods []s
 		st.req.Prompt = hashed
 		s.m.queries.WithLabelValues(inputHashes).Inc()
 	} else {
-		st.req.Prompt = r.Prompt
+		st.req.Prompt, r.idsSent = r.Prompt, true
 		s.m.queries.WithLabelValues(inputOf(r.Prompt)).Inc()
 	}
 	resp, err := s.src.LongestPrefix(ctx, &st.req)
@@ -433,7 +433,7 @@ func (s *Service) query(ctx context.Context, r *Request, st *pickState, pods []s
 		// the picker learnt. Never again with this hashing; this request
 		// asks again with its ids, within what is left of its deadline.
 		s.dropHashing(hs, err)
-		st.req.Prompt = r.Prompt
+		st.req.Prompt, r.idsSent = r.Prompt, true
 		s.m.queries.WithLabelValues(inputOf(r.Prompt)).Inc()
 		resp, err = s.src.LongestPrefix(ctx, &st.req)
 	}

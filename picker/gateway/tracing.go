@@ -72,13 +72,13 @@ func endPick(span trace.Span, d picker.Decision, err error) {
 }
 
 // tracedTokenize is tok.Tokenize, in a SpanTokenize span when tracing.
-func (s *Service) tracedTokenize(ctx context.Context, tok tokenizer.Tokenizer, model string, in tokenizer.Input) ([]uint64, error) {
+func (s *Service) tracedTokenize(ctx context.Context, tok tokenizer.Tokenizer, dst []uint64, model string, in tokenizer.Input) ([]uint64, error) {
 	if s.cfg.Tracer == nil {
-		return tok.Tokenize(ctx, model, in)
+		return tokenizer.AppendTokenize(ctx, tok, dst, model, in)
 	}
 	ctx, span := s.cfg.Tracer.Start(ctx, SpanTokenize, trace.WithAttributes(attribute.String("kvindex.model", model)))
 	defer span.End()
-	ids, err := tok.Tokenize(ctx, model, in)
+	ids, err := tokenizer.AppendTokenize(ctx, tok, dst, model, in)
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 	}
