@@ -69,7 +69,7 @@ func (ix *Index) evictPass(cur, target int64) uint64 {
 	models := *ix.models.Load()
 	type holder struct {
 		ns *namespace
-		id uint32
+		e  *engine
 		n  int64
 	}
 	var holders []holder
@@ -81,7 +81,7 @@ func (ix *Index) evictPass(cur, target int64) uint64 {
 				continue
 			}
 			if n := e.holderBlocks.Load(); n > 0 {
-				holders = append(holders, holder{ns, e.id, n})
+				holders = append(holders, holder{ns, e, n})
 				sizes = append(sizes, n)
 				total += n
 			}
@@ -102,7 +102,7 @@ func (ix *Index) evictPass(cur, target int64) uint64 {
 			p = newEvictPlan(len(h.ns.engines.Load().byID))
 			plans[h.ns] = p
 		}
-		p.add(h.id, h.n-level)
+		p.add(h.e, h.n-level)
 	}
 	gen := ix.stored.Load() / ix.genSpan & genMask
 	var evicted uint64
@@ -154,7 +154,13 @@ type evictPlan struct {
 // generations old go; of those at least some generations old, spare more
 // (its quota, less what the older generations are estimated to hold).
 type victim struct {
-	id    uint32
+	id uint32
+	// e is the engine the plan was made for. An engine removed while the
+	// sweep runs frees its id, which a new engine may take: the sweep
+	// checks, shard by shard, that the id is still e's (live), and counts
+	// what it dropped against e, never against whoever holds the id now.
+	e     *engine
+	live  bool
 	quota int64
 	gone  tierDelta      // holdings dropped, by medium
 	byAge [numGens]int64 // sampled holdings by age (generations before now)
@@ -171,20 +177,39 @@ func newEvictPlan(engines int) *evictPlan {
 	return p
 }
 
-func (p *evictPlan) add(id uint32, quota int64) {
-	if int(id) < len(p.slot) {
-		p.slot[id] = int32(len(p.vs))
-		p.vs = append(p.vs, victim{id: id, quota: quota})
+func (p *evictPlan) add(e *engine, quota int64) {
+	if int(e.id) < len(p.slot) {
+		p.slot[e.id] = int32(len(p.vs))
+		p.vs = append(p.vs, victim{id: e.id, e: e, live: true, quota: quota})
 	}
 }
 
-// victim returns engine e's entry in the plan, or nil.
+// victim returns engine e's entry in the plan, or nil (also once the id
+// is no longer the planned engine's: see victim.e).
 func (p *evictPlan) victim(e uint32) *victim {
-	if int(e) >= len(p.slot) || p.slot[e] < 0 {
+	if int(e) >= len(p.slot) || p.slot[e] < 0 || !p.vs[p.slot[e]].live {
 		return nil
 	}
 	return &p.vs[p.slot[e]]
 }
+
+// recheck marks the victims whose id now belongs to another engine, or
+// to none (the planned engine was removed), as no longer live. Called
+// with a shard's lock held: an engine's removal clears its entries shard
+// by shard under the same locks before its id is freed, so an id found
+// still the planned engine's has no other engine's entries in the shard.
+func (p *evictPlan) recheck(et *engineTable) {
+	for i := range p.vs {
+		v := &p.vs[i]
+		if v.live && (int(v.id) >= len(et.byID) || et.byID[v.id] != v.e) {
+			v.live = false
+		}
+	}
+}
+
+// testHookEvictShard, when set (by tests), runs before each shard of an
+// eviction sweep, without locks held.
+var testHookEvictShard func(shard int)
 
 // cut turns each victim's sampled age profile into the generations it
 // loses: the oldest ones that together hold its quota.
@@ -272,8 +297,12 @@ func (ns *namespace) evictOver(p *evictPlan, gen uint64) uint64 {
 	var ids []uint32
 	var evicted uint64
 	for si := range ns.shards {
+		if testHookEvictShard != nil {
+			testHookEvictShard(si)
+		}
 		sh := &ns.shards[si]
 		sh.mu.Lock()
+		p.recheck(ns.engines.Load())
 		d := sh.data.Load()
 		// Deleting slot i shifts a later key into it: look at i again.
 		// A key that wraps from the table's start to its end is looked
@@ -363,9 +392,10 @@ func (ns *namespace) evictOver(p *evictPlan, gen uint64) uint64 {
 	}
 	et := ns.engines.Load()
 	for k, n := range perEngine {
-		id := p.vs[k].id
-		if n != 0 && int(id) < len(et.byID) && et.byID[id] != nil {
-			e := et.byID[id]
+		// Counted against the planned engine, unless it was removed
+		// meanwhile (its counters count no more): never against another
+		// engine that took its id.
+		if id, e := p.vs[k].id, p.vs[k].e; n != 0 && int(id) < len(et.byID) && et.byID[id] == e {
 			e.holderBlocks.Add(-n)
 			// The counters exist already (the engine held those
 			// media): nothing grows, but were it to, it is counted.

@@ -468,6 +468,51 @@ func TestHostileEventsIgnored(t *testing.T) {
 // Over budget, the engines holding more than their fair share lose their
 // least-recently-stored entries; an engine within its share keeps all of
 // its entries, however old.
+// TestEvictionEngineReplacedMidSweep: the engine an eviction sweep
+// evicts from is removed halfway through the sweep, and a new engine
+// takes its id and stores. The sweep must leave the newcomer's entries
+// alone and count nothing it dropped against the newcomer: its counts
+// stay equal to what the index holds of it.
+func TestEvictionEngineReplacedMidSweep(t *testing.T) {
+	ix := mustNew(t, Options{MemoryBudget: 2 << 20})
+	small, flood, newcomer := eng("small", 0), eng("flood", 0), eng("newcomer", 0)
+	ix.Apply(small, 0, []kvevents.Event{stored(testutil.Seq(1, 500)...)})
+	newKeys := testutil.Seq(1<<40, 300)
+	var floodID, newID uint32
+	fired := false
+	testHookEvictShard = func(shard int) {
+		if fired || shard != numShards/2 {
+			return
+		}
+		fired = true
+		floodID = ix.namespace("m", false).engine(flood.Pod, flood.DPRank).id
+		ix.RemoveEngine(flood)
+		ix.Apply(newcomer, 0, []kvevents.Event{storedIn("CPU", 0, newKeys...)})
+		newID = ix.namespace("m", false).engine(newcomer.Pod, newcomer.DPRank).id
+	}
+	t.Cleanup(func() { testHookEvictShard = nil })
+	next := 1 << 32
+	for i := 0; !fired && i < 10000; i++ {
+		ix.Apply(flood, uint64(i), []kvevents.Event{stored(testutil.Seq(next, 500)...)})
+		next += 500
+	}
+	if !fired {
+		t.Fatal("no eviction sweep ran")
+	}
+	if newID != floodID {
+		t.Fatalf("the newcomer has id %d, the removed engine had %d: the test proves nothing", newID, floodID)
+	}
+	checkInvariants(t, ix)
+	for _, e := range ix.Engines() {
+		if e.Engine == newcomer && (e.HolderBlocks != int64(len(newKeys)) || e.Evicted != 0) {
+			t.Errorf("the newcomer holds %d blocks, %d evicted; want %d, none", e.HolderBlocks, e.Evicted, len(newKeys))
+		}
+	}
+	if got := matched(query(t, ix, &Query{Model: "m", BlockHashes: newKeys})); !slices.Contains(got, "newcomer:300") {
+		t.Errorf("the newcomer's blocks: %v", got)
+	}
+}
+
 func TestMemoryBudgetEvictsLeastRecentlyStored(t *testing.T) {
 	const budget = 2 << 20
 	ix := mustNew(t, Options{MemoryBudget: budget})
