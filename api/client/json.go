@@ -120,6 +120,19 @@ type PodsJSON struct {
 	Pods     []PodInfoJSON    `json:"pods"`
 	Fleet    []FleetCacheJSON `json:"fleet,omitempty"`
 	PodCache []PodCacheJSON   `json:"pod_cache,omitempty"`
+	// TokenizerChecks compare the server's local tokenizer with the
+	// engines' /tokenize, per prompt form; none when it has no local
+	// tokenizer.
+	TokenizerChecks []TokenizerCheckJSON `json:"tokenizer_checks,omitempty"`
+}
+
+// TokenizerCheckJSON is one prompt form's comparison of the local
+// tokenizer with an engine's /tokenize; see kvindex.v1.TokenizerCheck.
+type TokenizerCheckJSON struct {
+	Form      string `json:"form"`
+	Verdict   string `json:"verdict"`
+	Disagrees bool   `json:"disagrees"`
+	Detail    string `json:"detail,omitempty"`
 }
 
 // PodCacheJSON is one engine's own cached-prefix fraction over the
@@ -215,6 +228,9 @@ func PodsJSONOf(r *kvindexv1.ListPodsResponse, now time.Time) PodsJSON {
 			fj.Fraction = &v
 		}
 		out.Fleet = append(out.Fleet, fj)
+	}
+	for _, c := range r.GetTokenizerChecks() {
+		out.TokenizerChecks = append(out.TokenizerChecks, TokenizerCheckJSON{Form: c.GetForm(), Verdict: c.GetVerdict(), Disagrees: c.GetDisagrees(), Detail: c.GetDetail()})
 	}
 	for _, p := range r.GetPodCache() {
 		pj := PodCacheJSON{Pod: p.GetPod(), HitTokens: p.GetHitTokens(), QueryTokens: p.GetQueryTokens(), WindowSeconds: p.GetWindowSeconds()}

@@ -87,6 +87,42 @@ func (p PodsJSON) CachedFractionLines() string {
 	return b.String()
 }
 
+// FormatLag prints an engine's ingest lag (PodInfoJSON.LastBatchLagSeconds):
+// microseconds below a millisecond (a healthy local lag), milliseconds
+// below a second, tenths below a minute.
+func FormatLag(seconds float64) string {
+	d := time.Duration(seconds * float64(time.Second))
+	switch a := d.Abs(); {
+	case a < time.Millisecond:
+		return d.Round(time.Microsecond).String()
+	case a < time.Second:
+		return d.Round(time.Millisecond).String()
+	case a < time.Minute:
+		return d.Round(time.Second / 10).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// TokenizerCheckLine prints the comparison of the server's local
+// tokenizer with the engines' /tokenize, one form after the other, e.g.
+//
+//	local tokenizer vs the engines' /tokenize: completion match; chat mismatch (ids differ at 12: ...)
+//
+// "" when the server has no local tokenizer.
+func (p PodsJSON) TokenizerCheckLine() string {
+	if len(p.TokenizerChecks) == 0 {
+		return ""
+	}
+	parts := make([]string, len(p.TokenizerChecks))
+	for i, c := range p.TokenizerChecks {
+		parts[i] = c.Form + " " + c.Verdict
+		if c.Detail != "" && c.Verdict != "match" {
+			parts[i] += " (" + c.Detail + ")"
+		}
+	}
+	return "local tokenizer vs the engines' /tokenize: " + strings.Join(parts, "; ") + "\n"
+}
+
 // EventLine prints a streamed event as one line (newline included):
 //
 //	TIME ENGINE seq=N KIND n=HASHES first=HASH [parent=HASH] [tokens=N] [MEDIUM] [group=N] [lora=NAME]

@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -53,6 +54,37 @@ func TestCachedFractionLines(t *testing.T) {
 				t.Errorf("CachedFractionLines:\n got %q\nwant %q", got, tt.want)
 			}
 		})
+	}
+}
+
+func TestTokenizerCheckLine(t *testing.T) {
+	resp := &kvindexv1.ListPodsResponse{TokenizerChecks: []*kvindexv1.TokenizerCheck{
+		{Form: "completion", Verdict: "match", Detail: "3 samples"},
+		{Form: "chat", Verdict: "mismatch", Disagrees: true, Detail: "ids differ at 12"},
+	}}
+	pj := client.PodsJSONOf(resp, time.Now())
+	want := []client.TokenizerCheckJSON{{"completion", "match", false, "3 samples"}, {"chat", "mismatch", true, "ids differ at 12"}}
+	if !slices.Equal(pj.TokenizerChecks, want) {
+		t.Errorf("PodsJSONOf: tokenizer checks %+v, want %+v", pj.TokenizerChecks, want)
+	}
+	if got, want := pj.TokenizerCheckLine(), "local tokenizer vs the engines' /tokenize: completion match; chat mismatch (ids differ at 12)\n"; got != want {
+		t.Errorf("TokenizerCheckLine:\n got %q\nwant %q", got, want)
+	}
+	if got := (client.PodsJSON{}).TokenizerCheckLine(); got != "" {
+		t.Errorf("without a local tokenizer: %q, want none", got)
+	}
+}
+
+func TestFormatLag(t *testing.T) {
+	for _, tc := range []struct {
+		seconds float64
+		want    string
+	}{
+		{0.000_412_3, "412µs"}, {0.0123, "12ms"}, {1.234, "1.2s"}, {-0.002, "-2ms"}, {95.4, "1m35s"},
+	} {
+		if got := client.FormatLag(tc.seconds); got != tc.want {
+			t.Errorf("FormatLag(%v) = %q, want %q", tc.seconds, got, tc.want)
+		}
 	}
 }
 

@@ -391,8 +391,11 @@ degraded, disconnected: how far kvindex vouches for its entries; see "Engine
 health" in the documentation), the last sequence number applied, the gaps,
 replays and resets seen, the blocks it holds in the index, the hash check
 (verified: kvindex recomputes the engine's hashes; mismatch: it cannot, see
-"hash mismatch" in the documentation; unknown: nothing checked yet) and the
-age of its last event. When kvindex runs the picker and scrapes the engines
+"hash mismatch" in the documentation; unknown: nothing checked yet), the age
+of its last event and its lag (how long its last batch took from the engine's
+stamp to the index; "-" when no batch carried a stamp). A kvindex with a local
+tokenizer adds how it compares with the engines' /tokenize, per prompt form.
+When kvindex runs the picker and scrapes the engines
 (serve --picker), the last lines give the fleet cached fraction: the share of
 prompt tokens the engines served from their prefix caches over the last
 window, overall and per model, then each engine's own.`,
@@ -422,11 +425,11 @@ window, overall and per model, then each engine's own.`,
 				fmt.Fprintf(w, "index seq %d\n", out.IndexSeq)
 			}
 			if len(out.Pods) == 0 {
-				_, err := fmt.Fprint(w, "no engines\n", out.CachedFractionLines())
+				_, err := fmt.Fprint(w, "no engines\n", out.TokenizerCheckLine(), out.CachedFractionLines())
 				return err
 			}
 			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "ENGINE\tMODEL\tENDPOINT\tCONNECTED\tHEALTH\tLAST SEQ\tGAPS\tREPLAYS OK/FAILED\tRESETS\tBLOCKS\tHASH CHECK\tLAST EVENT")
+			fmt.Fprintln(tw, "ENGINE\tMODEL\tENDPOINT\tCONNECTED\tHEALTH\tLAST SEQ\tGAPS\tREPLAYS OK/FAILED\tRESETS\tBLOCKS\tHASH CHECK\tLAST EVENT\tLAG")
 			for _, p := range out.Pods {
 				age := "never"
 				switch {
@@ -435,9 +438,13 @@ window, overall and per model, then each engine's own.`,
 				case p.Restored():
 					age = "restored" // its entries came from a snapshot, its events before this process
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s\n",
+				lag := "-"
+				if p.LastBatchLagSeconds != nil {
+					lag = client.FormatLag(*p.LastBatchLagSeconds)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s\t%s\n",
 					client.EngineName(p.Pod, p.DPRank), p.Model, cmp.Or(p.Endpoint, "-"), yesNo(p.Connected), p.Health,
-					p.LastSeq, p.Gaps, p.ReplaysOK, p.ReplaysFailed, p.Resets, p.Blocks, p.HashCheck, age)
+					p.LastSeq, p.Gaps, p.ReplaysOK, p.ReplaysFailed, p.Resets, p.Blocks, p.HashCheck, age, lag)
 			}
 			if err := tw.Flush(); err != nil {
 				return err
@@ -447,7 +454,7 @@ window, overall and per model, then each engine's own.`,
 					fmt.Fprintf(w, "%s: %s\n", client.EngineName(p.Pod, p.DPRank), p.Message)
 				}
 			}
-			_, err := io.WriteString(w, out.CachedFractionLines())
+			_, err := io.WriteString(w, out.TokenizerCheckLine()+out.CachedFractionLines())
 			return err
 		},
 	}

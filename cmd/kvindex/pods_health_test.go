@@ -59,7 +59,7 @@ func TestPodsHealthWords(t *testing.T) {
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
 		f := strings.Fields(line)
 		rows[f[0]] = f[4] // ENGINE MODEL ENDPOINT CONNECTED HEALTH ...
-		lastEvent[f[0]] = f[len(f)-1]
+		lastEvent[f[0]] = f[len(f)-2] // ... LAST EVENT LAG
 	}
 	// No engine sent an event to this process; the restored one's
 	// entries came from a snapshot, which LAST EVENT says.

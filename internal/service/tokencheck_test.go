@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"runtime"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/internal/testutil"
 	"github.com/kvindex/kvindex/kvevents/enginesim"
 	"github.com/kvindex/kvindex/kvevents/enginesim/simhttp"
@@ -121,6 +123,19 @@ func TestServeChecksItsTokenizers(t *testing.T) {
 			})
 			if got := strings.Join(disagrees, ","); got != tc.disagrees {
 				t.Errorf("ListPods says the forms %q disagree, want %q", got, tc.disagrees)
+			}
+			// The HTTP API and kvindex pods --json carry them too.
+			resp, err := http.Get("http://" + s.HTTPAddr() + "/v1/pods")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var pj client.PodsJSON
+			if err := json.NewDecoder(resp.Body).Decode(&pj); err != nil {
+				t.Fatal(err)
+			}
+			if len(pj.TokenizerChecks) != 2 || pj.TokenizerChecks[0].Verdict == "" {
+				t.Errorf("/v1/pods tokenizer_checks %+v; want both forms' verdicts", pj.TokenizerChecks)
 			}
 		})
 	}

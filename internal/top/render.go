@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/kvindex/kvindex/api/client"
 )
 
 // ellipsis marks text cut to fit.
@@ -288,21 +290,10 @@ func age(e Engine) string {
 	return d.Round(time.Second).String() + " ago"
 }
 
-// lag prints an engine's ingest lag, "-" if unknown: microseconds below
-// a millisecond (a healthy local lag), milliseconds below a second,
-// tenths below a minute.
+// lag prints an engine's ingest lag (client.FormatLag), "-" if unknown.
 func lag(n Num) string {
 	if !n.OK {
 		return "-"
 	}
-	d := time.Duration(n.V * float64(time.Second))
-	switch a := d.Abs(); {
-	case a < time.Millisecond:
-		return d.Round(time.Microsecond).String()
-	case a < time.Second:
-		return d.Round(time.Millisecond).String()
-	case a < time.Minute:
-		return d.Round(time.Second / 10).String()
-	}
-	return d.Round(time.Second).String()
+	return client.FormatLag(n.V)
 }
