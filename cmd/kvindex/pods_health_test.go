@@ -58,7 +58,7 @@ func TestPodsHealthWords(t *testing.T) {
 	rows, lastEvent := map[string]string{}, map[string]string{}
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
 		f := strings.Fields(line)
-		rows[f[0]] = f[4] // ENGINE MODEL ENDPOINT CONNECTED HEALTH ...
+		rows[f[0]] = f[4]             // ENGINE MODEL ENDPOINT CONNECTED HEALTH ...
 		lastEvent[f[0]] = f[len(f)-2] // ... LAST EVENT LAG
 	}
 	// No engine sent an event to this process; the restored one's
