@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"runtime"
+	"sync"
+	"time"
 )
 
 // cpuSlots is how many requests the picker lets do their CPU work at
@@ -15,6 +17,71 @@ import (
 // Queued instead, each request is prepared at full speed and its query
 // finds a core free (BenchmarkPickerChatTurn/remote-c64).
 func cpuSlots() int { return max(runtime.GOMAXPROCS(0)-1, 1) }
+
+// bodySlots is how many ext_proc requests the picker reads the body of
+// at once, from its first frame until it has gone back to Envoy: as many
+// as the cores Go runs on. The others wait with their frames unread
+// (gRPC's flow control holds them at Envoy) instead of each keeping a
+// goroutine busy with frames on the cores, where the goroutines of the
+// index queries' round trips would queue behind them: 64 streams at once
+// on 2 cores timed out 5-20% of their queries without these slots, none
+// with them (BenchmarkPickerChatTurn/remote-c64).
+func bodySlots() int { return runtime.GOMAXPROCS(0) }
+
+// bodySlotPatience is how long a request holding a body slot may wait
+// for its next frame before it gives the slot back (and queues for one
+// again when the frame comes): a client that uploads slowly never holds
+// up the requests behind it.
+const bodySlotPatience = 2 * time.Millisecond
+
+// bodySlot is one ext_proc stream's hold on a body slot.
+type bodySlot struct {
+	slots chan struct{}
+	mu    sync.Mutex
+	held  bool
+}
+
+// take waits for a slot unless one is held; false when ctx ended first.
+func (b *bodySlot) take(ctx context.Context) bool {
+	b.mu.Lock()
+	held := b.held
+	b.mu.Unlock()
+	if held {
+		return true
+	}
+	select {
+	case b.slots <- struct{}{}:
+	case <-ctx.Done():
+		return false
+	}
+	b.mu.Lock()
+	b.held = true
+	b.mu.Unlock()
+	return true
+}
+
+// give gives the slot back, if held; from any goroutine.
+func (b *bodySlot) give() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.held {
+		b.held = false
+		<-b.slots
+	}
+}
+
+// waiting gives the slot back if the stream's next frame takes longer
+// than bodySlotPatience; the returned stop ends the wait.
+func (b *bodySlot) waiting() (stop func()) {
+	b.mu.Lock()
+	held := b.held
+	b.mu.Unlock()
+	if !held {
+		return func() {}
+	}
+	t := time.AfterFunc(bodySlotPatience, b.give)
+	return func() { t.Stop() }
+}
 
 // cpuTurn is a request's hold on a CPU slot; leave gives it back, once,
 // from the request's goroutine.

@@ -69,7 +69,9 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 		held      inflight.Hold // body bytes taken from s.bodies
 		heldBytes int64         // what held holds
 		fl        *flight       // once routed
+		slot      = bodySlot{slots: s.body}
 	)
+	defer slot.give()
 	defer s.bodies.Give(&held)
 	defer func() {
 		if fl != nil {
@@ -80,7 +82,9 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 		}
 	}()
 	for {
+		stopWaiting := slot.waiting()
 		req, err := stream.Recv()
+		stopWaiting()
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
@@ -105,6 +109,9 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 			if len(body)+len(v.RequestBody.GetBody()) > s.cfg.MaxBody {
 				s.m.bad.WithLabelValues("too_large").Inc()
 				return stream.Send(immediate(typev3.StatusCode_PayloadTooLarge, "request body over "+strconv.Itoa(s.cfg.MaxBody)+" bytes"))
+			}
+			if !slot.take(stream.Context()) {
+				return nil // the stream ended
 			}
 			frame := v.RequestBody.GetBody()
 			switch {
@@ -148,6 +155,7 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 				body = nil
 				s.bodies.Give(&held)
 				heldBytes = 0
+				slot.give()
 			}
 		case *extprocv3.ProcessingRequest_RequestTrailers:
 			resp = []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}}

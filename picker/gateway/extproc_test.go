@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -421,6 +422,54 @@ func TestExtProcConversationSticks(t *testing.T) {
 				t.Errorf("%d requests still in flight after their streams ended", n)
 			}
 		})
+	}
+}
+
+// Clients that stop halfway through their bodies (a slow upload) hold no
+// body slot while they wait: more of them than there are slots do not
+// hold up the next request, and each is routed once its body is complete.
+func TestExtProcStalledBodiesHoldNoSlot(t *testing.T) {
+	f := newFleet(t, "pod-a", "pod-b")
+	svc, _ := newService(t, f, gateway.Local{Server: f.srv}, nil)
+	c, _ := startPicker(t, svc)
+	body := idsBody(testutil.Seq(1, 4*bs))
+	var stalled []extprocv3.ExternalProcessor_ProcessClient
+	for range 2*runtime.GOMAXPROCS(0) + 1 {
+		st, err := c.Process(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		hm := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/completions")}}}
+		if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hm}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(body[:10])}}}); err != nil {
+			t.Fatal(err)
+		}
+		stalled = append(stalled, st)
+	}
+	done := make(chan *envoy)
+	go func() { done <- send(t, c, "/v1/completions", nil, nil, body, 100) }()
+	select {
+	case e := <-done:
+		if e.dest == "" {
+			t.Fatalf("no destination: %+v", e)
+		}
+	case <-time.After(waitFor):
+		t.Fatalf("a request waited %v behind %d stalled bodies", waitFor, len(stalled))
+	}
+	// The stalled ones go on when their bodies come.
+	for i, st := range stalled {
+		if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(body[10:]), EndOfStream: true}}}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := st.Recv()
+		if err != nil {
+			t.Fatalf("stalled request %d: %v", i, err)
+		}
+		if resp.GetRequestHeaders() == nil {
+			t.Fatalf("stalled request %d: answered %T, want its routing", i, resp.Response)
+		}
 	}
 }
 

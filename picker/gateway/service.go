@@ -167,6 +167,7 @@ type Service struct {
 	hash atomic.Pointer[hashing]
 	lt   *localTokenizer // nil without Config.Tokenizer
 	cpu  chan struct{}   // the requests doing their CPU work (cpuSlots)
+	body chan struct{}   // the ext_proc requests reading their body (bodySlots)
 }
 
 // endpointSet is the candidates, replaced whole by SetEndpoints so that a
@@ -266,6 +267,7 @@ func New(cfg Config, src Source) (*Service, error) {
 		return nil, err
 	}
 	s.cpu = make(chan struct{}, cpuSlots())
+	s.body = make(chan struct{}, bodySlots())
 	if s.lt, err = newLocalTokenizer(&cfg); err != nil {
 		return nil, err
 	}
