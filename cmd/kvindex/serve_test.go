@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -95,10 +96,19 @@ func TestDeployManifests(t *testing.T) {
 		return p
 	}
 
-	cfg := writeFile(t, "config.yaml", load("base/configmap.yaml")[0].Data["config.yaml"])
+	raw := load("base/configmap.yaml")[0].Data["config.yaml"]
+	cfg := writeFile(t, "config.yaml", raw)
 	o, _, err := parseServe(t, "--config", cfg)
 	if err != nil {
 		t.Fatalf("the ConfigMap's settings: %v", err)
+	}
+	// The settings it shows commented out are valid too.
+	optional := regexp.MustCompile(`(?m)^(\s*)# ([a-z-]+: .*)$`)
+	if !optional.MatchString(raw) {
+		t.Fatal("the ConfigMap shows no optional setting (the tracing example)")
+	}
+	if _, _, err := parseServe(t, "--config", writeFile(t, "optional.yaml", optional.ReplaceAllString(raw, "$1$2"))); err != nil {
+		t.Fatalf("the ConfigMap's settings with the commented ones: %v", err)
 	}
 	listen, replay := portOf(o.Listen), portOf(o.ReplayTemplate)
 	containerPorts := map[string]int{}
