@@ -1036,15 +1036,16 @@ func (s *Server) HashSamples(_ context.Context, req *kvindexv1.HashSamplesReques
 		}
 		e := &kvindexv1.EngineHashSamples{Pod: es.Engine.Pod, DpRank: uint32(es.Engine.DPRank), Model: es.Engine.Model}
 		for i := range es.Events {
-			e.Samples = append(e.Samples, storedSample(&es.Events[i]))
+			e.Samples = append(e.Samples, StoredSample(&es.Events[i]))
 		}
 		out.Engines = append(out.Engines, e)
 	}
 	return out, nil
 }
 
-// storedSample is the wire form of one kept BlockStored event.
-func storedSample(ev *kvevents.Event) *kvindexv1.StoredSample {
+// StoredSample is the wire form of one kept BlockStored event, as
+// HashSamples sends it (internal/doctor's Decode reads it back).
+func StoredSample(ev *kvevents.Event) *kvindexv1.StoredSample {
 	s := &kvindexv1.StoredSample{
 		BlockHashes: ev.Hashes, BlockDigests: ev.Digests, HasParent: ev.HasParent, ParentHash: ev.Parent,
 		ParentDigest: ev.ParentDigest, TokenIds: ev.TokenIDs, BlockSize: uint32(ev.BlockSize), LoraName: ev.LoRAName,

@@ -8,37 +8,17 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvindex/kvindex/api/kvindexv1"
+	"github.com/kvindex/kvindex/api/server"
 	"github.com/kvindex/kvindex/blockhash"
+	"github.com/kvindex/kvindex/kvevents"
 )
 
 // toProto is the wire form of s, as the server sends it.
 func toProto(s Sample) *kvindexv1.StoredSample {
-	p := &kvindexv1.StoredSample{
-		BlockHashes: s.Hashes, BlockDigests: s.Digests, HasParent: s.HasParent, ParentHash: s.Parent,
-		ParentDigest: s.ParentDigest, TokenIds: s.Tokens, BlockSize: uint32(s.BlockSize), LoraName: s.LoRAName,
-		HasExtraKeys: s.ExtraKeys != nil,
-	}
-	for _, x := range s.ExtraKeys {
-		p.ExtraKeys = append(p.ExtraKeys, &kvindexv1.BlockExtraKeys{None: x == nil, Values: protoValues(x)})
-	}
-	return p
-}
-
-func protoValues(x blockhash.BlockExtra) []*kvindexv1.ExtraKeyValue {
-	var out []*kvindexv1.ExtraKeyValue
-	for _, v := range x {
-		switch v.Kind {
-		case blockhash.KindStr:
-			out = append(out, &kvindexv1.ExtraKeyValue{Value: &kvindexv1.ExtraKeyValue_Str{Str: v.Str}})
-		case blockhash.KindInt:
-			out = append(out, &kvindexv1.ExtraKeyValue{Value: &kvindexv1.ExtraKeyValue_Int{Int: v.Int}})
-		case blockhash.KindBytes:
-			out = append(out, &kvindexv1.ExtraKeyValue{Value: &kvindexv1.ExtraKeyValue_Bytes{Bytes: v.Bytes}})
-		case blockhash.KindTuple:
-			out = append(out, &kvindexv1.ExtraKeyValue{Value: &kvindexv1.ExtraKeyValue_Tuple{Tuple: &kvindexv1.ExtraKeyTuple{Values: protoValues(v.Tuple)}}})
-		}
-	}
-	return out
+	return server.StoredSample(&kvevents.Event{
+		Kind: kvevents.BlockStored, Hashes: s.Hashes, Digests: s.Digests, HasParent: s.HasParent, Parent: s.Parent,
+		ParentDigest: s.ParentDigest, TokenIDs: s.Tokens, BlockSize: s.BlockSize, LoRAName: s.LoRAName, ExtraKeys: s.ExtraKeys,
+	})
 }
 
 func TestDecodeRoundTrip(t *testing.T) {
