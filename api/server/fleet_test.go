@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"encoding/json"
-	"net/http"
 	"reflect"
 	"testing"
 	"time"
@@ -65,15 +64,8 @@ func TestListPodsFleet(t *testing.T) {
 			if !reflect.DeepEqual(got.Fleet, tt.fleet) || !reflect.DeepEqual(got.PodCache, tt.pods) {
 				t.Errorf("gRPC:\n got %s %s\nwant %s %s", jsonOf(t, got.Fleet), jsonOf(t, got.PodCache), jsonOf(t, tt.fleet), jsonOf(t, tt.pods))
 			}
-			resp, err := http.Get(f.url + "/v1/pods?model=" + tt.model)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
 			var body client.PodsJSON
-			if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-				t.Fatal(err)
-			}
+			testutil.GetJSON(t, f.url+"/v1/pods?model="+tt.model, &body)
 			if !reflect.DeepEqual(body.Fleet, tt.fleet) || !reflect.DeepEqual(body.PodCache, tt.pods) {
 				t.Errorf("HTTP:\n got %s %s\nwant %s %s", jsonOf(t, body.Fleet), jsonOf(t, body.PodCache), jsonOf(t, tt.fleet), jsonOf(t, tt.pods))
 			}

@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"runtime"
@@ -125,15 +124,8 @@ func TestServeChecksItsTokenizers(t *testing.T) {
 				t.Errorf("ListPods says the forms %q disagree, want %q", got, tc.disagrees)
 			}
 			// The HTTP API and kvindex pods --json carry them too.
-			resp, err := http.Get("http://" + s.HTTPAddr() + "/v1/pods")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
 			var pj client.PodsJSON
-			if err := json.NewDecoder(resp.Body).Decode(&pj); err != nil {
-				t.Fatal(err)
-			}
+			testutil.GetJSON(t, "http://"+s.HTTPAddr()+"/v1/pods", &pj)
 			if len(pj.TokenizerChecks) != 2 || pj.TokenizerChecks[0].Verdict == "" {
 				t.Errorf("/v1/pods tokenizer_checks %+v; want both forms' verdicts", pj.TokenizerChecks)
 			}

@@ -2,7 +2,9 @@ package testutil
 
 import (
 	"bytes"
+	"encoding/json"
 	"net"
+	"net/http"
 	"strconv"
 	"sync"
 	"testing"
@@ -104,4 +106,21 @@ func Seq(from, n int) []uint64 {
 		out[i] = uint64(from + i)
 	}
 	return out
+}
+
+// GetJSON GETs url and decodes its 200 answer's JSON body into v,
+// failing the test otherwise.
+func GetJSON(t testing.TB, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s", url, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
 }
