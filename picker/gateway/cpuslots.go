@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // cpuSlots is how many requests the picker lets do their CPU work at
@@ -37,6 +39,7 @@ const bodySlotPatience = 2 * time.Millisecond
 // bodySlot is one ext_proc stream's hold on a body slot.
 type bodySlot struct {
 	slots chan struct{}
+	wait  prometheus.Observer // kvindex_picker_queue_seconds{turn="body"}
 	mu    sync.Mutex
 	held  bool
 }
@@ -51,8 +54,15 @@ func (b *bodySlot) take(ctx context.Context) bool {
 	}
 	select {
 	case b.slots <- struct{}{}:
-	case <-ctx.Done():
-		return false
+		b.wait.Observe(0)
+	default:
+		start := time.Now()
+		select {
+		case b.slots <- struct{}{}:
+			b.wait.Observe(time.Since(start).Seconds())
+		case <-ctx.Done():
+			return false
+		}
 	}
 	b.mu.Lock()
 	b.held = true
@@ -92,13 +102,28 @@ type cpuTurn struct {
 
 // enterCPU waits for a CPU slot; nil when ctx ended first.
 func (s *Service) enterCPU(ctx context.Context) *cpuTurn {
+	wait := s.m.queueSeconds.WithLabelValues(turnCPU)
 	select {
 	case s.cpu <- struct{}{}:
+		wait.Observe(0)
+		return &cpuTurn{s: s, held: true}
+	default:
+	}
+	start := time.Now()
+	select {
+	case s.cpu <- struct{}{}:
+		wait.Observe(time.Since(start).Seconds())
 		return &cpuTurn{s: s, held: true}
 	case <-ctx.Done():
 		return nil
 	}
 }
+
+// The turns of kvindex_picker_queue_seconds.
+const (
+	turnBody = "body"
+	turnCPU  = "cpu"
+)
 
 // leave gives the slot back; a nil turn or one left already does nothing.
 func (t *cpuTurn) leave() {

@@ -69,7 +69,7 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 		held      inflight.Hold // body bytes taken from s.bodies
 		heldBytes int64         // what held holds
 		fl        *flight       // once routed
-		slot      = bodySlot{slots: s.body}
+		slot      = bodySlot{slots: s.body, wait: s.m.queueSeconds.WithLabelValues(turnBody)}
 	)
 	defer slot.give()
 	defer s.bodies.Give(&held)

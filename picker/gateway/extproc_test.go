@@ -30,6 +30,7 @@ import (
 	"github.com/kvindex/kvindex/picker/enginemetrics"
 	"github.com/kvindex/kvindex/picker/gateway"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -153,6 +154,15 @@ func serveGRPCServer(t *testing.T, register func(grpc.ServiceRegistrar)) (string
 
 func mustVec(t testing.TB, reg *prometheus.Registry, name, label string) float64 {
 	t.Helper()
+	if m := metricOf(t, reg, name, label); m != nil {
+		return m.GetCounter().GetValue()
+	}
+	return 0
+}
+
+// metricOf is the series of name whose label has the value label, or nil.
+func metricOf(t testing.TB, reg *prometheus.Registry, name, label string) *dto.Metric {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -164,12 +174,12 @@ func mustVec(t testing.TB, reg *prometheus.Registry, name, label string) float64
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetValue() == label {
-					return m.GetCounter().GetValue()
+					return m
 				}
 			}
 		}
 	}
-	return 0
+	return nil
 }
 
 // fallbacks counts the requests routed without the index, every reason.
@@ -430,7 +440,7 @@ func TestExtProcConversationSticks(t *testing.T) {
 // hold up the next request, and each is routed once its body is complete.
 func TestExtProcStalledBodiesHoldNoSlot(t *testing.T) {
 	f := newFleet(t, "pod-a", "pod-b")
-	svc, _ := newService(t, f, gateway.Local{Server: f.srv}, nil)
+	svc, reg := newService(t, f, gateway.Local{Server: f.srv}, nil)
 	c, _ := startPicker(t, svc)
 	body := idsBody(testutil.Seq(1, 4*bs))
 	var stalled []extprocv3.ExternalProcessor_ProcessClient
@@ -470,6 +480,12 @@ func TestExtProcStalledBodiesHoldNoSlot(t *testing.T) {
 		if resp.GetRequestHeaders() == nil {
 			t.Fatalf("stalled request %d: answered %T, want its routing", i, resp.Response)
 		}
+	}
+	// Every request's turns are in the histogram; the stalled ones beyond
+	// the slots waited for theirs.
+	h := metricOf(t, reg, "kvindex_picker_queue_seconds", "body").GetHistogram()
+	if h.GetSampleCount() < uint64(len(stalled)+1) || h.GetSampleSum() <= 0 {
+		t.Errorf("body turns: %d waits, %v s in all; want at least %d, some time waited", h.GetSampleCount(), h.GetSampleSum(), len(stalled)+1)
 	}
 }
 

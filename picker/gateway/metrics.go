@@ -14,6 +14,7 @@ type metrics struct {
 	bad          *prometheus.CounterVec
 	warmups      *prometheus.CounterVec
 	indexSeconds prometheus.Histogram
+	queueSeconds *prometheus.HistogramVec
 	queries      *prometheus.CounterVec
 	hashConfig   *prometheus.CounterVec
 	hashMemo     *prometheus.CounterVec
@@ -45,6 +46,11 @@ func newMetrics(reg prometheus.Registerer, bodyBytes func() int64) (*metrics, er
 			Help:    "Time to get the index's answer for a request, failures and timeouts included.",
 			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14),
 		}),
+		queueSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvindex_picker_queue_seconds",
+			Help:    "Time a request waited for its turn, by turn: body (an ext_proc request's turn to read its body: as many at once as cores), cpu (its turn to render, tokenize and hash: one fewer than the cores). Turns keep the index queries' round trips from queueing behind the work of many requests at once.",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14),
+		}, []string{"turn"}),
 		queries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvindex_picker_index_queries_total",
 			Help: "Queries of the index by what the prompt was sent as: hashes (block keys the picker computed), tokens (ids), text, messages.",
@@ -70,7 +76,7 @@ func newMetrics(reg prometheus.Registerer, bodyBytes func() int64) (*metrics, er
 		Help: "Bytes of request bodies buffered now, across ext_proc streams and /v1/pick requests (bounded; beyond, requests are refused as busy).",
 	}, func() float64 { return float64(bodyBytes()) })
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.picks, m.fallbacks, m.bad, m.warmups, m.indexSeconds, m.queries, m.hashConfig, m.hashMemo, m.hashBlocks, bodies} {
+		for _, c := range []prometheus.Collector{m.picks, m.fallbacks, m.bad, m.warmups, m.indexSeconds, m.queueSeconds, m.queries, m.hashConfig, m.hashMemo, m.hashBlocks, bodies} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
