@@ -26,7 +26,7 @@ func cpuSlots() int { return max(runtime.GOMAXPROCS(0)-1, 1) }
 // (gRPC's flow control holds them at Envoy) instead of each keeping a
 // goroutine busy with frames on the cores, where the goroutines of the
 // index queries' round trips would queue behind them: 64 streams at once
-// on 2 cores timed out 5-20% of their queries without these slots, none
+// on 2 cores timed out 3-23% of their queries without these slots, none
 // with them (BenchmarkPickerChatTurn/remote-c64).
 func bodySlots() int { return runtime.GOMAXPROCS(0) }
 
@@ -52,17 +52,8 @@ func (b *bodySlot) take(ctx context.Context) bool {
 	if held {
 		return true
 	}
-	select {
-	case b.slots <- struct{}{}:
-		b.wait.Observe(0)
-	default:
-		start := time.Now()
-		select {
-		case b.slots <- struct{}{}:
-			b.wait.Observe(time.Since(start).Seconds())
-		case <-ctx.Done():
-			return false
-		}
+	if !acquire(ctx, b.slots, b.wait) {
+		return false
 	}
 	b.mu.Lock()
 	b.held = true
@@ -102,20 +93,28 @@ type cpuTurn struct {
 
 // enterCPU waits for a CPU slot; nil when ctx ended first.
 func (s *Service) enterCPU(ctx context.Context) *cpuTurn {
-	wait := s.m.queueSeconds.WithLabelValues(turnCPU)
+	if !acquire(ctx, s.cpu, s.m.queueSeconds.WithLabelValues(turnCPU)) {
+		return nil
+	}
+	return &cpuTurn{s: s, held: true}
+}
+
+// acquire takes one of slots, observing how long it waited (0 when one
+// was free, without reading the clock); false when ctx ended first.
+func acquire(ctx context.Context, slots chan struct{}, wait prometheus.Observer) bool {
 	select {
-	case s.cpu <- struct{}{}:
+	case slots <- struct{}{}:
 		wait.Observe(0)
-		return &cpuTurn{s: s, held: true}
+		return true
 	default:
 	}
 	start := time.Now()
 	select {
-	case s.cpu <- struct{}{}:
+	case slots <- struct{}{}:
 		wait.Observe(time.Since(start).Seconds())
-		return &cpuTurn{s: s, held: true}
+		return true
 	case <-ctx.Done():
-		return nil
+		return false
 	}
 }
 
