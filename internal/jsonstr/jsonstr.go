@@ -1,13 +1,15 @@
 // Package jsonstr decodes JSON strings as encoding/json does, for the
 // one-pass JSON readers of the picker (chat messages) and the chat
-// template (its values), which find a string's end themselves and
-// decode it here only when it holds an escape or invalid UTF-8.
+// template (its values): String finds a string's end and takes its bytes
+// as they stand when they need no decoding (Scan), else decodes them
+// (Append).
 package jsonstr
 
 import (
 	"encoding/binary"
 	"unicode/utf16"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // End returns the index of the quote that closes the JSON string whose
@@ -89,6 +91,28 @@ func skipPlainASCII(data []byte, i int) int {
 		}
 	}
 	return i
+}
+
+// String decodes the JSON string whose contents start at data[i] (past
+// its opening quote) as encoding/json does: its bytes as they stand when
+// plain (Scan), else decoded by Append. end is the index of its closing
+// quote, -1 when the data ends first; ok is false for contents that are
+// not valid JSON (or no closing quote).
+func String(data []byte, i int) (s string, end int, ok bool) {
+	end, plain := Scan(data, i)
+	if end < 0 {
+		return "", -1, false
+	}
+	v := data[i:end]
+	if plain {
+		return string(v), end, true
+	}
+	b, ok := Append(make([]byte, 0, len(v)), v)
+	if !ok {
+		return "", end, false
+	}
+	// b is this string's alone and never written again: no copy.
+	return unsafe.String(unsafe.SliceData(b), len(b)), end, true
 }
 
 // Append appends the decoded contents v of a JSON string (between its

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unsafe"
 
 	"github.com/kvindex/kvindex/api/client"
 	"github.com/kvindex/kvindex/api/kvindexv1"
@@ -534,17 +533,8 @@ func plainMessage(raw []byte, i int) (_ *kvindexv1.ChatMessage, end int, ok bool
 // plainString decodes the JSON string starting at raw[i] (a quote) and
 // returns the index past it; ok is false when it is not valid JSON.
 func plainString(raw []byte, i int) (string, int, bool) {
-	j, plain := jsonstr.Scan(raw, i+1)
-	if j < 0 {
-		return "", 0, false
-	}
-	v := raw[i+1 : j]
-	if plain {
-		return string(v), j + 1, true
-	}
-	out, ok := jsonstr.Append(make([]byte, 0, len(v)), v)
-	// out is this string's alone and never written again: no copy.
-	return unsafe.String(unsafe.SliceData(out), len(out)), j + 1, ok
+	s, end, ok := jsonstr.String(raw, i+1)
+	return s, end + 1, ok
 }
 
 func chatMessage(raw json.RawMessage) (*kvindexv1.ChatMessage, error) {

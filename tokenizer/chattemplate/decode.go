@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
 
@@ -234,42 +233,17 @@ func (d *decoder) number() (jinja.Value, error) {
 
 // str reads a string, d.pos at its opening quote.
 func (d *decoder) str() (string, error) {
-	d.pos++ // "
-	start := d.pos
-	// Most strings need no unquoting: a copy of their bytes is the string.
-	for d.pos < len(d.data) {
-		c := d.data[d.pos]
-		if c == '"' {
-			s := string(d.data[start:d.pos])
-			d.pos++
-			return s, nil
-		}
-		if c == '\\' || c < ' ' {
-			break
-		}
-		if c < utf8.RuneSelf {
-			d.pos++
-			continue
-		}
-		r, n := utf8.DecodeRune(d.data[d.pos:])
-		if r == utf8.RuneError && n == 1 {
-			break
-		}
-		d.pos += n
-	}
-	// An escape, a control character or invalid UTF-8: the string ends
-	// at the next unescaped quote, and is decoded as encoding/json does.
-	end := jsonstr.End(d.data, d.pos)
-	if end < 0 {
+	start := d.pos + 1 // past "
+	s, end, ok := jsonstr.String(d.data, start)
+	switch {
+	case end < 0:
 		d.pos = len(d.data)
 		return "", d.syntaxError()
-	}
-	b, ok := jsonstr.Append(make([]byte, 0, end-start), d.data[start:end])
-	if !ok {
+	case !ok:
 		return "", fmt.Errorf("invalid string at offset %d", start-1)
 	}
 	d.pos = end + 1
-	return string(b), nil
+	return s, nil
 }
 
 // number keeps a JSON integer an integer when it fits in int64, as
