@@ -487,6 +487,9 @@ func TestExtProcStalledBodiesHoldNoSlot(t *testing.T) {
 	if h.GetSampleCount() < uint64(len(stalled)+1) || h.GetSampleSum() <= 0 {
 		t.Errorf("body turns: %d waits, %v s in all; want at least %d, some time waited", h.GetSampleCount(), h.GetSampleSum(), len(stalled)+1)
 	}
+	if n := metricOf(t, reg, "kvindex_picker_queue_seconds", "cpu").GetHistogram().GetSampleCount(); n != uint64(len(stalled)+1) {
+		t.Errorf("CPU turns: %d; want one per request, %d", n, len(stalled)+1)
+	}
 }
 
 // A holder with requests in flight yields to an idle pod once its queue
