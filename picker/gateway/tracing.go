@@ -71,7 +71,8 @@ func endPick(span trace.Span, d picker.Decision, err error) {
 	span.End()
 }
 
-// tracedTokenize is tok.Tokenize, in a SpanTokenize span when tracing.
+// tracedTokenize appends tok's ids for in to dst (tokenizer.AppendTokenize),
+// in a SpanTokenize span when tracing.
 func (s *Service) tracedTokenize(ctx context.Context, tok tokenizer.Tokenizer, dst []uint64, model string, in tokenizer.Input) ([]uint64, error) {
 	if s.cfg.Tracer == nil {
 		return tokenizer.AppendTokenize(ctx, tok, dst, model, in)
