@@ -25,9 +25,8 @@ func cpuSlots() int { return max(runtime.GOMAXPROCS(0)-1, 1) }
 // as the cores Go runs on. The others wait with their frames unread
 // (gRPC's flow control holds them at Envoy) instead of each keeping a
 // goroutine busy with frames on the cores, where the goroutines of the
-// index queries' round trips would queue behind them: 64 streams at once
-// on 2 cores timed out 3-23% of their queries without these slots, none
-// with them (BenchmarkPickerChatTurn/remote-c64).
+// index queries' round trips would queue behind them and time out
+// (BenchmarkPickerChatTurn/remote-c64; README has the figures).
 func bodySlots() int { return runtime.GOMAXPROCS(0) }
 
 // bodySlotPatience is how long a request holding a body slot may wait
