@@ -1,10 +1,13 @@
 package gateway_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -141,6 +144,8 @@ func appendMsg(dst []byte, m chatMsg, closing ...byte) []byte {
 //   - local: the index in the same process (kvindex serve --picker);
 //   - remote: the index over loopback gRPC, asked by block keys;
 //   - remote-c64: the same, 64 streams at once;
+//   - remote-http-c64: the same, 64 HTTP callers posting each body to
+//     /v1/pick over kept-alive connections (pickHTTP);
 //   - cold: every request a conversation never seen (nothing cached in
 //     the picker or the index), the index over loopback gRPC.
 //
@@ -166,11 +171,13 @@ func BenchmarkPickerChatTurn(b *testing.B) {
 		src     gateway.Source
 		streams int
 		cold    bool
+		http    bool // POST /v1/pick instead of ext_proc
 	}{
-		{"local", gateway.Local{Server: srv}, 1, false},
-		{"remote", gateway.Remote{Client: c}, 1, false},
-		{"remote-c64", gateway.Remote{Client: c}, chatBenchStreams, false},
-		{"cold", gateway.Remote{Client: c}, 1, true},
+		{"local", gateway.Local{Server: srv}, 1, false, false},
+		{"remote", gateway.Remote{Client: c}, 1, false, false},
+		{"remote-c64", gateway.Remote{Client: c}, chatBenchStreams, false, false},
+		{"remote-http-c64", gateway.Remote{Client: c}, chatBenchStreams, false, true},
+		{"cold", gateway.Remote{Client: c}, 1, true, false},
 	} {
 		b.Run(v.name, func(b *testing.B) {
 			reg := prometheus.NewRegistry()
@@ -185,12 +192,16 @@ func BenchmarkPickerChatTurn(b *testing.B) {
 				b.Fatal(err)
 			}
 			xc := serveExtProc(b, svc)
+			pick := func(body []byte) { pickOnce(b, xc, body) }
+			if v.http {
+				pick = pickHTTP(b, svc, v.streams)
+			}
 			rng := rand.New(rand.NewPCG(11, uint64(len(v.name))))
 			// The conversations' earlier turns, once each: the picker's
 			// segment cache and chain memo hold them, as a live picker's
 			// would; each goes to its holder.
 			for i := range cb.convs {
-				pickOnce(b, xc, turnBody(cb.turn(i, rng)))
+				pick(turnBody(cb.turn(i, rng)))
 			}
 			warm := fallbacks(b, reg)
 			// Each request's body is built by its stream before its clock
@@ -236,7 +247,7 @@ func BenchmarkPickerChatTurn(b *testing.B) {
 						body = build(body[:0], i, rng)
 						bodyBytes.Add(int64(len(body)))
 						t0 := time.Now()
-						pickOnce(b, xc, body)
+						pick(body)
 						lat[i] = time.Since(t0)
 					}
 				})
@@ -254,6 +265,27 @@ func BenchmarkPickerChatTurn(b *testing.B) {
 			b.ReportMetric(100*fb/float64(b.N), "fallback-%")
 			b.ReportMetric(float64(bodyBytes.Load()/int64(b.N)), "body-bytes")
 		})
+	}
+}
+
+// pickHTTP serves svc's HTTP API on loopback and returns a function that
+// POSTs a body to /v1/pick over one of conns kept-alive connections, as
+// a gateway's HTTP client would, and checks the answer.
+func pickHTTP(b *testing.B, svc *gateway.Service, conns int) func(body []byte) {
+	hs := httptest.NewServer(svc.Handler())
+	b.Cleanup(hs.Close)
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conns}}
+	b.Cleanup(hc.CloseIdleConnections)
+	return func(body []byte) {
+		resp, err := hc.Post(hs.URL+"/v1/pick", "application/json", bytes.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var d struct{ Endpoint string }
+		if err := json.NewDecoder(resp.Body).Decode(&d); err != nil || resp.StatusCode != http.StatusOK || d.Endpoint == "" {
+			b.Fatalf("/v1/pick: %d, %+v, %v", resp.StatusCode, d, err)
+		}
 	}
 }
 

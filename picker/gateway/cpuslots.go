@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"io"
 	"runtime"
 	"sync"
 	"time"
@@ -20,13 +21,15 @@ import (
 // finds a core free (BenchmarkPickerChatTurn/remote-c64).
 func cpuSlots() int { return max(runtime.GOMAXPROCS(0)-1, 1) }
 
-// bodySlots is how many ext_proc requests the picker reads the body of
-// at once, from its first frame until it has gone back to Envoy: as many
-// as the cores Go runs on. The others wait with their frames unread
-// (gRPC's flow control holds them at Envoy) instead of each keeping a
-// goroutine busy with frames on the cores, where the goroutines of the
-// index queries' round trips would queue behind them and time out
-// (BenchmarkPickerChatTurn/remote-c64; README has the figures).
+// bodySlots is how many requests the picker reads the body of at once,
+// from its first byte until the body has gone back to Envoy (ext_proc)
+// or the answer is written (/v1/pick): as many as the cores Go runs on.
+// The others wait with their bytes unread (held at the client by gRPC's
+// or TCP's flow control) instead of each keeping a goroutine busy with
+// frames on the cores, where the goroutines of the index queries' round
+// trips would queue behind them and time out
+// (BenchmarkPickerChatTurn/remote-c64, /remote-http-c64; README has the
+// figures).
 func bodySlots() int { return runtime.GOMAXPROCS(0) }
 
 // bodySlotPatience is how long a request holding a body slot may wait
@@ -81,6 +84,25 @@ func (b *bodySlot) waiting() (stop func()) {
 	}
 	t := time.AfterFunc(bodySlotPatience, b.give)
 	return func() { t.Stop() }
+}
+
+// slotReader reads an HTTP request's body in body turns: each Read first
+// takes the request's slot (queueing while the slots are busy), and a
+// Read that waits on the client longer than bodySlotPatience gives the
+// slot back, as a stalled ext_proc stream does.
+type slotReader struct {
+	ctx  context.Context
+	slot *bodySlot
+	r    io.Reader
+}
+
+func (sr *slotReader) Read(p []byte) (int, error) {
+	if !sr.slot.take(sr.ctx) {
+		return 0, sr.ctx.Err()
+	}
+	stop := sr.slot.waiting()
+	defer stop()
+	return sr.r.Read(p)
 }
 
 // cpuTurn is a request's hold on a CPU slot; leave gives it back, once,

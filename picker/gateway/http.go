@@ -57,9 +57,13 @@ func (s *Service) servePick(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusRequestEntityTooLarge, "request body over "+strconv.Itoa(s.cfg.MaxBody)+" bytes")
 		return
 	}
+	// The body is read in a body turn, held until the answer is written,
+	// as ext_proc requests take theirs (bodySlots).
+	slot := &bodySlot{slots: s.body, wait: s.m.queueSeconds.WithLabelValues(turnBody)}
+	defer slot.give()
 	in := &inflight.Reader{R: http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBody)), G: &s.bodies, Size: r.ContentLength}
 	defer in.Release()
-	body, err := io.ReadAll(in)
+	body, err := io.ReadAll(&slotReader{ctx: r.Context(), slot: slot, r: in})
 	if err != nil {
 		if errors.Is(err, inflight.ErrBusy) {
 			s.m.bad.WithLabelValues("busy").Inc()

@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -8,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -339,4 +341,69 @@ func TestPickBodyReadTimeout(t *testing.T) {
 	testutil.Await(t, waitFor, "the timeout counted", func() bool {
 		return mustVec(t, reg, "kvindex_picker_bad_requests_total", "read_timeout") == 1
 	})
+}
+
+// /v1/pick reads bodies in body turns, as ext_proc does: clients that
+// stall mid-body give their turns back, so the request behind them is
+// answered; when their bodies come they are answered too, and every
+// request's turn is in kvindex_picker_queue_seconds{turn="body"}.
+func TestPickStalledBodiesHoldNoSlot(t *testing.T) {
+	f := newFleet(t, "pod-a", "pod-b")
+	svc, reg := newService(t, f, gateway.Local{Server: f.srv}, nil)
+	hs := httptest.NewServer(svc.Handler())
+	t.Cleanup(hs.Close)
+	body := idsBody(testutil.Seq(1, 4*bs))
+	var stalled []net.Conn
+	for range 2*runtime.GOMAXPROCS(0) + 1 {
+		c, err := net.Dial("tcp", hs.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		head := "POST /v1/pick HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n"
+		if _, err := c.Write([]byte(head + body[:10])); err != nil {
+			t.Fatal(err)
+		}
+		stalled = append(stalled, c)
+	}
+	bodyTurns := func() uint64 {
+		return metricOf(t, reg, "kvindex_picker_queue_seconds", "body").GetHistogram().GetSampleCount()
+	}
+	// Each stalled request's handler has read its first bytes, in a turn.
+	testutil.Await(t, waitFor, "the stalled requests' first reads", func() bool { return bodyTurns() >= uint64(len(stalled)) })
+	done := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(hs.URL+"/v1/pick", "application/json", strings.NewReader(body))
+		if err != nil {
+			done <- -1
+			return
+		}
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	select {
+	case code := <-done:
+		if code != http.StatusOK {
+			t.Fatalf("the request behind the stalled ones: %d", code)
+		}
+	case <-time.After(waitFor):
+		t.Fatalf("a request waited %v behind %d stalled bodies", waitFor, len(stalled))
+	}
+	for i, c := range stalled {
+		if _, err := c.Write([]byte(body[10:])); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(waitFor))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("stalled request %d: %v", i, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("stalled request %d: %d", i, resp.StatusCode)
+		}
+	}
+	if h := metricOf(t, reg, "kvindex_picker_queue_seconds", "body").GetHistogram(); h.GetSampleCount() < uint64(len(stalled)+1) || h.GetSampleSum() <= 0 {
+		t.Errorf("body turns: %d waits, %v s in all; want at least %d, some time waited", h.GetSampleCount(), h.GetSampleSum(), len(stalled)+1)
+	}
 }

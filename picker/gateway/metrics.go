@@ -48,7 +48,7 @@ func newMetrics(reg prometheus.Registerer, bodyBytes func() int64) (*metrics, er
 		}),
 		queueSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvindex_picker_queue_seconds",
-			Help:    "Time a request waited for its turn, by turn: body (an ext_proc request's turn to read its body: as many at once as cores), cpu (its turn to render, tokenize and hash: one fewer than the cores). Turns keep the index queries' round trips from queueing behind the work of many requests at once.",
+			Help:    "Time a request waited for its turn, by turn: body (a request's turn to read its body, over ext_proc or /v1/pick, until its answer has gone: as many at once as cores), cpu (its turn to render, tokenize and hash: one fewer than the cores). Turns keep the index queries' round trips from queueing behind the work of many requests at once.",
 			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14),
 		}, []string{"turn"}),
 		queries: prometheus.NewCounterVec(prometheus.CounterOpts{
