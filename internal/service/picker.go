@@ -63,18 +63,6 @@ type pickerCore struct {
 	lis    net.Listener // set by listen
 }
 
-// The ext_proc server's HTTP/2 flow-control windows: fixed, where gRPC's
-// default grows them with the measured bandwidth-delay product up to
-// 16 MiB per connection, which a client streaming bodies without end
-// makes the picker buffer beyond its bound on the bodies (the fault row
-// picker-body-flood measured its peak RSS 20 MiB lower with these). A
-// stream may have 256 KiB in flight, which keeps an 8 MiB body flowing at
-// hundreds of MB/s within a data centre, a connection 1 MiB.
-const (
-	extProcWindow     = 256 << 10
-	extProcConnWindow = 1 << 20
-)
-
 // newPickerCore builds the picker over src.
 // budget is the process's memory budget (bytes, 0 for none), which
 // bounds the request bodies buffered at once (gateway.Config.MemoryBudget).
@@ -93,9 +81,9 @@ func newPickerCore(o *PickerOptions, src gateway.Source, reg prometheus.Register
 	if err != nil {
 		return nil, err
 	}
-	gs := grpc.NewServer(append(tracing.ServerOptions(), grpc.MaxRecvMsgSize(svc.MaxBody()+1<<20),
-		grpc.InitialWindowSize(extProcWindow), grpc.InitialConnWindowSize(extProcConnWindow))...)
-	svc.ExtProc().Register(gs)
+	xp := svc.ExtProc()
+	gs := grpc.NewServer(append(tracing.ServerOptions(), xp.ServerOptions()...)...)
+	xp.Register(gs)
 	reflection.Register(gs) // grpcurl lists the ext_proc and health services
 
 	return &pickerCore{svc: svc, sc: sc, scrape: scrape, grpc: gs}, nil

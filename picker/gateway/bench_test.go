@@ -142,8 +142,9 @@ func serveExtProc(b *testing.B, svc *gateway.Service) extprocv3.ExternalProcesso
 	if err != nil {
 		b.Fatal(err)
 	}
-	pgs := grpc.NewServer(grpc.MaxRecvMsgSize(svc.MaxBody() + 1<<20))
-	svc.ExtProc().Register(pgs)
+	xp := svc.ExtProc()
+	pgs := grpc.NewServer(xp.ServerOptions()...)
+	xp.Register(pgs)
 	go pgs.Serve(pl)
 	b.Cleanup(pgs.Stop)
 	conn, err := grpc.NewClient(pl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -134,18 +134,18 @@ func (f *fleet) held(t *testing.T, pod string, ids []uint64) int {
 	return 0
 }
 
-func serveGRPC(t *testing.T, register func(grpc.ServiceRegistrar)) string {
-	addr, _ := serveGRPCServer(t, register)
+func serveGRPC(t *testing.T, register func(grpc.ServiceRegistrar), opts ...grpc.ServerOption) string {
+	addr, _ := serveGRPCServer(t, register, opts...)
 	return addr
 }
 
-func serveGRPCServer(t *testing.T, register func(grpc.ServiceRegistrar)) (string, *grpc.Server) {
+func serveGRPCServer(t *testing.T, register func(grpc.ServiceRegistrar), opts ...grpc.ServerOption) (string, *grpc.Server) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(opts...)
 	register(gs)
 	go gs.Serve(lis)
 	t.Cleanup(gs.Stop)
@@ -207,7 +207,8 @@ func remote(t *testing.T, addr string) gateway.Source {
 // startPicker serves svc's ext_proc front on loopback and returns a client.
 func startPicker(t *testing.T, svc *gateway.Service) (extprocv3.ExternalProcessorClient, *grpc.ClientConn) {
 	t.Helper()
-	addr := serveGRPC(t, func(r grpc.ServiceRegistrar) { svc.ExtProc().Register(r.(*grpc.Server)) })
+	xp := svc.ExtProc()
+	addr := serveGRPC(t, func(r grpc.ServiceRegistrar) { xp.Register(r.(*grpc.Server)) }, xp.ServerOptions()...)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
