@@ -186,6 +186,44 @@ func BenchmarkLongestPrefixServer(b *testing.B) {
 	}
 }
 
+// BenchmarkFleetWalk is the index walk of BenchmarkLongestPrefixServerCPU's
+// queries by block hashes, alone: one query after another in one
+// goroutine (alone), and the same with 4 MiB of other memory written
+// between queries (cache-cold), as a server's transport and callers
+// evict the fleet's slots from the caches between its walks. walk-ns/op
+// is the walk's own time, without the writes.
+func BenchmarkFleetWalk(b *testing.B) {
+	fl := loadFleet(b)
+	qs := make([]indexer.Query, len(fl.prompts))
+	for i, p := range fl.prompts {
+		qs[i] = indexer.Query{Model: testModel, BlockHashes: mustChainKeys(p)}
+	}
+	for _, v := range []struct {
+		name  string
+		other []uint64
+	}{{"alone", nil}, {"cache-cold", make([]uint64, 4<<20/8)}} {
+		b.Run(v.name, func(b *testing.B) {
+			var res indexer.Result
+			var walking time.Duration
+			for i := 0; b.Loop(); i++ {
+				for j := 0; j < len(v.other); j += 8 { // one write per cache line
+					v.other[j]++
+				}
+				t0 := time.Now()
+				err := fl.index.LongestPrefix(&qs[i%len(qs)], &res)
+				walking += time.Since(t0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if res.Pods[0].MatchedBlocks != benchBlocks {
+					b.Fatalf("query %d: the first pod matched %d blocks", i%len(qs), res.Pods[0].MatchedBlocks)
+				}
+			}
+			b.ReportMetric(float64(walking.Nanoseconds())/float64(b.N), "walk-ns/op")
+		})
+	}
+}
+
 // runLoad runs b.N calls of do from conc goroutines and reports
 // throughput and latency percentiles.
 func runLoad(b *testing.B, conc int, do func(i int) error) {
