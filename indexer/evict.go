@@ -102,11 +102,14 @@ func (ix *Index) evictPass(cur, target int64) uint64 {
 			p = newEvictPlan(len(h.ns.engines.Load().byID))
 			plans[h.ns] = p
 		}
-		p.add(h.e, h.n-level)
+		p.add(h.e, h.n-level, level)
 	}
 	gen := ix.stored.Load() / ix.genSpan & genMask
 	var evicted uint64
 	for ns, p := range plans {
+		if testHookEvictShard != nil {
+			testHookEvictShard(-1)
+		}
 		ns.sampleAges(p, gen)
 		p.cut()
 		evicted += ns.evictOver(p, gen)
@@ -162,6 +165,10 @@ type victim struct {
 	e     *engine
 	live  bool
 	quota int64
+	// floor is the engine's fair share: the sweep never takes it below,
+	// whatever its quota, as the engine may have shrunk since the plan
+	// (a clear): its holdings now, less what the sweep dropped, decide.
+	floor int64
 	gone  tierDelta      // holdings dropped, by medium
 	byAge [numGens]int64 // sampled holdings by age (generations before now)
 	all   int
@@ -177,10 +184,10 @@ func newEvictPlan(engines int) *evictPlan {
 	return p
 }
 
-func (p *evictPlan) add(e *engine, quota int64) {
+func (p *evictPlan) add(e *engine, quota, floor int64) {
 	if int(e.id) < len(p.slot) {
 		p.slot[e.id] = int32(len(p.vs))
-		p.vs = append(p.vs, victim{id: e.id, e: e, live: true, quota: quota})
+		p.vs = append(p.vs, victim{id: e.id, e: e, live: true, quota: quota, floor: floor})
 	}
 }
 
@@ -208,7 +215,8 @@ func (p *evictPlan) recheck(et *engineTable) {
 }
 
 // testHookEvictShard, when set (by tests), runs before each shard of an
-// eviction sweep, without locks held.
+// eviction sweep, and with shard -1 once a namespace's plan is made,
+// before its victims' ages are sampled; without locks held.
 var testHookEvictShard func(shard int)
 
 // cut turns each victim's sampled age profile into the generations it
@@ -234,8 +242,12 @@ func (p *evictPlan) cut() {
 }
 
 // drop reports whether v loses its n holdings in a block age generations
-// old, and counts them against its spare.
-func (v *victim) drop(age, n int) bool {
+// old, and counts them against its spare. held is what v's engine holds
+// now, less what the sweep dropped already.
+func (v *victim) drop(age, n int, held int64) bool {
+	if held-int64(n) < v.floor {
+		return false
+	}
 	if age >= v.all {
 		return true
 	}
@@ -321,7 +333,7 @@ func (ns *namespace) evictOver(p *evictPlan, gen uint64) uint64 {
 					nv := v
 					for f := 0; f < 48; f += 16 {
 						id := uint32(v >> f & 0xffff)
-						if vc := p.victim(id - 1); id != 0 && vc != nil && vc.drop(age, 1) {
+						if vc := p.victim(id - 1); id != 0 && vc != nil && vc.drop(age, 1, vc.e.holderBlocks.Load()-perEngine[p.slot[id-1]]) {
 							nv &^= 0xffff << f
 							perEngine[p.slot[id-1]]++
 							vc.gone.add(mediumGPU, -1)
@@ -360,7 +372,7 @@ func (ns *namespace) evictOver(p *evictPlan, gen uint64) uint64 {
 					if hs.hasBit(e) {
 						n++
 					}
-					if !vc.drop(age, n) {
+					if !vc.drop(age, n, vc.e.holderBlocks.Load()-perEngine[p.slot[e]]) {
 						continue
 					}
 					hs.removeEngine(e, &vc.gone)

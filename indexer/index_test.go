@@ -465,9 +465,6 @@ func TestHostileEventsIgnored(t *testing.T) {
 	}
 }
 
-// Over budget, the engines holding more than their fair share lose their
-// least-recently-stored entries; an engine within its share keeps all of
-// its entries, however old.
 // TestEvictionEngineReplacedMidSweep: the engine an eviction sweep
 // evicts from is removed halfway through the sweep, and a new engine
 // takes its id and stores. The sweep must leave the newcomer's entries
@@ -513,6 +510,52 @@ func TestEvictionEngineReplacedMidSweep(t *testing.T) {
 	}
 }
 
+// TestEvictionEngineClearedBeforeSweep: the engine an eviction pass plans
+// to evict from (the one over its fair share) clears its cache and stores
+// a few new blocks after the plan is made, before the sweep: it is now far
+// below its share and must keep them all, though the plan's quota is
+// larger than all it holds.
+func TestEvictionEngineClearedBeforeSweep(t *testing.T) {
+	ix := mustNew(t, Options{MemoryBudget: 2 << 20})
+	small, flood := eng("small", 0), eng("flood", 0)
+	ix.Apply(small, 0, []kvevents.Event{stored(testutil.Seq(1, 500)...)})
+	newKeys := testutil.Seq(1<<40, 300)
+	fired := false
+	seq := uint64(0)
+	testHookEvictShard = func(shard int) {
+		if fired || shard != -1 {
+			return
+		}
+		fired = true
+		ix.Apply(flood, seq, []kvevents.Event{{Kind: kvevents.AllBlocksCleared}, storedIn("CPU", 0, newKeys...)})
+		seq++
+	}
+	t.Cleanup(func() { testHookEvictShard = nil })
+	next := 1 << 32
+	for ; !fired && seq < 10000; seq++ {
+		ix.Apply(flood, seq, []kvevents.Event{stored(testutil.Seq(next, 500)...)})
+		next += 500
+	}
+	if !fired {
+		t.Fatal("no eviction pass ran")
+	}
+	checkInvariants(t, ix)
+	for _, e := range ix.Engines() {
+		if e.Engine == flood && e.HolderBlocks != int64(len(newKeys)) {
+			t.Errorf("the cleared engine holds %d blocks; want its %d new ones", e.HolderBlocks, len(newKeys))
+		}
+		if e.Engine == small && e.HolderBlocks != 500 {
+			t.Errorf("the small engine holds %d blocks; want its 500", e.HolderBlocks)
+		}
+	}
+	if got := matched(query(t, ix, &Query{Model: "m", BlockHashes: newKeys})); !slices.Contains(got, "flood:300") {
+		t.Errorf("the cleared engine's new blocks: %v", got)
+	}
+}
+
+// Over budget, the engines holding more than their fair share lose their
+// least-recently-stored entries; an engine within its share keeps all of
+// its entries, however old.
 func TestMemoryBudgetEvictsLeastRecentlyStored(t *testing.T) {
 	const budget = 2 << 20
 	ix := mustNew(t, Options{MemoryBudget: budget})
