@@ -38,12 +38,17 @@ func bodySlots() int { return runtime.GOMAXPROCS(0) }
 // up the requests behind it.
 const bodySlotPatience = 2 * time.Millisecond
 
-// bodySlot is one ext_proc stream's hold on a body slot.
+// bodySlot is one request's hold on a body slot.
 type bodySlot struct {
 	slots chan struct{}
 	wait  prometheus.Observer // kvindex_picker_queue_seconds{turn="body"}
 	mu    sync.Mutex
 	held  bool
+}
+
+// newBodySlot returns a request's hold on a body slot, not yet taken.
+func (s *Service) newBodySlot() *bodySlot {
+	return &bodySlot{slots: s.body, wait: s.m.queueSeconds.WithLabelValues(turnBody)}
 }
 
 // take waits for a slot unless one is held; false when ctx ended first.

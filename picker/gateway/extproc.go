@@ -28,13 +28,14 @@ type ExtProc struct {
 // ExtProc returns the Service's ext_proc front.
 func (s *Service) ExtProc() *ExtProc { return &ExtProc{s: s} }
 
-// The ext_proc server's HTTP/2 flow-control windows (ServerOptions): fixed, where gRPC's
-// default grows them with the measured bandwidth-delay product up to
-// 16 MiB per connection, which a client streaming bodies without end
-// makes the picker buffer beyond its bound on the bodies (the fault row
-// picker-body-flood measured its peak RSS 20 MiB lower with these). A
-// stream may have 256 KiB in flight, which keeps an 8 MiB body flowing at
-// hundreds of MB/s within a data centre, a connection 1 MiB.
+// The ext_proc server's HTTP/2 flow-control windows (ServerOptions):
+// fixed, where gRPC's default grows them with the measured
+// bandwidth-delay product up to 16 MiB per connection, which a client
+// streaming bodies without end makes the picker buffer beyond its bound
+// on the bodies (the fault row picker-body-flood measured its peak RSS
+// 20 MiB lower with these). A stream may have 256 KiB in flight, which
+// keeps an 8 MiB body flowing at hundreds of MB/s within a data centre,
+// a connection 1 MiB.
 const (
 	extProcWindow     = 256 << 10
 	extProcConnWindow = 1 << 20
@@ -92,7 +93,7 @@ func (x *ExtProc) Process(stream extprocv3.ExternalProcessor_ProcessServer) erro
 		held      inflight.Hold // body bytes taken from s.bodies
 		heldBytes int64         // what held holds
 		fl        *flight       // once routed
-		slot      = bodySlot{slots: s.body, wait: s.m.queueSeconds.WithLabelValues(turnBody)}
+		slot      = s.newBodySlot()
 	)
 	defer slot.give()
 	defer s.bodies.Give(&held)

@@ -59,7 +59,7 @@ func (s *Service) servePick(w http.ResponseWriter, r *http.Request) {
 	}
 	// The body is read in a body turn, held until the answer is written,
 	// as ext_proc requests take theirs (bodySlots).
-	slot := &bodySlot{slots: s.body, wait: s.m.queueSeconds.WithLabelValues(turnBody)}
+	slot := s.newBodySlot()
 	defer slot.give()
 	in := &inflight.Reader{R: http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBody)), G: &s.bodies, Size: r.ContentLength}
 	defer in.Release()
