@@ -168,12 +168,13 @@ type victim struct {
 	// floor is the engine's fair share: the sweep never takes it below,
 	// whatever its quota, as the engine may have shrunk since the plan
 	// (a clear): its holdings now, less what the sweep dropped, decide.
-	floor int64
-	gone  tierDelta      // holdings dropped, by medium
-	byAge [numGens]int64 // sampled holdings by age (generations before now)
-	all   int
-	some  int
-	spare int64
+	floor   int64
+	dropped int64          // holdings dropped, counted against e once the sweep ends
+	gone    tierDelta      // the same, by medium
+	byAge   [numGens]int64 // sampled holdings by age (generations before now)
+	all     int
+	some    int
+	spare   int64
 }
 
 func newEvictPlan(engines int) *evictPlan {
@@ -242,20 +243,20 @@ func (p *evictPlan) cut() {
 }
 
 // drop reports whether v loses its n holdings in a block age generations
-// old, and counts them against its spare. held is what v's engine holds
-// now, less what the sweep dropped already.
-func (v *victim) drop(age, n int, held int64) bool {
-	if held-int64(n) < v.floor {
+// old, and counts them as dropped (and against its spare).
+func (v *victim) drop(age, n int) bool {
+	if v.e.holderBlocks.Load()-v.dropped-int64(n) < v.floor {
 		return false
 	}
-	if age >= v.all {
-		return true
-	}
-	if age >= v.some && v.spare > 0 {
+	switch {
+	case age >= v.all:
+	case age >= v.some && v.spare > 0:
 		v.spare -= int64(n)
-		return true
+	default:
+		return false
 	}
-	return false
+	v.dropped += int64(n)
+	return true
 }
 
 // sampleAges counts, in one shard in evictSampleStride, the victims'
@@ -305,7 +306,6 @@ func (ns *namespace) sampleAges(p *evictPlan, gen uint64) {
 // when its last holder does), then shrinks the emptied tables. It returns
 // the holder-blocks dropped.
 func (ns *namespace) evictOver(p *evictPlan, gen uint64) uint64 {
-	perEngine := make([]int64, len(p.vs))
 	var ids []uint32
 	var evicted uint64
 	for si := range ns.shards {
@@ -333,9 +333,8 @@ func (ns *namespace) evictOver(p *evictPlan, gen uint64) uint64 {
 					nv := v
 					for f := 0; f < 48; f += 16 {
 						id := uint32(v >> f & 0xffff)
-						if vc := p.victim(id - 1); id != 0 && vc != nil && vc.drop(age, 1, vc.e.holderBlocks.Load()-perEngine[p.slot[id-1]]) {
+						if vc := p.victim(id - 1); id != 0 && vc != nil && vc.drop(age, 1) {
 							nv &^= 0xffff << f
-							perEngine[p.slot[id-1]]++
 							vc.gone.add(mediumGPU, -1)
 							sh.holdings--
 							sh.assocs--
@@ -372,11 +371,10 @@ func (ns *namespace) evictOver(p *evictPlan, gen uint64) uint64 {
 					if hs.hasBit(e) {
 						n++
 					}
-					if !vc.drop(age, n, vc.e.holderBlocks.Load()-perEngine[p.slot[e]]) {
+					if !vc.drop(age, n) {
 						continue
 					}
 					hs.removeEngine(e, &vc.gone)
-					perEngine[p.slot[e]] += int64(n)
 					sh.holdings -= n
 					sh.assocs--
 					dropped += n
@@ -403,15 +401,16 @@ func (ns *namespace) evictOver(p *evictPlan, gen uint64) uint64 {
 		sh.mu.Unlock()
 	}
 	et := ns.engines.Load()
-	for k, n := range perEngine {
+	for k := range p.vs {
 		// Counted against the planned engine, unless it was removed
 		// meanwhile (its counters count no more): never against another
 		// engine that took its id.
-		if id, e := p.vs[k].id, p.vs[k].e; n != 0 && int(id) < len(et.byID) && et.byID[id] == e {
+		v := &p.vs[k]
+		if n, e := v.dropped, v.e; n != 0 && int(v.id) < len(et.byID) && et.byID[v.id] == e {
 			e.holderBlocks.Add(-n)
 			// The counters exist already (the engine held those
 			// media): nothing grows, but were it to, it is counted.
-			if grew := e.tiers.add(&p.vs[k].gone); grew != 0 {
+			if grew := e.tiers.add(&v.gone); grew != 0 {
 				ns.bytes.Add(grew)
 			}
 			e.evicted.Add(uint64(n))
