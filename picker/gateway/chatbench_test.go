@@ -191,10 +191,12 @@ func BenchmarkPickerChatTurn(b *testing.B) {
 			if err := svc.Warm(ctx, 0); err != nil {
 				b.Fatal(err)
 			}
-			xc := serveExtProc(b, svc)
-			pick := func(body []byte) { pickOnce(b, xc, body) }
+			var pick func(body []byte)
 			if v.http {
 				pick = pickHTTP(b, svc, v.streams)
+			} else {
+				xc := serveExtProc(b, svc)
+				pick = func(body []byte) { pickOnce(b, xc, body) }
 			}
 			rng := rand.New(rand.NewPCG(11, uint64(len(v.name))))
 			// The conversations' earlier turns, once each: the picker's
