@@ -482,11 +482,11 @@ func TestExtProcStalledBodiesHoldNoSlot(t *testing.T) {
 			t.Fatalf("stalled request %d: answered %T, want its routing", i, resp.Response)
 		}
 	}
-	// Every request's turns are in the histogram; the stalled ones beyond
-	// the slots waited for theirs.
-	h := metricOf(t, reg, "kvindex_picker_queue_seconds", "body").GetHistogram()
-	if h.GetSampleCount() < uint64(len(stalled)+1) || h.GetSampleSum() <= 0 {
-		t.Errorf("body turns: %d waits, %v s in all; want at least %d, some time waited", h.GetSampleCount(), h.GetSampleSum(), len(stalled)+1)
+	// Every request's turns are in the histogram. Whether any of them
+	// waited depends on how the stalled streams' first frames interleaved;
+	// TestBodySlotTurns times the waits on a fake clock.
+	if n := metricOf(t, reg, "kvindex_picker_queue_seconds", "body").GetHistogram().GetSampleCount(); n < uint64(len(stalled)+1) {
+		t.Errorf("body turns: %d; want at least one per request, %d", n, len(stalled)+1)
 	}
 	if n := metricOf(t, reg, "kvindex_picker_queue_seconds", "cpu").GetHistogram().GetSampleCount(); n != uint64(len(stalled)+1) {
 		t.Errorf("CPU turns: %d; want one per request, %d", n, len(stalled)+1)

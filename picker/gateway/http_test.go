@@ -403,7 +403,9 @@ func TestPickStalledBodiesHoldNoSlot(t *testing.T) {
 			t.Fatalf("stalled request %d: %d", i, resp.StatusCode)
 		}
 	}
-	if h := metricOf(t, reg, "kvindex_picker_queue_seconds", "body").GetHistogram(); h.GetSampleCount() < uint64(len(stalled)+1) || h.GetSampleSum() <= 0 {
-		t.Errorf("body turns: %d waits, %v s in all; want at least %d, some time waited", h.GetSampleCount(), h.GetSampleSum(), len(stalled)+1)
+	// Every request's turns are in the histogram (TestBodySlotTurns times
+	// the waits, which depend here on how the handlers interleaved).
+	if n := metricOf(t, reg, "kvindex_picker_queue_seconds", "body").GetHistogram().GetSampleCount(); n < uint64(len(stalled)+1) {
+		t.Errorf("body turns: %d; want at least one per request, %d", n, len(stalled)+1)
 	}
 }
